@@ -1,0 +1,52 @@
+"""GPU byte probes (seed Sections 3.2-3.3): copy ordering and pinned allocation.
+
+Importing this package never imports torch; the probes import it inside
+functions and raise :class:`NoCudaError` (message ``no CUDA device: ...``)
+where no CUDA device is usable.
+
+API for the ledger CLI (``ledger probe ...``)::
+
+    from collectors.probes import (
+        CopyOrderingConfig, PinnedAllocConfig, ProbeRun, NoCudaError,
+        run_copy_ordering, run_pinned_alloc, write_jsonl,
+    )
+    run = run_copy_ordering(CopyOrderingConfig())   # ProbeRun
+    run.events     # bare envelopes: run.started, probe.copy x N, run.finished
+    run.exit_code  # 0 completed, 1 failed
+
+Command line: ``python -m collectors.probes copy-ordering --jsonl OUT.jsonl``
+and ``python -m collectors.probes pinned-alloc --jsonl OUT.jsonl``.
+"""
+
+from __future__ import annotations
+
+from collectors.probes._cuda import NoCudaError, require_cuda
+from collectors.probes._envelope import new_id, utc_now, write_jsonl
+from collectors.probes._run import ProbeRun
+from collectors.probes.copy_ordering import (
+    CopyOrderingConfig,
+    run_copy_ordering,
+    run_process_checks,
+    summarize,
+)
+from collectors.probes.pinned_alloc import (
+    PinnedAllocConfig,
+    measure_pinned_alloc,
+    run_pinned_alloc,
+)
+
+__all__ = [
+    "CopyOrderingConfig",
+    "NoCudaError",
+    "PinnedAllocConfig",
+    "ProbeRun",
+    "measure_pinned_alloc",
+    "new_id",
+    "require_cuda",
+    "run_copy_ordering",
+    "run_pinned_alloc",
+    "run_process_checks",
+    "summarize",
+    "utc_now",
+    "write_jsonl",
+]
