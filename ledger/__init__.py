@@ -1,0 +1,83 @@
+"""kvledger's event store: an append-only, hash-chained ledger on SQLite or PostgreSQL.
+
+>>> from ledger import open_ledger, NewEvent
+>>> led = open_ledger("sqlite:///ledger.db")            # doctest: +SKIP
+>>> led.append(NewEvent("note.added", {"text": "hi"}))   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ._analytics import Analytics, check_read_only, to_format, view_name
+from ._backends import DEFAULT_URL, redact_url
+from ._canonical import canonical_json, sha256_hex
+from ._errors import (
+    ConflictError,
+    EventError,
+    ImportFileError,
+    LedgerError,
+    QueryError,
+    SchemaError,
+)
+from ._events import GENESIS, Event, Head, NewEvent, event_digest, next_chain
+from ._ids import new_id, utc_now
+from ._jsonl import export_jsonl, import_jsonl, read_jsonl
+from ._parquet import export_parquet
+from ._store import Ledger, open_ledger
+from ._verify import Verification
+from ._verify import verify_rows as _verify_rows
+from ._vocabulary import KINDS
+
+
+def verify(ledger: Ledger, expected_head: str | None = None) -> Verification:
+    """Recompute every digest and chain link of ``ledger``; names the first bad seq."""
+    heads = [(h.seq, h.chain) for h in ledger.recorded_heads()]
+    return _verify_rows(ledger.raw_rows(), heads, expected_head)
+
+
+def query(url_or_ledger: str | Ledger, statement: str, fmt: str = "arrow",
+          snapshot_root: Path | None = None) -> Any:
+    """Run a reading SQL statement over the ledger; ``fmt``: arrow, pandas or polars."""
+    ledger = open_ledger(url_or_ledger, create=False) if isinstance(url_or_ledger, str) else url_or_ledger
+    analytics = Analytics(ledger, snapshot_root)
+    try:
+        return to_format(analytics.sql(statement), fmt)
+    finally:
+        analytics.close()
+
+
+__all__ = [
+    "DEFAULT_URL",
+    "GENESIS",
+    "KINDS",
+    "Analytics",
+    "ConflictError",
+    "Event",
+    "EventError",
+    "Head",
+    "ImportFileError",
+    "Ledger",
+    "LedgerError",
+    "NewEvent",
+    "QueryError",
+    "SchemaError",
+    "Verification",
+    "canonical_json",
+    "check_read_only",
+    "event_digest",
+    "export_jsonl",
+    "export_parquet",
+    "import_jsonl",
+    "new_id",
+    "next_chain",
+    "open_ledger",
+    "query",
+    "read_jsonl",
+    "redact_url",
+    "sha256_hex",
+    "utc_now",
+    "verify",
+    "view_name",
+]

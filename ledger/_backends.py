@@ -1,0 +1,88 @@
+"""What differs between SQLite and PostgreSQL: engines, write locks, placeholders."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import create_engine, event
+from sqlalchemy.engine import URL, Engine, make_url
+
+# Any constant will do: it names the lock that serialises appends on PostgreSQL.
+_PG_APPEND_LOCK = 0x6B766C6564676572  # "kvledger"
+
+DEFAULT_URL = "sqlite:///ledger.db"
+
+
+def normalise_url(url: str | URL) -> URL:
+    """Parse ``url``, choosing psycopg 3 for plain ``postgresql://`` URLs."""
+    parsed = make_url(url)
+    if parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    return parsed
+
+
+def redact_url(url: str | URL) -> str:
+    """The URL with any password hidden, for messages."""
+    return make_url(url).render_as_string(hide_password=True)
+
+
+def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
+    # Autocommit at the driver; the ledger issues BEGIN IMMEDIATE itself for writes.
+    dbapi_connection.isolation_level = None
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    # NORMAL in WAL mode survives a killed process; only power loss can drop the last commits.
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA busy_timeout=120000")
+    cursor.close()
+
+
+def make_engine(url: URL) -> Engine:
+    """A SQLAlchemy engine configured for ledger work on ``url``'s backend."""
+    if url.get_backend_name() == "sqlite":
+        engine = create_engine(
+            url, connect_args={"timeout": 120, "check_same_thread": False}
+        )
+        event.listen(engine, "connect", _sqlite_on_connect)
+        return engine
+    if url.get_backend_name() == "postgresql":
+        return create_engine(url, pool_pre_ping=True)
+    raise ValueError(f"unsupported database backend {url.get_backend_name()!r}: use sqlite or postgresql")
+
+
+class Dialect:
+    """SQL for the append path, written once per backend."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        mark = "?" if name == "sqlite" else "%s"
+        marks = ", ".join([mark] * 9)
+        self.insert_event = (
+            "INSERT INTO events (seq, id, ts, kind, run_id, block_id, data, digest, chain) "
+            f"VALUES ({marks})"
+        )
+        self.insert_head = f"INSERT INTO heads (seq, chain, ts) VALUES ({mark}, {mark}, {mark})"
+        self.mark = mark
+
+    def begin_write(self, cursor: Any) -> None:
+        """Start a transaction that holds the ledger's single append lock."""
+        if self.name == "sqlite":
+            cursor.execute("BEGIN IMMEDIATE")
+        else:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", (_PG_APPEND_LOCK,))
+
+    def rollback(self, connection: Any, cursor: Any) -> None:
+        if self.name == "sqlite":
+            if connection.in_transaction:
+                cursor.execute("ROLLBACK")
+        else:
+            connection.rollback()
+
+    def commit(self, connection: Any, cursor: Any) -> None:
+        if self.name == "sqlite":
+            cursor.execute("COMMIT")
+        else:
+            connection.commit()
+
+    def placeholders(self, count: int) -> str:
+        return ", ".join([self.mark] * count)

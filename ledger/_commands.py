@@ -1,0 +1,211 @@
+"""The store's own commands: init, import, export, events, verify, sql."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+import orjson
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from . import _migrate
+from ._analytics import Analytics
+from ._backends import redact_url
+from ._jsonl import export_jsonl, import_jsonl
+from ._parquet import export_parquet
+from ._store import Ledger, open_ledger
+from .cli_options import db_option, json_option, run_option
+
+console = Console()
+
+
+def _progress() -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:,} events"),
+                    TimeElapsedColumn(), console=Console(stderr=True), transient=True)
+
+
+def _open(db_url: str) -> Ledger:
+    return open_ledger(db_url, create=False)
+
+
+@click.command("init")
+@db_option
+def init_command(db_url: str) -> None:
+    """Create the ledger schema, or upgrade it to the current revision.
+
+    Example:
+
+        ledger --db sqlite:///study.db init
+    """
+    ledger = open_ledger(db_url, create=True)
+    revision = _migrate.current_revision(ledger.engine)
+    console.print(f"ledger at {redact_url(db_url)} is at schema revision {revision}")
+
+
+@click.command("import")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@db_option
+def import_command(file: Path, db_url: str) -> None:
+    """Import a JSON Lines file of envelopes, atomically: all lines land, or none.
+
+    Each line is validated (known kind, required fields and types, a given
+    digest); an error names the line and field and nothing is written.
+
+    Example:
+
+        ledger import probes.jsonl
+    """
+    ledger = open_ledger(db_url, create=True)
+    with _progress() as progress:
+        task = progress.add_task(f"importing {file.name}", total=None)
+        count = import_jsonl(ledger, file, lambda n: progress.advance(task, n))
+    head = ledger.head()
+    console.print(f"imported {count:,} events; head seq {head.seq if head else 0}")
+
+
+@click.command("export")
+@click.option("--jsonl", "jsonl_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write every envelope to this JSON Lines file ('-' for stdout).")
+@click.option("--parquet", "parquet_dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Write events.parquet and one file per kind into this directory.")
+@db_option
+def export_command(jsonl_path: Path | None, parquet_dir: Path | None, db_url: str) -> None:
+    """Export the ledger as JSON Lines envelopes and/or Parquet files.
+
+    Re-importing the JSON Lines into an empty ledger reproduces every digest
+    and the chain.
+
+    Example:
+
+        ledger export --jsonl ledger.jsonl --parquet ./parquet
+    """
+    if jsonl_path is None and parquet_dir is None:
+        raise click.UsageError("give --jsonl FILE and/or --parquet DIR")
+    ledger = _open(db_url)
+    if jsonl_path is not None:
+        _export_jsonl(ledger, jsonl_path)
+    if parquet_dir is not None:
+        written = export_parquet(ledger, parquet_dir)
+        console.print(f"wrote {len(written)} Parquet files to {parquet_dir}", style="green")
+
+
+def _export_jsonl(ledger: Ledger, path: Path) -> None:
+    if str(path) == "-":
+        export_jsonl(ledger, sys.stdout.buffer)
+        return
+    total = ledger.count()
+    tmp = path.with_name(path.name + ".partial")
+    with _progress() as progress, open(tmp, "wb") as out:
+        task = progress.add_task(f"exporting {path.name}", total=total)
+        count = export_jsonl(ledger, out, lambda n: progress.advance(task, n))
+    tmp.replace(path)
+    console.print(f"exported {count:,} events to {path}")
+
+
+@click.command("events")
+@run_option
+@click.option("--kind", "kinds", multiple=True, metavar="KIND", help="Only this kind (repeatable).")
+@click.option("--limit", type=int, default=None, help="At most this many events.")
+@json_option
+@db_option
+def events_command(run_id: str | None, kinds: tuple[str, ...], limit: int | None,
+                   as_json: bool, db_url: str) -> None:
+    """List events in seq order, filtered by run and kind.
+
+    Example:
+
+        ledger events --run 01930c1e-... --kind response.received --json
+    """
+    ledger = _open(db_url)
+    events = ledger.events(run_id=run_id, kind=list(kinds) or None, limit=limit)
+    if as_json:
+        for event in events:
+            sys.stdout.buffer.write(orjson.dumps(event.envelope()) + b"\n")
+        return
+    table = Table("seq", "kind", "ts", "run", "block", "data", box=None)
+    for event in events:
+        data = json.dumps(event.data, separators=(",", ":"))
+        table.add_row(str(event.seq), event.kind, event.ts, (event.run_id or "")[:13],
+                      (event.block_id or "")[:13], data[:80] + ("…" if len(data) > 80 else ""))
+    console.print(table)
+
+
+@click.command("verify")
+@click.option("--head", "expected_head", metavar="CHAIN", default=None,
+              help="Also require the ledger's head chain to equal this (from a report or attestation).")
+@json_option
+@db_option
+def verify_command(expected_head: str | None, as_json: bool, db_url: str) -> None:
+    """Recompute every digest and the hash chain; name the first bad seq.
+
+    Detects edited data, deleted or reordered rows and a tail truncated below a
+    recorded head. Exit status 1 if anything is wrong.
+
+    Example:
+
+        ledger verify --json
+    """
+    from . import verify
+
+    result = verify(_open(db_url), expected_head)
+    if as_json:
+        click.echo(json.dumps(result.__dict__))
+    elif result.ok:
+        console.print(f"[green]ok[/green]: {result.count:,} events, head {result.head_chain}")
+    else:
+        console.print(f"[red]broken at seq {result.first_bad_seq}[/red]: {result.problem}")
+    sys.exit(0 if result.ok else 1)
+
+
+def _print_table(table: Any) -> None:
+    out = Table(*table.column_names, box=None)
+    for row in table.to_pylist():
+        out.add_row(*("" if v is None else str(v) for v in row.values()))
+    console.print(out)
+
+
+@click.command("sql")
+@click.argument("statement", required=False)
+@click.option("--views", is_flag=True, help="List the views and their columns.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table",
+              show_default=True, help="Output format.")
+@db_option
+def sql_command(statement: str | None, views: bool, fmt: str, db_url: str) -> None:
+    """Query the ledger with DuckDB over read-only views.
+
+    Views: ``events`` (the envelope, data as JSON) and one per kind with its
+    data fields as columns (``request_sent``, ``response_received``, ...).
+    Statements that would write are refused (exit 2).
+
+    Example:
+
+        ledger sql "SELECT kind, count(*) FROM events GROUP BY kind"
+    """
+    analytics = Analytics(_open(db_url))
+    try:
+        if views:
+            for name, columns in analytics.views().items():
+                console.print(f"[bold]{name}[/bold]: " + ", ".join(f"{c} {t}" for c, t in columns))
+            return
+        if not statement:
+            raise click.UsageError("give a SQL statement, or --views")
+        _emit(analytics.sql(statement), fmt)
+    finally:
+        analytics.close()
+
+
+def _emit(table: Any, fmt: str) -> None:
+    if fmt == "json":
+        for row in table.to_pylist():
+            click.echo(json.dumps(row, default=str))
+    elif fmt == "csv":
+        import pyarrow.csv as pacsv
+
+        pacsv.write_csv(table, sys.stdout.buffer)
+    else:
+        _print_table(table)

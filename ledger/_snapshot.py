@@ -1,0 +1,123 @@
+"""An incrementally maintained Parquet snapshot of the events table.
+
+DuckDB's sqlite/postgres scanners download at run time and fail offline, so
+analytics read Parquet segments instead. Each refresh appends one segment
+with the events recorded since the last one; the snapshot remembers the chain
+at its last seq and is rebuilt if the ledger no longer has that chain there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ._store import Ledger
+
+SCHEMA = pa.schema([
+    ("seq", pa.int64()), ("id", pa.string()), ("ts", pa.string()), ("kind", pa.string()),
+    ("run_id", pa.string()), ("block_id", pa.string()), ("data", pa.string()),
+    ("digest", pa.string()), ("chain", pa.string()),
+])
+_MAX_SEGMENTS = 24
+_BATCH = 200_000
+
+
+def rows_to_table(rows: Iterable[tuple[Any, ...]]) -> pa.Table:
+    """Arrow table of stored rows (data kept as canonical JSON text)."""
+    columns: list[list[Any]] = [[] for _ in SCHEMA]
+    for row in rows:
+        for column, value in zip(columns, row, strict=True):
+            column.append(value)
+    return pa.Table.from_arrays([pa.array(c, type=f.type) for c, f in zip(columns, SCHEMA, strict=True)],
+                                schema=SCHEMA)
+
+
+def default_root() -> Path:
+    base = os.environ.get("KVLEDGER_CACHE") or Path.home() / ".cache" / "kvledger"
+    return Path(base) / "snapshots"
+
+
+@dataclass
+class Snapshot:
+    """Parquet segments of one ledger under ``directory``."""
+
+    directory: Path
+
+    @classmethod
+    def for_ledger(cls, ledger: Ledger, root: Path | None = None) -> Snapshot:
+        key = ledger.url.render_as_string(hide_password=True)
+        if ledger.url.get_backend_name() == "sqlite" and ledger.url.database:
+            key = str(Path(ledger.url.database).resolve())
+        digest = hashlib.sha256(key.encode()).hexdigest()[:20]
+        return cls((root or default_root()) / digest)
+
+    @property
+    def _state_path(self) -> Path:
+        return self.directory / "state.json"
+
+    def _state(self) -> dict[str, Any]:
+        try:
+            return dict(json.loads(self._state_path.read_text()))
+        except (OSError, ValueError):
+            return {"seq": 0, "chain": None, "segments": []}
+
+    def _save(self, state: dict[str, Any]) -> None:
+        tmp = self._state_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state))
+        os.replace(tmp, self._state_path)
+
+    def segments(self) -> list[Path]:
+        return [self.directory / name for name in self._state()["segments"]]
+
+    def refresh(self, ledger: Ledger) -> list[Path]:
+        """Bring the snapshot up to the ledger's head; returns the segment files."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        state = self._state()
+        if not self._still_valid(ledger, state):
+            shutil.rmtree(self.directory)
+            self.directory.mkdir(parents=True)
+            state = {"seq": 0, "chain": None, "segments": []}
+        head = ledger.head()
+        if head is not None and head.seq > state["seq"]:
+            self._append_segments(ledger, state, head.seq)
+        if len(state["segments"]) > _MAX_SEGMENTS:
+            self._compact(state)
+        self._save(state)
+        return [self.directory / name for name in state["segments"]]
+
+    def _still_valid(self, ledger: Ledger, state: dict[str, Any]) -> bool:
+        if state["seq"] == 0:
+            return True
+        rows = list(ledger.raw_rows(after_seq=state["seq"] - 1, until_seq=state["seq"]))
+        return bool(rows) and rows[0][8] == state["chain"]
+
+    def _append_segments(self, ledger: Ledger, state: dict[str, Any], until: int) -> None:
+        start = state["seq"]
+        while start < until:
+            stop = min(start + _BATCH * 5, until)
+            table = rows_to_table(ledger.raw_rows(after_seq=start, until_seq=stop))
+            name = f"events-{start + 1:012d}-{stop:012d}.parquet"
+            pq.write_table(table, self.directory / name, compression="zstd")
+            state["segments"].append(name)
+            state["seq"], state["chain"] = stop, table.column("chain")[-1].as_py()
+            start = stop
+
+    def _compact(self, state: dict[str, Any]) -> None:
+        files = [self.directory / n for n in state["segments"]]
+        table = pa.concat_tables(pq.read_table(f) for f in files)
+        name = f"events-{1:012d}-{state['seq']:012d}.parquet"
+        tmp = self.directory / (name + ".tmp")
+        pq.write_table(table, tmp, compression="zstd")
+        for f in files:
+            f.unlink()
+        os.replace(tmp, self.directory / name)
+        state["segments"] = [name]

@@ -1,0 +1,218 @@
+"""The Ledger: append, read and head over one SQLAlchemy engine."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.engine import URL, Engine
+
+from . import _migrate
+from ._backends import Dialect, make_engine, normalise_url
+from ._errors import ConflictError, EventError, SchemaError
+from ._events import GENESIS, Event, Head, NewEvent, Sealed, event_from_row, next_chain, seal
+from ._ids import utc_now
+from ._schema import events as events_table
+
+_COLUMNS = "seq, id, ts, kind, run_id, block_id, data, digest, chain"
+
+
+class Ledger:
+    """An append-only, hash-chained event store on SQLite or PostgreSQL.
+
+    :param url: a SQLAlchemy URL (``sqlite:///ledger.db``, ``postgresql://...``).
+    :param create: upgrade the schema to head if needed (``ledger init``).
+    """
+
+    def __init__(self, url: str | URL, *, create: bool = True) -> None:
+        self.url = normalise_url(url)
+        self.engine: Engine = make_engine(self.url)
+        self.dialect = Dialect(self.engine.dialect.name)
+        if create:
+            _migrate.upgrade(self.engine)
+        elif _migrate.current_revision(self.engine) != _migrate.head_revision():
+            raise SchemaError("the database has no current ledger schema: run `ledger init`")
+
+    def close(self) -> None:
+        """Release every connection."""
+        self.engine.dispose()
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- append -----------------------------------------------------------------
+
+    def append(self, event: NewEvent) -> Event:
+        """Append one event; returns it as recorded (the existing one if already there)."""
+        return self.append_many([event])[0]
+
+    def append_many(self, events: Sequence[NewEvent]) -> list[Event]:
+        """Append a batch atomically: all of it is committed, or none.
+
+        Re-appending an id with the same content is a no-op; with other
+        content it raises :class:`ConflictError` naming the id.
+        """
+        sealed = _dedupe([seal(e) for e in events])
+        if not sealed:
+            return []
+        connection = self.engine.raw_connection()
+        try:
+            return self._append_sealed(connection, sealed)
+        finally:
+            connection.close()
+
+    def append_sealed(self, sealed: Sequence[Sealed]) -> list[Event]:
+        """Append events already validated by :func:`seal` (the import path)."""
+        connection = self.engine.raw_connection()
+        try:
+            return self._append_sealed(connection, _dedupe(list(sealed)))
+        finally:
+            connection.close()
+
+    def _append_sealed(self, connection: Any, sealed: list[Sealed]) -> list[Event]:
+        cursor = connection.cursor()
+        try:
+            self.dialect.begin_write(cursor)
+            known = self._known(cursor, sealed)
+            fresh = [s for s in sealed if s.id not in known]
+            recorded = self._insert(cursor, fresh)
+            self.dialect.commit(connection, cursor)
+        except BaseException:
+            self.dialect.rollback(connection, cursor)
+            raise
+        finally:
+            cursor.close()
+        by_id = {e.id: e for e in recorded}
+        by_id.update(known)
+        return [by_id[s.id] for s in sealed]
+
+    def _known(self, cursor: Any, sealed: list[Sealed]) -> dict[str, Event]:
+        """Events already recorded under these ids; a differing digest is a conflict."""
+        known: dict[str, Event] = {}
+        for start in range(0, len(sealed), 500):
+            chunk = sealed[start : start + 500]
+            marks = self.dialect.placeholders(len(chunk))
+            cursor.execute(
+                f"SELECT {_COLUMNS} FROM events WHERE id IN ({marks})", [s.id for s in chunk]
+            )
+            for row in cursor.fetchall():
+                known[row[1]] = event_from_row(row)
+        for s in sealed:
+            if s.id in known and known[s.id].digest != s.digest:
+                raise ConflictError(s.id)
+        return known
+
+    def _insert(self, cursor: Any, fresh: list[Sealed]) -> list[Event]:
+        if not fresh:
+            return []
+        cursor.execute("SELECT seq, chain FROM events ORDER BY seq DESC LIMIT 1")
+        row = cursor.fetchone()
+        seq, chain = (int(row[0]), row[1]) if row else (0, GENESIS)
+        rows = []
+        for s in fresh:
+            seq += 1
+            chain = next_chain(chain, s.digest)
+            rows.append((seq, s.id, s.ts, s.kind, s.run_id, s.block_id, s.data_json, s.digest, chain))
+        cursor.executemany(self.dialect.insert_event, rows)
+        cursor.execute(self.dialect.insert_head, (seq, chain, utc_now()))
+        return [event_from_row(r) for r in rows]
+
+    # -- read -------------------------------------------------------------------
+
+    def head(self) -> Head | None:
+        """The last event's seq and chain, or None for an empty ledger."""
+        with self.engine.connect() as conn:
+            row = conn.exec_driver_sql(
+                "SELECT seq, chain FROM events ORDER BY seq DESC LIMIT 1"
+            ).first()
+        return Head(int(row[0]), row[1]) if row else None
+
+    def count(self) -> int:
+        """Number of events recorded."""
+        head = self.head()
+        return head.seq if head else 0
+
+    def events(
+        self,
+        *,
+        run_id: str | None = None,
+        kind: str | Iterable[str] | None = None,
+        block_id: str | None = None,
+        after_seq: int = 0,
+        until_seq: int | None = None,
+        limit: int | None = None,
+    ) -> Iterator[Event]:
+        """Events in ``seq`` order, filtered by run, kind, block and seq range."""
+        query = select(events_table).where(events_table.c.seq > after_seq)
+        if until_seq is not None:
+            query = query.where(events_table.c.seq <= until_seq)
+        if run_id is not None:
+            query = query.where(events_table.c.run_id == run_id)
+        if block_id is not None:
+            query = query.where(events_table.c.block_id == block_id)
+        if kind is not None:
+            kinds = [kind] if isinstance(kind, str) else list(kind)
+            query = query.where(events_table.c.kind.in_(kinds))
+        query = query.order_by(events_table.c.seq)
+        if limit is not None:
+            query = query.limit(limit)
+        with self.engine.connect() as conn:
+            result = conn.execution_options(stream_results=True, yield_per=5000).execute(query)
+            for row in result:
+                yield event_from_row(tuple(row))
+
+    def get(self, event_id: str) -> Event | None:
+        """The event recorded under ``event_id``, if any."""
+        query = select(events_table).where(events_table.c.id == event_id)
+        with self.engine.connect() as conn:
+            row = conn.execute(query).first()
+        return event_from_row(tuple(row)) if row else None
+
+    def raw_rows(self, after_seq: int = 0, until_seq: int | None = None) -> Iterator[tuple[Any, ...]]:
+        """Stored rows as tuples ``(seq, id, ts, kind, run_id, block_id, data, digest, chain)``.
+
+        Data stays canonical JSON text: the fast path for verify and export.
+        """
+        sql = f"SELECT {_COLUMNS} FROM events WHERE seq > {int(after_seq)}"
+        if until_seq is not None:
+            sql += f" AND seq <= {int(until_seq)}"
+        sql += " ORDER BY seq"
+        connection = self.engine.raw_connection()
+        try:
+            cursor = connection.cursor()
+            cursor.execute(sql)
+            while batch := cursor.fetchmany(20000):
+                yield from batch
+            cursor.close()
+        finally:
+            connection.close()
+
+    def recorded_heads(self) -> list[Head]:
+        """Every head recorded at commit, in seq order."""
+        with self.engine.connect() as conn:
+            rows = conn.exec_driver_sql("SELECT seq, chain FROM heads ORDER BY seq").all()
+        return [Head(int(r[0]), r[1]) for r in rows]
+
+
+def _dedupe(sealed: list[Sealed]) -> list[Sealed]:
+    """Drop repeats of one id within a batch; differing content under one id is an error."""
+    seen: dict[str, Sealed] = {}
+    for s in sealed:
+        prior = seen.get(s.id)
+        if prior is None:
+            seen[s.id] = s
+        elif prior.digest != s.digest:
+            raise ConflictError(s.id)
+    return list(seen.values())
+
+
+def open_ledger(url: str | URL, *, create: bool = True) -> Ledger:
+    """Open the ledger at ``url``; with ``create`` the schema is upgraded to head."""
+    return Ledger(url, create=create)
+
+
+__all__ = ["EventError", "Ledger", "open_ledger"]

@@ -1,0 +1,204 @@
+"""The event vocabulary: each kind's required ``data`` fields and their types.
+
+Producers may add fields; required ones must be present with an allowed type.
+``None`` in a type tuple means the field may be null.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ._errors import EventError
+
+Types = tuple[type | None, ...]
+
+STR: Types = (str,)
+INT: Types = (int,)
+NUM: Types = (int, float)
+BOOL: Types = (bool,)
+OBJ: Types = (dict,)
+LIST: Types = (list,)
+ANY: Types = (str, int, float, bool, dict, list, None)
+
+
+def _opt(types: Types) -> Types:
+    return (*types, None)
+
+
+_LAUNCH = {
+    "replica": (int, str),
+    "gpu": _opt((dict, int, str)),
+    "endpoint": STR,
+    "engine": STR,
+    "engine_version": _opt(STR),
+    "command": _opt((list, str)),
+    "env": OBJ,
+    "model": OBJ,
+    "config_sha256": STR,
+    "kv_connector": _opt((dict, str)),
+}
+_SERVICE = {
+    "service": STR,
+    "endpoint": STR,
+    "command": _opt((list, str)),
+    "env": OBJ,
+    "version": _opt(STR),
+    "pool_bytes": _opt(INT),
+    "pinned": _opt(BOOL),
+}
+_BLOCK = {"index": INT, "arm": STR, "pair": INT, "status": _opt(STR)}
+
+KINDS: dict[str, dict[str, Types]] = {
+    "run.started": {
+        "experiment": STR,
+        "script_sha256": STR,
+        "params": OBJ,
+        "seed": _opt(INT),
+        "code": OBJ,
+        "packages": OBJ,
+        "host": OBJ,
+    },
+    "run.finished": {"status": STR, "error": _opt(STR)},
+    "block.started": _BLOCK,
+    "block.finished": _BLOCK,
+    "deployment.launched": _LAUNCH,
+    "deployment.stopped": {"replica": (int, str), "endpoint": STR},
+    "service.launched": _SERVICE,
+    "service.stopped": {"service": STR, "endpoint": STR},
+    "checkpoint.audited": {
+        "path": STR,
+        "revision": _opt(STR),
+        "files": LIST,
+        "matched": _opt(BOOL),
+        "stable": BOOL,
+    },
+    "config.recorded": {"name": STR, "sha256": STR, "content": (str, dict, list)},
+    "fixture.created": {
+        "fixture_id": STR,
+        "namespace": STR,
+        "nominal_tokens": INT,
+        "payload_sha256": STR,
+        "expected": _opt((dict, list)),
+    },
+    "request.sent": {
+        "request_id": STR,
+        "replica": (int, str),
+        "gpu": _opt((dict, int, str)),
+        "workload": STR,
+        "step": STR,
+        "warmup": BOOL,
+        "payload_sha256": STR,
+        "namespace": STR,
+        "nominal_tokens": _opt(INT),
+        "params": OBJ,
+    },
+    "response.received": {
+        "request_id": STR,
+        "status": _opt(INT),
+        "ttft_s": _opt(NUM),
+        "t_first": _opt(NUM),
+        "t_last": _opt(NUM),
+        "e2e_s": _opt(NUM),
+        "prompt_tokens": _opt(INT),
+        "output_tokens": _opt(INT),
+        "cached_tokens": _opt(INT),
+        "decode_rate": _opt(NUM),
+        "text_sha256": _opt(STR),
+        "finish_reason": _opt(STR),
+        "error": _opt(STR),
+    },
+    "metrics.scraped": {"replica": (int, str), "endpoint": STR, "samples": OBJ},
+    "hits.observed": {
+        "replica": (int, str),
+        "prefix_queries": _opt(INT),
+        "local_hit_tokens": _opt(INT),
+        "external_hit_tokens": _opt(INT),
+    },
+    "session.finished": {"session": (int, str), "placement": STR, "turns": INT, "wall_s": NUM},
+    "window.finished": {
+        "window": (int, str),
+        "placement": STR,
+        "sessions": INT,
+        "requests": INT,
+        "output_tokens": INT,
+        "wall_s": NUM,
+    },
+    "assertion.evaluated": {
+        "request_id": _opt(STR),
+        "check": STR,
+        "expected": ANY,
+        "observed": ANY,
+        "passed": BOOL,
+        "independent": BOOL,
+    },
+    "probe.copy": {
+        "method": STR,
+        "direction": STR,
+        "bytes": INT,
+        "delay_cycles": INT,
+        "trial": INT,
+        "mismatching_bytes": INT,
+        "passed": BOOL,
+        "gpu": _opt((dict, int, str)),
+    },
+    "probe.pinned_alloc": {
+        "bytes_requested": INT,
+        "is_pinned": BOOL,
+        "seconds": NUM,
+        "alloc_conf": _opt(STR),
+    },
+    "exclusion.declared": {"scope": STR, "target": STR, "reason": STR},
+    "note.added": {"text": STR},
+}
+
+# Fields where one of several alternatives is required.
+_ONE_OF: dict[str, tuple[str, ...]] = {"hits.observed": ("request_id", "window")}
+
+ENUMS: dict[tuple[str, str], frozenset[str]] = {
+    ("run.finished", "status"): frozenset({"completed", "failed", "aborted"}),
+    ("block.started", "arm"): frozenset({"ON", "OFF"}),
+    ("block.finished", "arm"): frozenset({"ON", "OFF"}),
+    ("exclusion.declared", "scope"): frozenset({"block", "request", "run"}),
+}
+
+
+def _type_name(types: Types) -> str:
+    return " or ".join("null" if t is None else t.__name__ for t in types)
+
+
+def _matches(value: Any, types: Types) -> bool:
+    if value is None:
+        return None in types
+    if isinstance(value, bool):
+        # bool is an int subclass; only accept it where bool is named.
+        return bool in types
+    return any(t is not None and isinstance(value, t) for t in types)
+
+
+def check_data(kind: str, data: Mapping[str, Any]) -> tuple[str | None, str] | None:
+    """Return ``(field, problem)`` for the first violation, or ``None``."""
+    fields = KINDS.get(kind)
+    if fields is None:
+        return None, f"unknown kind {kind!r}"
+    for name, types in fields.items():
+        if name not in data:
+            return name, f"required field of {kind} is missing"
+        if not _matches(data[name], types):
+            got = type(data[name]).__name__
+            return name, f"must be {_type_name(types)}, got {got}"
+        allowed = ENUMS.get((kind, name))
+        if allowed is not None and data[name] not in allowed:
+            return name, f"must be one of {sorted(allowed)}, got {data[name]!r}"
+    alternatives = _ONE_OF.get(kind)
+    if alternatives and not any(data.get(a) is not None for a in alternatives):
+        return alternatives[0], f"{kind} needs one of {', '.join(alternatives)}"
+    return None
+
+
+def validate(kind: str, data: Mapping[str, Any]) -> None:
+    """Raise :class:`EventError` naming the field if ``data`` violates ``kind``."""
+    problem = check_data(kind, data)
+    if problem is not None:
+        field, message = problem
+        raise EventError(message, f"data.{field}" if field else "kind")
