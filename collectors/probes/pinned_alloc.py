@@ -111,7 +111,9 @@ def _mapping_containing(addr: int) -> dict[str, Any] | None:
 
 
 def _host_stats(torch: Any) -> dict[str, int] | None:
-    fn = getattr(torch.cuda, "host_memory_stats", None)
+    fn = getattr(torch.cuda, "host_memory_stats", None) or getattr(
+        torch.cuda.memory, "host_memory_stats", None
+    )
     if fn is None:
         return None
     try:
