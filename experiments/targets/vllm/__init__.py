@@ -1,0 +1,1 @@
+"""The real vLLM + LMCache target: engine environments, tiny model, process launcher."""
