@@ -48,6 +48,11 @@ def _parser() -> argparse.ArgumentParser:
         help="host memory the size guard assumes (default MemTotal)",
     )  # fmt: skip
     a.add_argument("--no-guard", action="store_true", help="do not skip sizes that may not fit")
+    a.add_argument(
+        "--alloc-conf", action="append", default=None,
+        help="VAR=value or 'unset' (repeatable; default: unset, and "
+        "pinned_max_round_threshold_mb:128 under PYTORCH_CUDA_ALLOC_CONF and PYTORCH_ALLOC_CONF)",
+    )  # fmt: skip
 
     w = sub.add_parser("_copy-worker", help=argparse.SUPPRESS)
     w.add_argument("--process", type=int, required=True)
@@ -110,6 +115,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             pkw: dict[str, object] = {"device": args.device, "guard": not args.no_guard}
             if args.sizes:
                 pkw["sizes"] = args.sizes
+            if args.alloc_conf:
+                pkw["alloc_confs"] = tuple(None if c in ("unset", "none", "") else c for c in args.alloc_conf)
             if args.host_memory_bytes:
                 pkw["host_memory_bytes"] = args.host_memory_bytes
             prun = run_pinned_alloc(PinnedAllocConfig(**pkw), progress=_say)  # type: ignore[arg-type]

@@ -108,13 +108,7 @@ class CopyOrderingConfig:
 
     @property
     def checks_per_process(self) -> int:
-        return (
-            len(self.methods)
-            * len(self.directions)
-            * len(self.delays)
-            * len(self.sizes)
-            * self.trials
-        )
+        return len(self.methods) * len(self.directions) * len(self.delays) * len(self.sizes) * self.trials
 
     def params(self) -> dict[str, Any]:
         p = asdict(self)
@@ -304,9 +298,7 @@ def format_summary(summary: Mapping[str, Any]) -> str:
     lines = [f"{'method':30s} {'dir':4s} {'delay_cycles':>12s} {'passed':>7s} {'failed':>7s}"]
     for key, row in sorted(summary.get("by_method_direction_delay", {}).items()):
         method, direction, delay = key.split("|")
-        lines.append(
-            f"{method:30s} {direction:4s} {delay:>12s} {row['passed']:7d} {row['failed']:7d}"
-        )
+        lines.append(f"{method:30s} {direction:4s} {delay:>12s} {row['passed']:7d} {row['failed']:7d}")
     return "\n".join(lines)
 
 

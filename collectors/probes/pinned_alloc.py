@@ -2,7 +2,10 @@
 
 Does a pinned host allocation just over a power of two get rounded up by
 PyTorch's caching host allocator, and does
-``PYTORCH_CUDA_ALLOC_CONF=pinned_max_round_threshold_mb:128`` stop it?
+``PYTORCH_CUDA_ALLOC_CONF=pinned_max_round_threshold_mb:128`` stop it? The
+same value is also tried under ``PYTORCH_ALLOC_CONF`` (newer PyTorch reads
+the pinned-allocator keys there). A configuration that PyTorch refuses is an
+observation too: the event then has ``is_pinned`` false and ``error`` set.
 
 Each (size, allocator config) runs in a fresh child process, so neither a
 cached block nor an earlier configuration can leak in. The child allocates
@@ -47,9 +50,30 @@ KIND = "probe.pinned_alloc"
 GIB = 1 << 30
 SIZES: tuple[int, ...] = (GIB + 4096, 4 * GIB + 4096, 16 * GIB + 4096)
 ROUND_LIMIT_CONF = "pinned_max_round_threshold_mb:128"
-ALLOC_CONFS: tuple[str | None, ...] = (None, ROUND_LIMIT_CONF)
+# None: no allocator configuration; else "VARIABLE=value" (a bare value means
+# PYTORCH_CUDA_ALLOC_CONF).
+ALLOC_CONFS: tuple[str | None, ...] = (
+    None,
+    f"PYTORCH_CUDA_ALLOC_CONF={ROUND_LIMIT_CONF}",
+    f"PYTORCH_ALLOC_CONF={ROUND_LIMIT_CONF}",
+)
 ALLOC_CONF_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF")
 SLACK = 2 * 1024 * 1024  # alignment slack: more than this above the request counts as rounding
+
+
+def split_alloc_conf(conf: str | None) -> tuple[str | None, str | None]:
+    """``"VAR=value"`` to ``(VAR, value)``; a bare value goes to PYTORCH_CUDA_ALLOC_CONF."""
+    if conf is None:
+        return None, None
+    var, sep, value = conf.partition("=")
+    if sep and var in ALLOC_CONF_VARS:
+        return var, value
+    return "PYTORCH_CUDA_ALLOC_CONF", conf
+
+
+def normalize_alloc_conf(conf: str | None) -> str | None:
+    var, value = split_alloc_conf(conf)
+    return None if var is None else f"{var}={value}"
 
 
 def next_power_of_two(n: int) -> int:
@@ -67,12 +91,12 @@ class PinnedAllocConfig:
     device: int = 0
     host_memory_bytes: int | None = None  # guard's idea of host memory; default MemTotal
     guard: bool = True
-    timeout_s: float = 600.0
+    timeout_s: float = 300.0
 
     def params(self) -> dict[str, Any]:
         p = asdict(self)
         p["sizes"] = list(self.sizes)
-        p["alloc_confs"] = list(self.alloc_confs)
+        p["alloc_confs"] = [normalize_alloc_conf(c) for c in self.alloc_confs]
         return p
 
 
@@ -137,9 +161,28 @@ def measure_pinned_alloc(nbytes: int, device: int = 0) -> dict[str, Any]:
     data (without ``alloc_conf``, which the parent knows).
     """
     torch = require_cuda()
-    torch.cuda.set_device(device)
-    torch.zeros(1, device=torch.device("cuda", device))  # context first
     conf_env = {k: os.environ[k] for k in ALLOC_CONF_VARS if k in os.environ}
+    t_init = time.perf_counter()
+    try:
+        torch.cuda.set_device(device)
+        torch.zeros(1, device=torch.device("cuda", device))  # context first
+    except Exception as exc:  # e.g. the allocator configuration is refused at CUDA init
+        return {
+            "bytes_requested": nbytes,
+            "is_pinned": False,
+            "seconds": round(time.perf_counter() - t_init, 6),
+            "bytes_reserved": None,
+            "rounded_up": None,
+            "power_of_two_ceiling": next_power_of_two(nbytes),
+            "method_of_measurement": None,
+            "measurements": None,
+            "alloc_conf_env": conf_env,
+            "error": f"{type(exc).__name__}: {exc}",
+            "failed_at": "cuda-init",
+            "pid": os.getpid(),
+            "torch_version": torch.__version__,
+            "gpu": None,
+        }
 
     status_before, mem_before, stats_before = _proc_status(), meminfo(), _host_stats(torch)
     error: str | None = None
@@ -164,9 +207,7 @@ def measure_pinned_alloc(nbytes: int, device: int = 0) -> dict[str, Any]:
         "host_memory_stats_delta": stats_delta,
         "host_memory_stats_after": stats_after,
         "mapping": mapping,
-        "memfree_drop_bytes": (
-            -d if (d := _delta(mem_after, mem_before, "MemFree")) is not None else None
-        ),
+        "memfree_drop_bytes": (-d if (d := _delta(mem_after, mem_before, "MemFree")) is not None else None),
         "memavailable_drop_bytes": (
             -d if (d := _delta(mem_after, mem_before, "MemAvailable")) is not None else None
         ),
@@ -203,6 +244,7 @@ def measure_pinned_alloc(nbytes: int, device: int = 0) -> dict[str, Any]:
         "measurements": measurements,
         "alloc_conf_env": conf_env,
         "error": error,
+        "failed_at": None if error is None else "allocation",
         "pid": os.getpid(),
         "torch_version": torch.__version__,
         "gpu": gpu_identity(device),
@@ -211,8 +253,9 @@ def measure_pinned_alloc(nbytes: int, device: int = 0) -> dict[str, Any]:
 
 def _child_env(alloc_conf: str | None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ALLOC_CONF_VARS}
-    if alloc_conf is not None:
-        env["PYTORCH_CUDA_ALLOC_CONF"] = alloc_conf
+    var, value = split_alloc_conf(alloc_conf)
+    if var is not None and value is not None:
+        env[var] = value
     root = str(REPO_ROOT)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
@@ -278,12 +321,16 @@ def run_pinned_alloc(
                     errors.append(f"bytes={nbytes} alloc_conf={conf!r}: worker exited {code}")
                     continue
                 data = json.loads(out.read_text())
-                data["alloc_conf"] = conf
+                var, value = split_alloc_conf(conf)
+                data["alloc_conf"] = normalize_alloc_conf(conf)
+                data["alloc_conf_var"] = var
+                data["alloc_conf_value"] = value
                 run.events.append(envelope(KIND, data, run_id, ts=ts))
                 say(
-                    f"pinned-alloc: {nbytes} B alloc_conf={conf!s}: pinned={data['is_pinned']} "
-                    f"reserved={data['bytes_reserved']} rounded_up={data['rounded_up']} "
-                    f"in {data['seconds']:.3f} s"
+                    f"pinned-alloc: {nbytes} B alloc_conf={data['alloc_conf']}: "
+                    f"pinned={data['is_pinned']} reserved={data['bytes_reserved']} "
+                    f"rounded_up={data['rounded_up']} in {data['seconds']:.3f} s"
+                    + ("" if data["error"] is None else f"; error: {data['error']}")
                 )
     run.seconds = time.perf_counter() - t0
     run.checks = len(run.probe_events())
@@ -294,7 +341,7 @@ def run_pinned_alloc(
             {
                 k: e["data"][k]
                 for k in ("bytes_requested", "alloc_conf", "is_pinned", "bytes_reserved",
-                          "rounded_up", "seconds")
+                          "rounded_up", "seconds", "error")
             }
             for e in run.probe_events()
         ],
@@ -309,6 +356,7 @@ def run_pinned_alloc(
                 "seconds": round(run.seconds, 6),
                 "allocations": run.checks,
                 "skipped": skipped,
+                "summary": run.summary["allocations"],
             },
             run_id,
         )
