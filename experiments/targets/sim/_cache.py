@@ -1,0 +1,80 @@
+"""Prefix caches keyed by salted hash chains, with LRU eviction.
+
+vLLM hashes a prompt block by block: block i's hash covers its parent's hash
+and its own token ids, and ``cache_salt`` is mixed into the *first* block's
+hash only; since every later hash chains from it, the salt namespaces the whole
+prefix. LMCache keys its 256-token chunks the same way (salt carried in the
+cache identity). Only full blocks/chunks are hashed, so only they are cached.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from ._answers import Taint
+
+__all__ = ["BlockCache", "chain_hashes"]
+
+
+def chain_hashes(
+    token_ids: Sequence[int], unit: int, salt: str | None, root: bytes = b""
+) -> list[bytes]:
+    """Hashes of each full ``unit``-token block, chained, salt in the first."""
+    ids = array("I", token_ids)
+    step = unit * ids.itemsize
+    raw = ids.tobytes()
+    parent = hashlib.sha256(root).digest()
+    hashes: list[bytes] = []
+    for i in range(len(token_ids) // unit):
+        h = hashlib.sha256(parent)
+        h.update(raw[i * step : (i + 1) * step])
+        if i == 0 and salt is not None:
+            h.update(b"\x00salt\x00" + salt.encode("utf-8"))
+        parent = h.digest()
+        hashes.append(parent)
+    return hashes
+
+
+class BlockCache:
+    """Cached blocks (hash -> taint) with a capacity and LRU eviction."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = max(0, capacity)
+        self._blocks: OrderedDict[bytes, Taint | None] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    def usage(self) -> float:
+        return len(self._blocks) / self.capacity if self.capacity else 0.0
+
+    def lookup(self, hashes: Sequence[bytes]) -> list[Taint | None]:
+        """Taints of the longest cached prefix of ``hashes``; touches them."""
+        hit: list[bytes] = []
+        for h in hashes:
+            if h not in self._blocks:
+                break
+            hit.append(h)
+        self._touch(hit)
+        return [self._blocks[h] for h in hit]
+
+    def insert(self, hashes: Sequence[bytes], taints: Sequence[Taint | None]) -> None:
+        """Cache blocks not yet present (present ones keep their state)."""
+        for h, taint in zip(hashes, taints, strict=True):
+            self._blocks.setdefault(h, taint)
+        self._touch(hashes)
+        while len(self._blocks) > self.capacity:
+            self._blocks.popitem(last=False)
+
+    def _touch(self, hashes: Sequence[bytes]) -> None:
+        # Most recent last, and a chain's tail older than its head (as vLLM's
+        # free queue does), so eviction eats prefixes from the end, not the
+        # first block whose loss would orphan the whole chain.
+        for h in reversed(hashes):
+            self._blocks.move_to_end(h)
+
+    def clear(self) -> None:
+        self._blocks.clear()
