@@ -1,0 +1,130 @@
+"""Collector commands: ``ledger checkpoint audit`` and ``ledger probe ...``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from ledger import NewEvent, import_jsonl, open_ledger
+from ledger.cli_options import db_option, json_option
+
+from ._checkpoint import audit_checkpoint
+
+console = Console()
+
+
+@click.group("checkpoint")
+def checkpoint_group() -> None:
+    """Checkpoint provenance: hash model files and compare with a published revision.
+
+    Example:
+
+        ledger checkpoint audit ~/.cache/huggingface/hub/models--org--name/snapshots/REV
+    """
+
+
+@checkpoint_group.command("audit")
+@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--revision", default=None, help="The published revision these files should match.")
+@click.option("--manifest", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              default=None, help="Expected hashes: JSON {name: sha256} or sha256sum output.")
+@click.option("--run", "run_id", default=None, help="Record the audit in this run.")
+@click.option("--workers", type=int, default=None, help="Files hashed at once (default: CPUs).")
+@json_option
+@db_option
+def checkpoint_audit_command(directory: Path, revision: str | None, manifest: Path | None,
+                             run_id: str | None, workers: int | None, as_json: bool,
+                             db_url: str) -> None:
+    """Hash every file of a checkpoint (SHA-256) and record `checkpoint.audited`.
+
+    Expected hashes come from --manifest, or from a Hugging Face cache snapshot
+    (LFS blobs are named by their SHA-256). Exit 1 if a file does not match or
+    changed while it was read.
+
+    Example:
+
+        ledger checkpoint audit ./tiny-model --manifest ./tiny-model/MANIFEST.json
+    """
+    if not directory.is_dir():
+        raise click.BadParameter(f"not a directory: {directory}", param_hint="DIRECTORY")
+    audit = audit_checkpoint(directory, revision, manifest, workers)
+    ledger = open_ledger(db_url)
+    event = ledger.append(NewEvent("checkpoint.audited", audit.data(), run_id=run_id))
+    if as_json:
+        click.echo(json.dumps({"seq": event.seq, **audit.data()}))
+    else:
+        _print_audit(audit.data())
+    sys.exit(0 if audit.stable and audit.matched is not False else 1)
+
+
+def _print_audit(data: dict[str, object]) -> None:
+    table = Table("file", "bytes", "sha256", "expected", box=None)
+    files = data["files"]
+    assert isinstance(files, list)
+    for f in files:
+        expected = f["expected_sha256"]
+        ok = expected == f["sha256"]
+        mark = "—" if expected is None else ("[green]ok[/green]" if ok else "[red]MISMATCH[/red]")
+        table.add_row(f["name"], f"{f['bytes']:,}", f["sha256"][:16] + "…", mark)
+    console.print(table)
+    console.print(f"matched: {data['matched']}  stable: {data['stable']}  reference: {data['reference']}")
+
+
+@click.group("probe")
+def probe_group() -> None:
+    """GPU byte probes of the KV transfer path, recorded as validation events.
+
+    Example:
+
+        ledger probe copy-ordering --db sqlite:///study.db
+    """
+
+
+def _run_probe(name: str, db_url: str, extra: tuple[str, ...]) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "probe.jsonl"
+        cmd = [sys.executable, "-m", "collectors.probes", name, "--jsonl", str(out), *extra]
+        status = subprocess.call(cmd)
+        if status != 0:
+            sys.exit(status)
+        ledger = open_ledger(db_url)
+        count = import_jsonl(ledger, out)
+    console.print(f"recorded {count:,} events from `{name}`")
+
+
+@probe_group.command("copy-ordering", context_settings={"ignore_unknown_options": True})
+@click.argument("probe_args", nargs=-1, type=click.UNPROCESSED)
+@db_option
+def copy_ordering_command(probe_args: tuple[str, ...], db_url: str) -> None:
+    """Copy-ordering probe: raw cudaMemcpy fallback vs three ordered controls.
+
+    Needs CUDA (exit 2 without). Events: `probe.copy`, one per check, inside a
+    run of their own; the whole matrix is recorded atomically.
+
+    Example:
+
+        ledger probe copy-ordering --db sqlite:///study.db
+    """
+    _run_probe("copy-ordering", db_url, probe_args)
+
+
+@probe_group.command("pinned-alloc", context_settings={"ignore_unknown_options": True})
+@click.argument("probe_args", nargs=-1, type=click.UNPROCESSED)
+@db_option
+def pinned_alloc_command(probe_args: tuple[str, ...], db_url: str) -> None:
+    """Pinned-allocation probe: power-of-two rounding with and without the threshold.
+
+    Needs CUDA (exit 2 without). Events: `probe.pinned_alloc`.
+
+    Example:
+
+        ledger probe pinned-alloc --db sqlite:///study.db
+    """
+    _run_probe("pinned-alloc", db_url, probe_args)
