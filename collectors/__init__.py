@@ -1,0 +1,94 @@
+"""Collectors: turn one source of truth into ledger events.
+
+The request path (used by experiments)::
+
+    from collectors import (RequestSpec, Outcome, EventSink, send_request,
+                            scrape_metrics, record_scrape, hits_between, assertion_event,
+                            host_inventory, code_version, package_versions)
+
+- :func:`send_request` streams one request and emits ``request.sent`` and
+  ``response.received`` (failures recorded, never raised);
+  :func:`run_concurrently` bounds how many are in flight.
+- :func:`scrape_metrics` / :func:`record_scrape` / :func:`hits_between`, and
+  :class:`Scraper`, which wraps a single request (or a concurrent window)
+  in before/after scrapes and emits ``hits.observed``.
+- ``check_*`` emit ``assertion.evaluated`` (rules in ``collectors._assertions``).
+- :func:`host_inventory`, :func:`code_version`, :func:`package_versions`,
+  :class:`GpuSampler` for provenance.
+
+GPU byte probes live in ``collectors.probes``.
+"""
+
+from __future__ import annotations
+
+from ._assertions import (
+    assertion_event,
+    check_exact_values,
+    check_full_prefix_hit,
+    check_matches_cold_reference,
+    check_no_external_hits_off,
+    check_output_length,
+    check_stream_complete,
+    check_zero_hits,
+    extract_json_object,
+    shareable_prefix,
+)
+from ._client import (
+    EventSink,
+    Outcome,
+    RequestSpec,
+    payload_digest,
+    request_params,
+    response_data,
+    run_concurrently,
+    send_request,
+)
+from ._host import GpuSampler, code_version, gpu_inventory, host_inventory, package_versions
+from ._metrics import (
+    HitDelta,
+    MetricsError,
+    Scraper,
+    counter_delta,
+    hits_between,
+    parse_exposition,
+    record_hits,
+    record_scrape,
+    sample_key,
+    scrape_metrics,
+)
+
+__all__ = [
+    "EventSink",
+    "GpuSampler",
+    "HitDelta",
+    "MetricsError",
+    "Outcome",
+    "RequestSpec",
+    "Scraper",
+    "assertion_event",
+    "check_exact_values",
+    "check_full_prefix_hit",
+    "check_matches_cold_reference",
+    "check_no_external_hits_off",
+    "check_output_length",
+    "check_stream_complete",
+    "check_zero_hits",
+    "code_version",
+    "counter_delta",
+    "extract_json_object",
+    "gpu_inventory",
+    "hits_between",
+    "host_inventory",
+    "package_versions",
+    "parse_exposition",
+    "payload_digest",
+    "record_hits",
+    "record_scrape",
+    "request_params",
+    "response_data",
+    "run_concurrently",
+    "sample_key",
+    "scrape_metrics",
+    "send_request",
+    "shareable_prefix",
+]

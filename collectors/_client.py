@@ -1,0 +1,335 @@
+"""The streaming OpenAI-compatible client: one request in, two events out.
+
+Timing rules (the seed's Section 4.3):
+
+- ``t0`` is taken on the monotonic clock (:func:`time.perf_counter`) just
+  before the request is handed to httpx, after ``request.sent`` is emitted.
+- Every read from the socket is stamped on arrival, *before* its bytes are
+  split into SSE lines or parsed as JSON; a content chunk takes the stamp of
+  the read that delivered it. So parsing cost never shifts ``t_first``.
+- ``t_first`` / ``ttft_s``: arrival of the first chunk whose text
+  (``choices[0].text``, completions) or ``choices[0].delta.content`` (chat)
+  is non-empty. Role-only, empty and usage chunks do not count, nor does
+  ``reasoning_content``.
+- ``t_last``: arrival of the last content chunk; ``e2e_s``: end of the stream.
+- ``decode_rate`` = (N_out - 1) / (t_last - t_first), N_out the usage's
+  ``completion_tokens``; null when N_out < 2 or t_last == t_first.
+
+Failures are recorded in ``response.received.error`` and in the returned
+:class:`Outcome`, never raised: ``http N: body...``, ``timeout``,
+``connection error: ...``, ``malformed chunk: ...``, ``stream error: ...``
+(an error object inside the stream, as vLLM sends them),
+``truncated stream: no [DONE]`` / ``truncated stream: no usage chunk`` /
+``truncated stream: connection lost (...)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import httpx
+import orjson
+
+from ledger import canonical_json, sha256_hex
+
+__all__ = [
+    "EventSink",
+    "Outcome",
+    "RequestSpec",
+    "payload_digest",
+    "request_params",
+    "response_data",
+    "run_concurrently",
+    "send_request",
+]
+
+DEFAULT_TIMEOUT_S = 600.0
+_PROMPT_FIELDS = ("prompt", "messages")
+_ERROR_SNIPPET = 200
+_TEXT_PREFIX = 200
+_HEADERS = {"content-type": "application/json", "accept": "text/event-stream"}
+
+
+class EventSink(Protocol):
+    """Where collectors put events; the runner binds run_id/block_id."""
+
+    def emit(self, kind: str, data: dict[str, Any]) -> None: ...
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """One request: the exact JSON body and the ``request.sent`` metadata."""
+
+    request_id: str
+    base_url: str
+    path: str
+    body: Mapping[str, Any]
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What came back. Times are seconds relative to the send (monotonic)."""
+
+    request_id: str
+    status: int | None
+    text: str
+    ttft_s: float | None
+    t_first: float | None
+    t_last: float | None
+    e2e_s: float | None
+    prompt_tokens: int | None
+    output_tokens: int | None
+    cached_tokens: int | None
+    finish_reason: str | None
+    error: str | None
+    ok: bool
+    decode_rate: float | None = None
+    text_sha256: str | None = None
+    usage: Mapping[str, Any] | None = None
+    content_chunks: int = 0
+    sent_wall_ns: int | None = None
+    """CLOCK_REALTIME at the send (time.time_ns), for cross-process comparisons."""
+    first_wall_ns: int | None = None
+    """CLOCK_REALTIME when the first content chunk arrived."""
+
+
+def request_params(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The body without its prompt/messages (``request.sent.params``)."""
+    return {k: v for k, v in body.items() if k not in _PROMPT_FIELDS}
+
+
+def payload_digest(body: Mapping[str, Any]) -> tuple[bytes, str]:
+    """Canonical JSON bytes of ``body`` (what is sent) and their SHA-256."""
+    payload = canonical_json(dict(body))
+    return payload, sha256_hex(payload)
+
+
+def _content(obj: Any) -> tuple[str | None, str | None]:
+    """(content text, finish_reason) of a parsed chunk's first choice."""
+    choices = obj.get("choices")
+    if not choices:
+        return None, None
+    choice = choices[0]
+    text = choice.get("text")
+    if text is None:
+        delta = choice.get("delta")
+        if delta:
+            text = delta.get("content")
+    return text, choice.get("finish_reason")
+
+
+class _Stream:
+    """Incremental SSE parser state for one response (kept small: it is per chunk)."""
+
+    __slots__ = ("buf", "done", "error", "finish", "first", "first_wall", "last", "n_content",
+                 "pieces", "usage")  # fmt: skip
+
+    def __init__(self) -> None:
+        self.buf = b""
+        self.pieces: list[str] = []
+        self.first: float | None = None
+        self.first_wall: int | None = None
+        self.last: float | None = None
+        self.usage: dict[str, Any] | None = None
+        self.finish: str | None = None
+        self.done = False
+        self.error: str | None = None
+        self.n_content = 0
+
+    def feed(self, raw: bytes, now: float) -> None:
+        """Consume one socket read that arrived at ``now`` (perf_counter)."""
+        data = self.buf + raw if self.buf else raw
+        lines = data.split(b"\n")
+        self.buf = lines.pop()
+        for line in lines:
+            if not line.startswith(b"data:"):
+                continue  # blank separators, comments, event:/id: fields
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                self.done = True
+                continue
+            if self.done or self.error is not None:
+                continue
+            self._event(payload, now)
+
+    def _event(self, payload: bytes, now: float) -> None:
+        try:
+            obj = orjson.loads(payload)
+        except orjson.JSONDecodeError as exc:
+            self.error = f"malformed chunk: {exc}"[:_ERROR_SNIPPET]
+            return
+        if not isinstance(obj, dict):
+            self.error = f"malformed chunk: not an object: {payload[:80]!r}"
+            return
+        if "error" in obj and "choices" not in obj:
+            err = obj["error"]
+            msg = err.get("message") if isinstance(err, dict) else err
+            self.error = f"stream error: {msg}"[:_ERROR_SNIPPET]
+            return
+        text, finish = _content(obj)
+        if text:
+            if self.first is None:
+                self.first = now
+                self.first_wall = time.time_ns()
+            self.last = now
+            self.n_content += 1
+            self.pieces.append(text)
+        if finish is not None:
+            self.finish = finish
+        usage = obj.get("usage")
+        if usage:
+            self.usage = usage
+
+    def end(self, now: float) -> None:
+        """The stream closed (last read at ``now``): a trailing unterminated line is still an event."""
+        if self.buf.strip():
+            tail, self.buf = self.buf, b""
+            self.feed(tail + b"\n", now)
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _decode_rate(n_out: int | None, t_first: float | None, t_last: float | None) -> float | None:
+    if n_out is None or n_out < 2 or t_first is None or t_last is None or t_last <= t_first:
+        return None
+    return (n_out - 1) / (t_last - t_first)
+
+
+async def _error_body(resp: httpx.Response) -> str:
+    try:
+        body = await resp.aread()
+    except httpx.HTTPError:
+        return ""
+    return body[:_ERROR_SNIPPET].decode("utf-8", "replace").strip()
+
+
+async def send_request(
+    client: httpx.AsyncClient,
+    spec: RequestSpec,
+    sink: EventSink,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> Outcome:
+    """Send ``spec`` streaming, emit ``request.sent`` / ``response.received``.
+
+    Never raises for server or network faults; they are recorded in the
+    outcome's ``error`` (see the module doc). ``timeout_s`` bounds each read
+    and the whole request.
+    """
+    payload, digest = payload_digest(spec.body)
+    wants_usage = bool((spec.body.get("stream_options") or {}).get("include_usage"))
+    sent = {**spec.meta, "request_id": spec.request_id, "payload_sha256": digest,
+            "params": request_params(spec.body)}  # fmt: skip
+    sink.emit("request.sent", sent)
+
+    url = spec.base_url.rstrip("/") + spec.path
+    st = _Stream()
+    status: int | None = None
+    error: str | None = None
+    received = False
+    sent_wall = time.time_ns()
+    t0 = time.perf_counter()
+    t_end: float | None = None
+    try:
+        async with asyncio.timeout(timeout_s):
+            headers = {**_HEADERS, "x-request-id": spec.request_id}
+            request = client.build_request("POST", url, content=payload, headers=headers,
+                                           timeout=timeout_s)  # fmt: skip
+            resp = await client.send(request, stream=True)
+            try:
+                status = resp.status_code
+                if status != 200:
+                    error = f"http {status}: {await _error_body(resp)}".rstrip(": ")
+                else:
+                    perf = time.perf_counter
+                    now = t0
+                    async for raw in resp.aiter_raw():
+                        now = perf()
+                        received = True
+                        st.feed(raw, now)
+                        if st.error is not None:
+                            break
+                    st.end(now)
+            finally:
+                await resp.aclose()
+            t_end = time.perf_counter()
+    except TimeoutError:
+        error = "timeout"
+    except httpx.TimeoutException:
+        error = "timeout"
+    except httpx.TransportError as exc:
+        reason = f"{type(exc).__name__}: {exc}"
+        lost = f"truncated stream: connection lost ({reason})"
+        error = lost if received else f"connection error: {reason}"
+    except httpx.HTTPError as exc:  # e.g. an invalid URL
+        error = f"client error: {type(exc).__name__}: {exc}"
+    if t_end is None:
+        t_end = time.perf_counter()
+
+    if error is None and status == 200:
+        if st.error is not None:
+            error = st.error
+        elif not st.done:
+            error = "truncated stream: no [DONE]"
+        elif wants_usage and st.usage is None:
+            error = "truncated stream: no usage chunk"
+    error = error[:_ERROR_SNIPPET] if error else None
+
+    usage = st.usage or {}
+    details = usage.get("prompt_tokens_details") or {}
+    prompt_tokens = _int(usage.get("prompt_tokens"))
+    output_tokens = _int(usage.get("completion_tokens"))
+    cached_tokens = _int(details.get("cached_tokens")) if isinstance(details, dict) else None
+    text = "".join(st.pieces)
+    text_sha = hashlib.sha256(text.encode()).hexdigest() if status == 200 else None
+    t_first = None if st.first is None else st.first - t0
+    t_last = None if st.last is None else st.last - t0
+    outcome = Outcome(
+        request_id=spec.request_id, status=status, text=text, ttft_s=t_first, t_first=t_first,
+        t_last=t_last, e2e_s=t_end - t0, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
+        cached_tokens=cached_tokens, finish_reason=st.finish, error=error,
+        ok=status == 200 and error is None, decode_rate=_decode_rate(output_tokens, t_first, t_last),
+        text_sha256=text_sha, usage=st.usage, content_chunks=st.n_content, sent_wall_ns=sent_wall,
+        first_wall_ns=st.first_wall,
+    )  # fmt: skip
+    sink.emit("response.received", response_data(outcome))
+    return outcome
+
+
+def response_data(outcome: Outcome) -> dict[str, Any]:
+    """The ``response.received`` data of an outcome (the text itself is never stored)."""
+    return {
+        "request_id": outcome.request_id, "status": outcome.status, "ttft_s": outcome.ttft_s,
+        "t_first": outcome.t_first, "t_last": outcome.t_last, "e2e_s": outcome.e2e_s,
+        "prompt_tokens": outcome.prompt_tokens, "output_tokens": outcome.output_tokens,
+        "cached_tokens": outcome.cached_tokens, "decode_rate": outcome.decode_rate,
+        "text_sha256": outcome.text_sha256, "finish_reason": outcome.finish_reason,
+        "error": outcome.error, "output_text_prefix": outcome.text[:_TEXT_PREFIX],
+        "content_chunks": outcome.content_chunks, "ok": outcome.ok,
+    }  # fmt: skip
+
+
+async def run_concurrently(
+    client: httpx.AsyncClient,
+    specs: Iterable[RequestSpec],
+    sink: EventSink,
+    limit: int,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> list[Outcome]:
+    """Send every spec with at most ``limit`` in flight; outcomes in spec order."""
+    if limit < 1:
+        raise ValueError("limit must be at least 1")
+    gate = asyncio.Semaphore(limit)
+
+    async def one(spec: RequestSpec) -> Outcome:
+        async with gate:
+            return await send_request(client, spec, sink, timeout_s)
+
+    return list(await asyncio.gather(*(one(s) for s in specs)))
