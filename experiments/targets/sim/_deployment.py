@@ -68,6 +68,7 @@ class SimDeployment:
                                capacity_chunks=self.config.tier_capacity_chunks,
                                faults=self.faults)  # fmt: skip
         self.replicas: list[SimReplica] = []
+        self._base_port = base_port
         self._ports = [base_port + i if base_port else 0 for i in range(replicas + 1)]
         self._runners: list[web.AppRunner] = []
         self._tier_runner: web.AppRunner | None = None
@@ -173,12 +174,22 @@ class SimDeployment:
                        "version": LMCACHE_VERSION, "on": self.shared},
             "kv_connector": "SimLMCacheConnector" if self.shared else None,
             "faults": self.faults.spec(),
+            "command": self.command(),
             "config": {"block_size": c.block_size, "chunk_size": c.chunk_size,
                        "capacity_blocks": c.capacity_blocks,
                        "tier_capacity_chunks": c.tier_capacity_chunks,
                        "max_model_len": c.max_model_len, "time_scale": c.time_scale,
                        "latency": asdict(c.latency), "cache_dtype": c.cache_dtype},
         }  # fmt: skip
+
+    def command(self) -> list[str]:
+        """An equivalent ``python -m`` command line (block/chunk sizes included)."""
+        c = self.config
+        return ["python", "-m", "experiments.targets.sim", "--replicas", str(self.n_replicas),
+                "--base-port", str(self._base_port),
+                "--shared", "on" if self.shared else "off", "--fault", self.faults.spec(),
+                "--time-scale", repr(c.time_scale), "--block-size", str(c.block_size),
+                "--chunk-size", str(c.chunk_size), "--host", self.host]  # fmt: skip
 
     # --- control over HTTP (for subprocess use) ---------------------------
 

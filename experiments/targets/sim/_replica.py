@@ -88,7 +88,8 @@ class SimReplica:
 
     async def _metrics(self, _: web.Request) -> web.Response:
         m = self.engine.metrics
-        m.gauge(m.running, self._running)
+        # _running counts every request in flight; vLLM's gauge excludes queued ones.
+        m.gauge(m.running, self._running - self._waiting)
         m.gauge(m.waiting, self._waiting)
         return web.Response(body=m.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
