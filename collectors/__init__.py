@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from ._assertions import (
     assertion_event,
+    check_counters_match,
     check_exact_values,
     check_full_prefix_hit,
     check_matches_cold_reference,
@@ -66,6 +67,7 @@ __all__ = [
     "RequestSpec",
     "Scraper",
     "assertion_event",
+    "check_counters_match",
     "check_exact_values",
     "check_full_prefix_hit",
     "check_matches_cold_reference",

@@ -32,6 +32,11 @@ The rules, exactly:
 - ``no_external_hits_off``: an OFF-arm window saw 0 external hit tokens.
 - ``stream_complete``: HTTP 200, ``[DONE]`` seen, usage seen when asked,
   no malformed chunk.
+- ``counters_match`` (single-request windows): the replica's prefix-query
+  increment equals the response's ``prompt_tokens`` (vLLM queries every
+  prompt token once), and, when the response reports ``cached_tokens``, the
+  local + external hit increments add up to it. Stale or reset counters,
+  or traffic from outside the window, fail it (the audit's counter-mismatch).
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from ._metrics import HitDelta
 
 __all__ = [
     "assertion_event",
+    "check_counters_match",
     "check_exact_values",
     "check_full_prefix_hit",
     "check_matches_cold_reference",
@@ -205,3 +211,20 @@ def check_stream_complete(
                            {"status": 200, "error": None},
                            {"status": outcome.status, "error": outcome.error}, outcome.ok,
                            independent, config_sha256)  # fmt: skip
+
+
+def check_counters_match(
+    sink: EventSink, request_id: str, delta: HitDelta, prompt_tokens: int | None,
+    cached_tokens: int | None = None, *, independent: bool = True, config_sha256: str | None,
+) -> bool:  # fmt: skip
+    """The window's counter increments agree with what the response itself reports."""
+    # Without a connector the external counters may be absent: they count as 0.
+    local, ext = delta.local_hit_tokens, delta.external_hit_tokens
+    hits = None if local is None else local + (ext or 0)
+    expected = {"prefix_queries": prompt_tokens, "hit_tokens": cached_tokens}
+    observed = {"prefix_queries": delta.prefix_queries, "hit_tokens": hits}
+    passed = (prompt_tokens is not None and delta.prefix_queries == prompt_tokens
+              and (cached_tokens is None or hits == cached_tokens)
+              and not delta.counter_reset)  # fmt: skip
+    return assertion_event(sink, request_id, "counters_match", expected, observed, passed,
+                           independent, config_sha256, counter_reset=delta.counter_reset)  # fmt: skip

@@ -1,0 +1,204 @@
+"""The streaming client over real loopback HTTP: sim replicas and small purpose-built servers."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+import httpx
+import orjson
+from aiohttp import web
+
+from collectors import RequestSpec, payload_digest, run_concurrently, send_request
+from experiments.targets.sim import SimDeployment
+from ledger import Ledger, canonical_json, sha256_hex, verify
+from tests.collectors.helpers import VALUES, LedgerSink, needle_prompt, spec
+
+
+def test_completion_stream_records_both_events(dep: SimDeployment, sink: LedgerSink, led: Ledger) -> None:
+    s = spec(dep.replica_urls[0], needle_prompt(), "ns-a")
+
+    async def go() -> None:
+        async with httpx.AsyncClient() as c:
+            o = await send_request(c, s, sink)
+        assert o.ok and o.status == 200 and o.error is None
+        assert orjson.loads(o.text) == VALUES
+        assert o.prompt_tokens and o.prompt_tokens > 800
+        assert o.output_tokens == o.content_chunks > 2
+        assert o.cached_tokens == 0 and o.finish_reason == "stop"
+        assert o.t_first is not None and o.t_last is not None and o.e2e_s is not None and o.ttft_s
+        assert 0 < o.t_first == o.ttft_s <= o.t_last <= o.e2e_s
+        assert o.sent_wall_ns and o.first_wall_ns and o.first_wall_ns > o.sent_wall_ns
+
+    asyncio.run(go())
+    sent = sink.events("request.sent")[0].data
+    got = sink.events("response.received")[0].data
+    assert sent["request_id"] == got["request_id"] == s.request_id
+    assert sent["payload_sha256"] == sha256_hex(canonical_json(dict(s.body)))
+    assert "prompt" not in sent["params"] and sent["params"]["cache_salt"] == "ns-a"
+    assert got["text_sha256"] == hashlib.sha256(json.dumps(VALUES).encode()).hexdigest()
+    assert got["error"] is None and got["status"] == 200 and got["output_text_prefix"].startswith("{")
+    assert verify(led).ok
+
+
+def test_chat_stream_counts_content_not_role_chunk(dep: SimDeployment, sink: LedgerSink) -> None:
+    s = spec(dep.replica_urls[1], needle_prompt(), "ns-chat", replica=1, chat=True)
+
+    async def go() -> None:
+        async with httpx.AsyncClient() as c:
+            o = await send_request(c, s, sink)
+        assert o.ok, o.error
+        assert orjson.loads(o.text) == VALUES
+        assert o.content_chunks == o.output_tokens
+
+    asyncio.run(go())
+
+
+def test_server_records_first_emit_under_our_request_id(dep: SimDeployment, sink: LedgerSink) -> None:
+    s = spec(dep.replica_urls[0], needle_prompt(), "ns-log")
+
+    async def go() -> None:
+        async with httpx.AsyncClient() as c:
+            o = await send_request(c, s, sink)
+            log = (await c.get(dep.replica_urls[0] + "/sim/requests")).json()
+        entry = next(e for e in log if e["request_id"] == s.request_id)
+        assert o.first_wall_ns is not None
+        lag = o.first_wall_ns / 1e9 - entry["t_first_emit_unix"]
+        assert 0 <= lag < 1.0
+
+    asyncio.run(go())
+
+
+def test_payload_digest_is_replayable() -> None:
+    body = {"prompt": "x", "max_tokens": 3, "cache_salt": "s", "stream": True}
+    a, da = payload_digest(body)
+    b, db = payload_digest(dict(reversed(list(body.items()))))
+    assert a == b and da == db == hashlib.sha256(a).hexdigest()
+
+
+def test_connection_refused_is_recorded_not_raised(sink: LedgerSink) -> None:
+    s = spec("http://127.0.0.1:9", "hello", "ns")
+
+    async def go() -> None:
+        async with httpx.AsyncClient() as c:
+            o = await send_request(c, s, sink, timeout_s=5)
+        assert not o.ok and o.status is None and o.error and o.error.startswith("connection error")
+
+    asyncio.run(go())
+    assert sink.events("response.received")[0].data["error"].startswith("connection error")
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@asynccontextmanager
+async def serve(handler: Handler) -> AsyncIterator[str]:
+    """A one-route aiohttp server on loopback answering POST /v1/completions."""
+    app = web.Application()
+    app.router.add_post("/v1/completions", handler)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
+def raw_stream(*events: bytes) -> Handler:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for e in events:
+            await resp.write(e)
+        await resp.write_eof()
+        return resp
+
+    return handler
+
+
+def _chunk(text: str, finish: str | None = None) -> bytes:
+    return b"data: " + orjson.dumps({"choices": [{"index": 0, "text": text,
+                                                  "finish_reason": finish}]}) + b"\n\n"
+
+
+_USAGE = b'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3,' \
+         b'"prompt_tokens_details":{"cached_tokens":2}}}\n\n'
+
+
+def _run(handler: Handler, sink: LedgerSink, timeout_s: float = 5.0) -> list[str | None]:
+    async def go() -> list[str | None]:
+        async with serve(handler) as url, httpx.AsyncClient() as c:
+            o = await send_request(c, spec(url, "p", "ns"), sink, timeout_s=timeout_s)
+        return [o.error, str(o.output_tokens), str(o.cached_tokens), o.text]
+
+    return asyncio.run(go())
+
+
+def test_split_frames_crlf_and_empty_first_chunk_are_handled(sink: LedgerSink) -> None:
+    body = _chunk("") + _chunk("a") + _chunk("b") + _chunk("c", "stop") + _USAGE + b"data: [DONE]\n\n"
+    crlf = body.replace(b"\n", b"\r\n")
+    pieces = [crlf[i:i + 7] for i in range(0, len(crlf), 7)]  # frames split mid-line
+    assert _run(raw_stream(*pieces), sink) == [None, "3", "2", "abc"]
+    got = sink.events("response.received")[0].data
+    assert got["decode_rate"] is None or got["decode_rate"] > 0
+    assert got["finish_reason"] == "stop"
+
+
+def test_malformed_chunk_is_recorded(sink: LedgerSink) -> None:
+    err = _run(raw_stream(_chunk("a"), b"data: {not json\n\n", b"data: [DONE]\n\n"), sink)[0]
+    assert err and err.startswith("malformed chunk")
+
+
+def test_error_object_in_stream_is_recorded(sink: LedgerSink) -> None:
+    err = _run(raw_stream(_chunk("a"), b'data: {"error": {"message": "boom", "code": 500}}\n\n'), sink)[0]
+    assert err == "stream error: boom"
+
+
+def test_missing_done_and_missing_usage_are_truncation(sink: LedgerSink) -> None:
+    assert _run(raw_stream(_chunk("a"), _USAGE), sink)[0] == "truncated stream: no [DONE]"
+    assert _run(raw_stream(_chunk("a"), b"data: [DONE]\n\n"), sink)[0] == "truncated stream: no usage chunk"
+
+
+def test_http_error_keeps_body_snippet(sink: LedgerSink) -> None:
+    async def fail(_: web.Request) -> web.Response:
+        return web.json_response({"error": {"message": "nope"}}, status=503)
+
+    err = _run(fail, sink)[0]
+    assert err and err.startswith("http 503: ") and "nope" in err
+
+
+def test_timeout_is_recorded(sink: LedgerSink) -> None:
+    async def slow(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(_chunk("a"))
+        await asyncio.sleep(2)
+        return resp
+
+    assert _run(slow, sink, timeout_s=0.3)[0] == "timeout"
+
+
+def test_run_concurrently_respects_the_limit(sink: LedgerSink) -> None:
+    state = {"now": 0, "peak": 0}
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        state["now"] += 1
+        state["peak"] = max(state["peak"], state["now"])
+        await asyncio.sleep(0.02)
+        state["now"] -= 1
+        return await raw_stream(_chunk("a"), _chunk("b"), _USAGE, b"data: [DONE]\n\n")(request)
+
+    async def go() -> None:
+        async with serve(handler) as url, httpx.AsyncClient() as c:
+            specs: list[RequestSpec] = [spec(url, f"p{i}", "ns") for i in range(12)]
+            outs = await run_concurrently(c, specs, sink, limit=3)
+        assert [o.request_id for o in outs] == [s.request_id for s in specs]
+        assert all(o.ok for o in outs)
+
+    asyncio.run(go())
+    assert state["peak"] == 3
