@@ -1,0 +1,517 @@
+"""What an experiment's ``run(ctx)`` works with: the run context and its blocks.
+
+The experiment decides *what* to send (fixtures, namespaces, placements);
+the context and blocks decide *how it is recorded*: every request is a
+single-request metric window (scrape, send, scrape, ``hits.observed``) or
+part of a concurrent window, every answer is checked, warmups are flagged,
+and a replica that stops answering its health check fails the block.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from collectors import (
+    HitDelta,
+    Outcome,
+    RequestSpec,
+    Scraper,
+    check_counters_match,
+    check_exact_values,
+    check_full_prefix_hit,
+    check_no_external_hits_off,
+    check_output_length,
+    check_stream_complete,
+    check_zero_hits,
+    hits_between,
+    record_hits,
+    send_request,
+)
+from ledger import Ledger, NewEvent, new_id, utc_now
+
+from .fixtures import Fixture, FixtureFactory, Messages, SessionHistory, make_namespace
+from .targets._base import Launch, Replica, Target, TargetError
+
+__all__ = [
+    "Block",
+    "BlockFailed",
+    "BlockSpec",
+    "Counters",
+    "RunContext",
+    "SessionPlan",
+    "Sink",
+    "balanced_order",
+]
+
+_REQUEST_TIMEOUT_S = 600.0
+_PATH = "/v1/chat/completions"
+
+
+def _delta(before: dict[str, float] | None, after: dict[str, float] | None) -> HitDelta:
+    """Hit deltas of a window; all None when a scrape failed (the failure is recorded)."""
+    if before is None or after is None:
+        return HitDelta(None, None, None, None)
+    return hits_between(before, after)
+
+
+def _first(group: BaseExceptionGroup[Any]) -> BaseException:
+    """The exception a task group stands for: a failed block first, else the first."""
+    leaves = list(group.exceptions)
+    failed = [e for e in leaves if isinstance(e, BlockFailed)]
+    return failed[0] if failed else leaves[0]
+
+
+class BlockFailed(Exception):
+    """A replica became unhealthy: the block is marked failed, the run goes on."""
+
+
+class Sink:
+    """Buffers events of the run and appends them in atomic batches.
+
+    One ``append_many`` per window keeps a 768-request screening to a few
+    hundred transactions; each batch lands whole or not at all, so an
+    interrupted run never holds a half-written event (a SIGKILL loses at most
+    the window in flight, and the run then visibly lacks ``run.finished``).
+    """
+
+    def __init__(self, ledger: Ledger, run_id: str, max_buffer: int = 2000) -> None:
+        self.ledger = ledger
+        self.run_id = run_id
+        self.block_id: str | None = None
+        self.max_buffer = max_buffer
+        self._buffer: list[NewEvent] = []
+
+    def emit(self, kind: str, data: dict[str, Any]) -> None:
+        self._buffer.append(NewEvent(kind, data, run_id=self.run_id, block_id=self.block_id,
+                                     ts=utc_now()))  # fmt: skip
+        if len(self._buffer) >= self.max_buffer:
+            self.flush()
+
+    def emit_run(self, kind: str, data: dict[str, Any]) -> None:
+        """An event of the run itself (no block), whatever block is open."""
+        self._buffer.append(NewEvent(kind, data, run_id=self.run_id, ts=utc_now()))
+
+    def flush(self) -> None:
+        batch, self._buffer = self._buffer, []
+        if batch:
+            self.ledger.append_many(batch)
+
+
+@dataclass
+class Counters:
+    """What the run did, for ``run.finished`` and the exit status."""
+
+    measured: int = 0
+    warmups: int = 0
+    assertions: int = 0
+    failed_assertions: int = 0
+    failed_blocks: list[int] = field(default_factory=list)
+
+    def count(self, passed: bool) -> None:
+        self.assertions += 1
+        self.failed_assertions += not passed
+
+
+@dataclass(frozen=True)
+class BlockSpec:
+    """One block of the run order: position, arm, pair and GPU assignment."""
+
+    index: int
+    arm: str
+    pair: int
+    gpu_swap: bool
+    order: tuple[str, ...]
+
+    def gpus(self, replicas: int) -> list[int]:
+        """Replica i's GPU; the swapped pairs reverse the assignment."""
+        gpus = list(range(replicas))
+        return gpus[::-1] if self.gpu_swap else gpus
+
+
+def balanced_order(pairs: int) -> list[str]:
+    """OFF–ON, ON–OFF, OFF–ON, ...: the seed's OFF–ON–ON–OFF for two pairs."""
+    return [arm for p in range(pairs) for arm in (("OFF", "ON") if p % 2 == 0 else ("ON", "OFF"))]
+
+
+@dataclass(frozen=True)
+class SessionPlan:
+    """One session of a concurrent window: its history, namespace and replicas per turn."""
+
+    session: str
+    history: SessionHistory
+    namespace: str
+    replicas: tuple[int, ...]
+    placement: str
+    key: str
+
+
+class RunContext:
+    """The ``ctx`` an experiment's ``run(ctx)`` receives (see experiments/README.md)."""
+
+    def __init__(self, *, ledger: Ledger, sink: Sink, target: Target, experiment: str,
+                 params: Mapping[str, Any], seed: int, counters: Counters,
+                 progress: Callable[[str, int], None] | None = None) -> None:  # fmt: skip
+        self.ledger = ledger
+        self.sink = sink
+        self.target = target
+        self.experiment = experiment
+        self.params: dict[str, Any] = dict(params)
+        self.seed = seed
+        self.counters = counters
+        self.run_id = sink.run_id
+        self.client = httpx.AsyncClient(timeout=httpx.Timeout(_REQUEST_TIMEOUT_S),
+                                        limits=httpx.Limits(max_connections=64))  # fmt: skip
+        self.fixtures = FixtureFactory(self._tokenize)
+        self._progress = progress or (lambda _what, _n: None)
+        self._created: set[tuple[str, str]] = set()
+        self._tokenize_url: str | None = None
+        self.stop_requested = False
+
+    # --- naming and inputs ---------------------------------------------------
+
+    @property
+    def tag(self) -> str:
+        """The run's namespace root: ``params["namespace_tag"]`` (recorded, so replays reuse it)."""
+        return str(self.params["namespace_tag"])
+
+    def namespace(self, *parts: object) -> str:
+        """A ``cache_salt`` under this run's tag: ``TAG-part-part...``."""
+        return make_namespace(self.tag, *parts)
+
+    def fixture_key(self, *parts: object) -> str:
+        """Stream key of a fixture: seed and parts, never the run id (replays match)."""
+        return ":".join([str(self.seed), *(str(p) for p in parts)])
+
+    async def _tokenize(self, messages: Messages) -> int:
+        if self._tokenize_url is None:
+            raise TargetError("fixtures need a started deployment (inside `async with ctx.block(...)`)")
+        body = {"model": self.target.model_name, "messages": messages,
+                "add_generation_prompt": True, "chat_template_kwargs": self.template_kwargs}  # fmt: skip
+        resp = await self.client.post(self._tokenize_url + "/tokenize", json=body)
+        resp.raise_for_status()
+        return int(resp.json()["count"])
+
+    @property
+    def template_kwargs(self) -> dict[str, Any]:
+        return {"enable_thinking": bool(self.params.get("thinking", False))}
+
+    async def fixture(self, key: str, nominal: int, namespace: str) -> Fixture:
+        """The fixture of stream ``key`` at ``nominal`` tokens; ``fixture.created`` once per run."""
+        fx = await self.fixtures.fixture(key, nominal)
+        self._record_fixture(fx, namespace)
+        return fx
+
+    def _record_fixture(self, fx: Fixture, namespace: str) -> None:
+        if (fx.fixture_id, namespace) not in self._created:
+            self._created.add((fx.fixture_id, namespace))
+            self.sink.emit_run("fixture.created", fx.event_data(namespace))
+
+    async def history(self, fixture: Fixture, turns: int, growth: int) -> SessionHistory:
+        """Canonical session history (expected JSON as the previous answers)."""
+        return await self.fixtures.session(fixture, turns, growth)
+
+    def body(self, messages: Messages, namespace: str, *, max_tokens: int,
+             ignore_eos: bool = False) -> dict[str, Any]:  # fmt: skip
+        """The exact request body: nothing time-dependent or random, so replays match bytes."""
+        body: dict[str, Any] = {
+            "model": self.target.model_name, "messages": messages, "max_tokens": max_tokens,
+            "temperature": self.params.get("temperature", 0), "seed": self.seed,
+            "stream": True, "stream_options": {"include_usage": True},
+            "cache_salt": namespace, "chat_template_kwargs": self.template_kwargs,
+        }  # fmt: skip
+        if ignore_eos:
+            body["ignore_eos"] = True
+        return body
+
+    # --- blocks ----------------------------------------------------------------
+
+    def block_plan(self, pairs: int, order: Sequence[str] | None = None,
+                   gpu_swap: bool = True) -> list[BlockSpec]:  # fmt: skip
+        """Blocks for ``pairs`` ON/OFF pairs: balanced order unless given; odd pairs swap GPUs."""
+        arms = tuple(order) if order else tuple(balanced_order(pairs))
+        return [BlockSpec(i, arm, i // 2, gpu_swap and (i // 2) % 2 == 1, arms)
+                for i, arm in enumerate(arms)]  # fmt: skip
+
+    async def run_blocks(self, specs: Sequence[BlockSpec],
+                         body: Callable[[Block], Awaitable[None]]) -> None:  # fmt: skip
+        """Run ``body`` in each block, in order, each on a freshly (re)started deployment.
+
+        A block whose replica becomes unhealthy (:class:`BlockFailed`) or whose
+        deployment does not start (:class:`TargetError`) is recorded ``failed``
+        and the run goes on with the next block (or stops cleanly when
+        ``params["stop_on_block_failure"]``). Cancellation (Ctrl-C) marks the
+        block ``aborted`` and propagates; any other error marks it ``failed``
+        and propagates.
+        """
+        for spec in specs:
+            if self.stop_requested:
+                break
+            await self._one_block(spec, body)
+
+    async def _one_block(self, spec: BlockSpec, body: Callable[[Block], Awaitable[None]]) -> None:
+        block_id = new_id()
+        self.sink.flush()
+        self.sink.block_id = block_id
+        gpus = spec.gpus(self._replica_count())
+        head = {"index": spec.index, "arm": spec.arm, "pair": spec.pair}
+        self.sink.emit("block.started", {
+            **head, "status": "started", "order": list(spec.order), "gpu_swap": spec.gpu_swap,
+            "config_sha256": self.target.config_sha256(spec.arm), "gpus": gpus,
+        })  # fmt: skip
+        status, error = "completed", None
+        try:
+            launch = await self.target.start(arm=spec.arm, gpus=gpus)
+            for record in launch.records:
+                self.sink.emit(record.kind, record.data)
+            self._tokenize_url = launch.replicas[0].endpoint
+            self.sink.flush()
+            await body(Block(self, spec, block_id, launch))
+        except (BlockFailed, TargetError) as exc:
+            status, error = "failed", f"{type(exc).__name__}: {exc}"
+            self.counters.failed_blocks.append(spec.index)
+            self.stop_requested = bool(self.params.get("stop_on_block_failure", False))
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            status, error = "aborted", "interrupted"
+            raise
+        except BaseException as exc:
+            status, error = "failed", f"{type(exc).__name__}: {exc}"
+            self.counters.failed_blocks.append(spec.index)
+            raise
+        finally:
+            await self._finish_block(head, status, error)
+
+    async def _finish_block(self, head: dict[str, Any], status: str, error: str | None) -> None:
+        try:
+            for record in await asyncio.shield(self.target.stop()):
+                self.sink.emit(record.kind, record.data)
+        except Exception as exc:  # a stop fault is recorded with the block, never raised
+            error = error or f"stop failed: {exc}"
+        self.sink.emit("block.finished", {**head, "status": status, "error": error})
+        self.sink.flush()
+        self.sink.block_id = None
+        self._progress("block", 1)
+
+    def _replica_count(self) -> int:
+        return int(self.params.get("replicas", 2))
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
+@dataclass
+class Result:
+    """A measured request's outcome and its window's hit deltas."""
+
+    outcome: Outcome
+    delta: HitDelta | None
+    seconds: float
+    """Send to checks done: request handling, parsing and recording, no scrapes."""
+
+
+class Block:
+    """One block's deployment, and the ways to send recorded requests to it."""
+
+    def __init__(self, ctx: RunContext, spec: BlockSpec, block_id: str, launch: Launch) -> None:
+        self.ctx = ctx
+        self.spec = spec
+        self.block_id = block_id
+        self.launch = launch
+        self.sink = ctx.sink
+        self.scraper = Scraper(ctx.client, ctx.sink)
+
+    @property
+    def arm(self) -> str:
+        return self.spec.arm
+
+    @property
+    def index(self) -> int:
+        return self.spec.index
+
+    @property
+    def replicas(self) -> tuple[Replica, ...]:
+        return self.launch.replicas
+
+    @property
+    def config_sha256(self) -> str:
+        return self.launch.config_sha256
+
+    def replica(self, index: int) -> Replica:
+        return self.launch.replicas[index % len(self.launch.replicas)]
+
+    # --- building blocks ---------------------------------------------------------
+
+    def _spec(self, replica: Replica, body: dict[str, Any], meta: dict[str, Any]) -> RequestSpec:
+        full = {"replica": replica.index, "gpu": replica.gpu, "chain": None, "session": None,
+                "window": None, "turn": None, "placement": None, "warmup": False,
+                "nominal_tokens": None, "fixture_id": None, "prompt_tokens_expected": None,
+                "namespace": body["cache_salt"], **meta}  # fmt: skip
+        full["request_key"] = f"b{self.index}/{full.get('request_key', '')}"
+        return RequestSpec(new_id(), replica.endpoint, _PATH, body, full)
+
+    async def _after(self, outcome: Outcome, replica: Replica, warmup: bool) -> None:
+        """Count the request; fail the block if its replica stopped answering health checks."""
+        if warmup:
+            self.ctx.counters.warmups += 1
+        else:
+            self.ctx.counters.measured += 1
+        self.ctx._progress("request", 1)
+        if not outcome.ok and not await self.ctx.target.healthy(replica.index):
+            self.sink.flush()
+            raise BlockFailed(f"replica {replica.index} unhealthy after {outcome.error}")
+
+    def _check(self, passed: bool) -> None:
+        self.ctx.counters.count(passed)
+
+    # --- single-request windows -----------------------------------------------------
+
+    async def request(
+        self, messages: Messages, *, replica: int, namespace: str, workload: str, step: str,
+        key: str, max_tokens: int | None = None, ignore_eos: bool = False,
+        expected: Mapping[str, Any] | None = None, independent: bool = True,
+        warmup: bool = False, fixture: Fixture | None = None, prompt_tokens: int | None = None,
+        **meta: Any,
+    ) -> Result:  # fmt: skip
+        """One request in its own metric window, checked (warmups are recorded, not checked).
+
+        Checks: ``stream_complete``; ``exact_values`` when ``expected``;
+        ``output_length`` with ``ignore_eos``; ``zero_hits`` on ``cold`` steps;
+        ``full_prefix_hit`` (ON) or ``no_external_hits_off`` (OFF) on ``cross``
+        steps; ``counters_match`` for every complete response.
+        """
+        limit = max_tokens or int(self.ctx.params.get("max_tokens", 64))
+        rep = self.replica(replica)
+        body = self.ctx.body(messages, namespace, max_tokens=limit, ignore_eos=ignore_eos)
+        spec = self._spec(rep, body, {
+            "workload": workload, "step": step, "warmup": warmup, "request_key": key,
+            "nominal_tokens": fixture.nominal_tokens if fixture else None,
+            "fixture_id": fixture.fixture_id if fixture else None,
+            "prompt_tokens_expected": prompt_tokens, **meta,
+        })  # fmt: skip
+        rid = spec.request_id
+        before = await self.scraper.scrape(rep.index, rep.endpoint, "before", request_id=rid)
+        t0 = time.perf_counter()
+        outcome = await send_request(self.ctx.client, spec, self.sink, _REQUEST_TIMEOUT_S)
+        t_sent = time.perf_counter()
+        after = await self.scraper.scrape(rep.index, rep.endpoint, "after", request_id=rid)
+        delta = _delta(before, after)
+        record_hits(self.sink, rep.index, delta, request_id=rid, prompt_tokens=outcome.prompt_tokens)
+        t1 = time.perf_counter()
+        if not warmup:
+            self._checks(outcome, delta, step, limit, ignore_eos, expected, independent)
+        seconds = (t_sent - t0) + (time.perf_counter() - t1)
+        await self._after(outcome, rep, warmup)
+        return Result(outcome, delta, seconds)
+
+    def _checks(self, outcome: Outcome, delta: HitDelta, step: str, limit: int, ignore_eos: bool,
+                expected: Mapping[str, Any] | None, independent: bool) -> None:  # fmt: skip
+        sink, cfg, rid = self.sink, self.config_sha256, outcome.request_id
+        self._check(check_stream_complete(sink, outcome, config_sha256=cfg))
+        if expected is not None:
+            self._check(check_exact_values(sink, outcome, expected, independent=independent,
+                                           config_sha256=cfg))  # fmt: skip
+        if ignore_eos:
+            self._check(check_output_length(sink, outcome, limit, config_sha256=cfg))
+        if step == "cold":
+            self._check(check_zero_hits(sink, rid, delta, cached_tokens=outcome.cached_tokens,
+                                        config_sha256=cfg))  # fmt: skip
+        if step == "cross" and self.arm == "ON":
+            self._check(check_full_prefix_hit(sink, rid, delta, outcome.prompt_tokens,
+                                              self.ctx.target.chunk_size, config_sha256=cfg))  # fmt: skip
+        if step == "cross" and self.arm == "OFF":
+            self._check(check_no_external_hits_off(sink, delta, request_id=rid, config_sha256=cfg))
+        if outcome.ok:
+            self._check(check_counters_match(sink, rid, delta, outcome.prompt_tokens,
+                                             outcome.cached_tokens, config_sha256=cfg))  # fmt: skip
+
+    async def warmups(self, count: int, tokens: int) -> None:
+        """``count`` warmups round-robin over every replica (each gets at least one)."""
+        count = max(count, len(self.replicas)) if count else 0
+        for i in range(count):
+            key = self.ctx.fixture_key("warmup", i)
+            ns = self.ctx.namespace("warmup", i)
+            fx = await self.ctx.fixture(key, tokens, ns)
+            await self.request(fx.messages, replica=i % len(self.replicas), namespace=ns,
+                               workload="warmup", step="cold", key=f"warmup/{i}", warmup=True,
+                               fixture=fx, prompt_tokens=fx.prompt_tokens)  # fmt: skip
+        self.sink.flush()
+
+    async def session(self, history: SessionHistory, *, session: str, namespace: str,
+                      replicas: Sequence[int], placement: str, key: str,
+                      workload: str = "session") -> list[Result]:  # fmt: skip
+        """A sequential session; each turn is a single-request window on ``replicas[t]``."""
+        results: list[Result] = []
+        fx = history.fixture
+        for turn in history.turns:
+            results.append(await self.request(
+                turn.messages, replica=replicas[turn.index % len(replicas)], namespace=namespace,
+                workload=workload, step="turn", key=f"{key}/t{turn.index}", expected=fx.expected,
+                independent=turn.index == 0, fixture=fx, prompt_tokens=turn.prompt_tokens,
+                session=session, turn=turn.index, placement=placement,
+            ))  # fmt: skip
+        self.sink.emit("session.finished", {
+            "session": session, "placement": placement, "turns": len(results),
+            "wall_s": sum(r.seconds for r in results), "nominal_tokens": fx.nominal_tokens,
+            "replicas": [replicas[t % len(replicas)] for t in range(len(results))],
+            "requests": [r.outcome.request_id for r in results], "workload": workload,
+        })  # fmt: skip
+        self.sink.flush()
+        return results
+
+    # --- concurrent windows -------------------------------------------------------------
+
+    async def window(self, sessions: Sequence[SessionPlan], *, window: str, placement: str,
+                     workload: str = "concurrency") -> list[Outcome]:  # fmt: skip
+        """Sessions run concurrently (turns sequential within each); counters read per window."""
+        urls = {r.index: r.endpoint for r in self.replicas}
+        outcomes: list[Outcome] = []
+        async with self.scraper.window(urls, window) as state:
+            t0 = time.perf_counter()
+            try:
+                async with asyncio.TaskGroup() as group:
+                    tasks = [group.create_task(self._window_session(s, window, workload))
+                             for s in sessions]  # fmt: skip
+            except BaseExceptionGroup as group_error:
+                raise _first(group_error) from None
+            wall = time.perf_counter() - t0
+            for task in tasks:
+                outcomes.extend(task.result())
+        if self.arm == "OFF":
+            for replica, delta in state.deltas.items():
+                self._check(check_no_external_hits_off(self.sink, delta, window=window, replica=replica,
+                                                       config_sha256=self.config_sha256))  # fmt: skip
+        nominal = sessions[0].history.fixture.nominal_tokens if sessions else None
+        self.sink.emit("window.finished", {
+            "window": window, "placement": placement, "sessions": len(sessions),
+            "requests": len(outcomes), "output_tokens": sum(o.output_tokens or 0 for o in outcomes),
+            "wall_s": wall, "nominal_tokens": nominal, "replicas": sorted(urls), "workload": workload,
+            "failed_requests": sum(not o.ok for o in outcomes),
+        })  # fmt: skip
+        self.sink.flush()
+        return outcomes
+
+    async def _window_session(self, plan: SessionPlan, window: str, workload: str) -> list[Outcome]:
+        fx = plan.history.fixture
+        outcomes = []
+        for turn in plan.history.turns:
+            rep = self.replica(plan.replicas[turn.index % len(plan.replicas)])
+            body = self.ctx.body(turn.messages, plan.namespace,
+                                 max_tokens=int(self.ctx.params.get("max_tokens", 64)))  # fmt: skip
+            spec = self._spec(rep, body, {
+                "workload": workload, "step": "turn", "session": plan.session, "window": window,
+                "turn": turn.index, "placement": plan.placement, "request_key": f"{plan.key}/t{turn.index}",
+                "nominal_tokens": fx.nominal_tokens, "fixture_id": fx.fixture_id,
+                "prompt_tokens_expected": turn.prompt_tokens,
+            })  # fmt: skip
+            outcome = await send_request(self.ctx.client, spec, self.sink, _REQUEST_TIMEOUT_S)
+            cfg = self.config_sha256
+            self._check(check_stream_complete(self.sink, outcome, config_sha256=cfg))
+            self._check(check_exact_values(self.sink, outcome, fx.expected,
+                                           independent=turn.index == 0, config_sha256=cfg))  # fmt: skip
+            outcomes.append(outcome)
+            await self._after(outcome, rep, False)
+        return outcomes

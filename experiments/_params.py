@@ -1,0 +1,73 @@
+"""``--param k=v`` parsing and checking against an experiment's defaults.
+
+A value is read as a JSON literal when it parses (``4``, ``0.5``, ``true``,
+``null``, ``[8000,32000]``, ``{"a":1}``), else taken as a string
+(``fault=namespace-leak``). Names must be known: the experiment's ``PARAMS``
+or the target options in :data:`TARGET_PARAMS`; a value must have its
+default's type (int where a float is expected is fine; a null default takes
+anything).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
+
+__all__ = ["TARGET_PARAMS", "ParamError", "check_params", "parse_param", "parse_params"]
+
+TARGET_PARAMS: Final[dict[str, Any]] = {
+    "replicas": 2,
+    "time_scale": 0.001,
+    "sim_fault": None,
+}
+"""Options of the sim target (not of the experiment), settable by ``--param`` for every experiment."""
+
+
+class ParamError(ValueError):
+    """A bad ``--param``: unknown name, unparsable text or wrong type (exit status 2)."""
+
+
+def parse_param(text: str) -> tuple[str, Any]:
+    """``k=v`` → (k, typed v)."""
+    name, sep, raw = text.partition("=")
+    name = name.strip()
+    if not sep or not name:
+        raise ParamError(f"--param {text!r} is not NAME=VALUE")
+    try:
+        value: Any = json.loads(raw)
+    except ValueError:
+        value = raw
+    return name, value
+
+
+def parse_params(items: Iterable[str]) -> dict[str, Any]:
+    """Every ``k=v``; a name given twice keeps the last value."""
+    return dict(parse_param(item) for item in items)
+
+
+def _type_ok(default: Any, value: Any) -> bool:
+    if default is None or value is None:
+        return True
+    if isinstance(default, bool):
+        return isinstance(value, bool)
+    if isinstance(default, int):
+        return isinstance(value, int) and not isinstance(value, bool)
+    if isinstance(default, float):
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    return isinstance(value, type(default))
+
+
+def check_params(
+    defaults: Mapping[str, Any], given: Mapping[str, Any], target_defaults: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Defaults overridden by ``given``; raises :class:`ParamError` naming the culprit."""
+    known = {**target_defaults, **defaults}
+    unknown = sorted(set(given) - set(known))
+    if unknown:
+        raise ParamError(f"unknown param(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    for name, value in given.items():
+        if not _type_ok(known[name], value):
+            want = type(known[name]).__name__
+            raise ParamError(f"param {name} must be {want}, got {json.dumps(value)}")
+    return {**known, **given}

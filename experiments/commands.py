@@ -1,0 +1,117 @@
+"""``ledger run`` and ``ledger replay``: experiments from the command line.
+
+Exit status: 0 when the run completed and every assertion passed; 1 when an
+assertion failed, a block failed or the run did not complete; 2 on bad usage
+(unknown experiment or param, a bad value), in which case nothing is written.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from ledger.cli_options import db_option
+
+from ._loader import ExperimentError, load
+from ._params import ParamError, parse_params
+from .targets._registry import TARGETS
+
+__all__ = ["COMMANDS", "replay_command", "run_command"]
+
+
+def _usage(message: str) -> None:
+    click.echo(f"Error: {message}", err=True)
+    sys.exit(2)
+
+
+def _summary(result: Any) -> None:
+    c = result.counters
+    colour = "green" if result.exit_code == 0 else "red"
+    click.secho(f"run {result.run_id}: {result.status}"
+                f"{'' if not result.error else ' (' + result.error + ')'}", fg=colour, err=True)  # fmt: skip
+    click.echo(f"  measured {c.measured}, warmups {c.warmups}, assertions {c.assertions} "
+               f"({c.failed_assertions} failed), failed blocks {c.failed_blocks or 'none'}", err=True)
+
+
+@click.command("run")
+@click.argument("experiment")
+@click.option("--target", type=click.Choice(TARGETS), default="sim", show_default=True,
+              help="Deployment to run against.")
+@click.option("--param", "-p", "params", multiple=True, metavar="NAME=VALUE",
+              help="Override a param (JSON literal, else string); repeatable.")
+@click.option("--seed", type=int, default=None, help="Run seed (default: the experiment's SEED).")
+@click.option("--no-progress", is_flag=True, help="No progress bars.")
+@db_option
+def run_command(experiment: str, target: str, params: tuple[str, ...], seed: int | None,
+                no_progress: bool, db_url: str) -> None:  # fmt: skip
+    """Run a replayable experiment and record it in the ledger.
+
+    EXPERIMENT is a built-in (screening, validation) or a path to a Python file
+    of the experiment form (see experiments/README.md). Every shape is a
+    --param; sim faults are --param sim_fault=SPEC, the sim's speed
+    --param time_scale=X.
+
+    \b
+    Example:
+      ledger run validation
+      ledger run screening --param sizes='[8000,32000]' --param block_pairs=1
+      ledger run screening --param fault=namespace-leak
+      ledger run validation --param sim_fault=corrupt-transfer   # must fail: exit 1
+      ledger run ./my_experiment.py --param n=3
+    """
+    from ledger import open_ledger
+
+    from .runner import prepare_params, run_sync
+
+    try:
+        exp = load(experiment)
+        resolved = prepare_params(exp, target, parse_params(params))
+    except (ExperimentError, ParamError, ValueError) as exc:
+        _usage(str(exc))
+    ledger = open_ledger(db_url)
+    try:
+        result = run_sync(ledger, exp, resolved, target_name=target, seed=seed,
+                          progress=not no_progress and sys.stderr.isatty())  # fmt: skip
+    finally:
+        ledger.close()
+    _summary(result)
+    sys.exit(result.exit_code)
+
+
+@click.command("replay")
+@click.argument("run_id")
+@click.option("--target", type=click.Choice(TARGETS), default=None,
+              help="Target to replay against (default: the recorded one).")
+@click.option("--no-progress", is_flag=True, help="No progress bars.")
+@db_option
+def replay_command(run_id: str, target: str | None, no_progress: bool, db_url: str) -> None:
+    """Re-run a recorded run from its recorded script source, params and seed.
+
+    The replay is a new run (its run.started names replay_of); every request
+    is compared with the original by its request key, and the command says
+    per request whether the payload SHA-256 matched. Exit 0 only if all did.
+
+    \b
+    Example:
+      ledger replay 0190f3a2-7c1e-7d3a-9b1e-2f4c5d6e7f80
+    """
+    from ledger import open_ledger
+
+    from .replay import ReplayError, print_comparison, replay
+
+    ledger = open_ledger(db_url)
+    try:
+        try:
+            comparison = replay(ledger, run_id, target=target,
+                                progress=not no_progress and sys.stderr.isatty())  # fmt: skip
+        except (ReplayError, ExperimentError, ParamError) as exc:
+            _usage(str(exc))
+    finally:
+        ledger.close()
+    print_comparison(comparison)
+    sys.exit(0 if comparison.all_matched else 1)
+
+
+COMMANDS: list[click.Command] = [run_command, replay_command]

@@ -1,0 +1,275 @@
+"""Deterministic, file-like fixtures with planted values, sized by the target's tokenizer.
+
+A fixture is the seed's synthetic input: file-like text with three values
+near its beginning, middle and end, then a question asking for them back as
+short JSON. The sim answers it by the convention of
+``experiments.targets.sim._answers`` (values as ``NAME = VALUE`` lines, the
+question as ``values of A, B and C``); a real model reads the same text.
+
+Text comes from a *stream*: lines that depend only on a key (seed, workload,
+chain or session). A fixture of nominal size N is the stream's first k lines
+plus a short tail (the end value, padding, the question), k chosen with the
+target's ``/tokenize`` so the whole chat prompt is N tokens (to within a few).
+So, like real files, a larger fixture of one stream starts with the smaller
+one's text: that is what lets a namespace shared across sizes leak (the
+seed's excluded trial), and why namespaces include the size.
+
+Every ``MARK_EVERY`` lines the stream has a value line (``value_007 = 412907``);
+a fixture asks for the first (beginning), the one nearest its middle, and its
+tail's ``end_value``. Session turns append canonical history: the expected
+JSON as the previous assistant answer, then a user message that grows the
+prompt by ``growth`` tokens (1,055 in the seed) and asks again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from ledger import canonical_json, sha256_hex
+
+__all__ = [
+    "MARK_EVERY",
+    "Fixture",
+    "FixtureFactory",
+    "Messages",
+    "Tokenize",
+    "make_namespace",
+    "stream_lines",
+]
+
+Messages = list[dict[str, str]]
+Tokenize = Callable[[Messages], Awaitable[int]]
+"""Prompt tokens of a chat request with these messages, from the target's ``/tokenize``."""
+
+MARK_EVERY: Final = 40
+_FIRST_MARK: Final = 2
+_MAX_SALT: Final = 128
+_SALT_FORBIDDEN: Final = ("@", "/", "\\", "\x00")
+_WORDS: Final = (
+    "cache", "block", "state", "replica", "token", "prefix", "shared", "local", "request",
+    "answer", "model", "layer", "page", "chunk", "copy", "stream", "buffer", "host", "device",
+    "kernel", "queue", "record", "report", "config", "launch", "service", "service", "tier",
+    "memory", "pinned", "order", "event", "ledger", "window", "session", "turn", "value",
+    "checked", "stored", "loaded", "warm", "cold", "fresh", "stale", "restart", "pair", "arm",
+    "the", "a", "of", "to", "and", "from", "with", "after", "before", "when", "then", "was",
+)  # fmt: skip
+_PAD_WORD: Final = " note"
+_QUESTION: Final = "Return the values of {names} as JSON. Reply with the JSON object only."
+
+
+def make_namespace(*parts: object) -> str:
+    """A ``cache_salt``: parts joined by ``-``; at most 128 chars, none of ``@ / \\``."""
+    salt = "-".join(str(p) for p in parts if p is not None and str(p) != "")
+    if not salt or len(salt) > _MAX_SALT or any(c in salt for c in _SALT_FORBIDDEN):
+        raise ValueError(f"invalid cache_salt {salt!r}: 1-128 chars, none of '@', '/', '\\\\', NUL")
+    return salt
+
+
+def _digest(key: str, *more: object) -> bytes:
+    text = "|".join([key, *(str(m) for m in more)])
+    return hashlib.blake2b(text.encode(), digest_size=32).digest()
+
+
+def _value(key: str, name: str) -> int:
+    """A six-digit value without a leading zero, the seed's style (938639)."""
+    return 100_000 + int.from_bytes(_digest(key, "value", name)[:8], "big") % 900_000
+
+
+def _mark_name(index: int) -> str:
+    return f"value_{index:03d}"
+
+
+def _filler_line(key: str, i: int) -> str:
+    d = _digest(key, "line", i)
+    words = " ".join(_WORDS[b % len(_WORDS)] for b in d[: 8 + d[31] % 6])
+    return f"L{i:05d} | {words}\n"
+
+
+def stream_lines(key: str, count: int) -> list[str]:
+    """The first ``count`` lines of the stream named ``key`` (deterministic)."""
+    lines = []
+    for i in range(count):
+        if i % MARK_EVERY == _FIRST_MARK:
+            name = _mark_name(i // MARK_EVERY)
+            lines.append(f"{name} = {_value(key, name)}\n")
+        else:
+            lines.append(_filler_line(key, i))
+    return lines
+
+
+class _Stream:
+    """A stream's lines, generated once and extended on demand."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.lines: list[str] = []
+
+    def text(self, k: int) -> str:
+        if len(self.lines) < k:
+            self.lines = stream_lines(self.key, max(k, 2 * len(self.lines)))
+        return "".join(self.lines[:k])
+
+
+@dataclass(frozen=True)
+class Fixture:
+    """One sized fixture: its first user message, the values and the digests."""
+
+    fixture_id: str
+    key: str
+    nominal_tokens: int
+    prompt_tokens: int
+    content: str
+    question: str
+    expected: dict[str, int]
+    lines: int
+
+    @property
+    def messages(self) -> Messages:
+        return [{"role": "user", "content": self.content}]
+
+    @property
+    def expected_json(self) -> str:
+        return json.dumps(self.expected)
+
+    @property
+    def payload_sha256(self) -> str:
+        return sha256_hex(canonical_json(self.messages))
+
+    def event_data(self, namespace: str) -> dict[str, Any]:
+        """``fixture.created`` data."""
+        return {
+            "fixture_id": self.fixture_id, "namespace": namespace,
+            "nominal_tokens": self.nominal_tokens, "prompt_tokens": self.prompt_tokens,
+            "payload_sha256": self.payload_sha256, "expected": self.expected,
+            "text_sha256": sha256_hex(self.content.encode()), "lines": self.lines, "key": self.key,
+        }  # fmt: skip
+
+
+@dataclass
+class Turn:
+    """One session turn's full message list and its token count."""
+
+    index: int
+    messages: Messages
+    prompt_tokens: int
+
+
+@dataclass
+class SessionHistory:
+    """Canonical history of a session: turn t repeats turns < t with expected answers."""
+
+    fixture: Fixture
+    turns: list[Turn] = field(default_factory=list)
+
+
+def _tail(key: str, nominal: int, pad_words: int, names: Sequence[str]) -> tuple[str, str, int]:
+    end = _value(key, f"end_value@{nominal}")
+    pad = (_PAD_WORD * pad_words).lstrip()
+    question = _QUESTION.format(names=", ".join(names[:-1]) + " and " + names[-1])
+    tail = f"end_value = {end}\n" + (f"{pad}\n" if pad else "") + "\n" + question
+    return tail, question, end
+
+
+class FixtureFactory:
+    """Builds fixtures and session histories, sized with the target's tokenizer.
+
+    Results are cached by (key, nominal size): a run builds each once and
+    reuses it in every block, so ON and OFF blocks send identical inputs.
+    """
+
+    def __init__(self, tokenize: Tokenize, *, tolerance: int = 8) -> None:
+        self.tokenize = tokenize
+        self.tolerance = tolerance
+        self._streams: dict[str, _Stream] = {}
+        self._fixtures: dict[tuple[str, int], Fixture] = {}
+        self._sessions: dict[tuple[str, int, int, int], SessionHistory] = {}
+        self.tokenize_calls = 0
+
+    async def _count(self, messages: Messages) -> int:
+        self.tokenize_calls += 1
+        return await self.tokenize(messages)
+
+    def _stream(self, key: str) -> _Stream:
+        if key not in self._streams:
+            self._streams[key] = _Stream(key)
+        return self._streams[key]
+
+    def _content(self, key: str, nominal: int, k: int, pad: int) -> tuple[str, str, dict[str, int]]:
+        mid = max(1, round(k / 2 / MARK_EVERY)) if k > MARK_EVERY + _FIRST_MARK else 0
+        mid = min(mid, max(0, (k - 1 - _FIRST_MARK) // MARK_EVERY))
+        names = [_mark_name(0), _mark_name(mid), "end_value"] if mid else [_mark_name(0), "end_value"]
+        tail, question, end = _tail(key, nominal, pad, names)
+        expected = {n: _value(key, n) for n in names[:-1]}
+        expected["end_value"] = end
+        return self._stream(key).text(k) + "\n" + tail, question, expected
+
+    async def fixture(self, key: str, nominal: int) -> Fixture:
+        """The fixture of stream ``key`` at ``nominal`` prompt tokens."""
+        cached = self._fixtures.get((key, nominal))
+        if cached is None:
+            cached = await self._build(key, nominal)
+            self._fixtures[(key, nominal)] = cached
+        return cached
+
+    async def _measure(self, key: str, nominal: int, k: int, pad: int) -> int:
+        content, _, _ = self._content(key, nominal, k, pad)
+        return await self._count([{"role": "user", "content": content}])
+
+    async def _build(self, key: str, nominal: int) -> Fixture:
+        first = _FIRST_MARK + 1
+        base = await self._measure(key, nominal, first, 0)  # template, tail, first lines
+        per_line = 16.0  # a first guess, corrected from the target's counts
+        k = first + max(0, math.floor((nominal - base) / per_line))
+        count = await self._measure(key, nominal, k, 0)
+        for _ in range(8):
+            if 0 <= nominal - count < max(per_line * 1.5, self.tolerance) or k == first:
+                break
+            per_line = max(1.0, (count - base) / (k - first))
+            k = max(first, k + math.floor((nominal - count) / per_line))
+            count = await self._measure(key, nominal, k, 0)
+        pad = 0
+        for _ in range(4):  # pad words (about a token each) close the last gap
+            if abs(nominal - count) <= self.tolerance or count > nominal:
+                break
+            pad += nominal - count
+            count = await self._measure(key, nominal, k, pad)
+        content, question, expected = self._content(key, nominal, k, pad)
+        fid = "fx-" + sha256_hex(f"{key}|{nominal}".encode())[:16]
+        return Fixture(fid, key, nominal, count, content, question, expected, k)
+
+    async def session(self, fixture: Fixture, turns: int, growth: int) -> SessionHistory:
+        """Canonical history: ``turns`` turns, each ``growth`` tokens longer than the last."""
+        skey = (fixture.key, fixture.nominal_tokens, turns, growth)
+        cached = self._sessions.get(skey)
+        if cached is not None:
+            return cached
+        history = SessionHistory(fixture, [Turn(0, fixture.messages, fixture.prompt_tokens)])
+        for t in range(1, turns):
+            history.turns.append(await self._next_turn(fixture, history.turns[-1], t, growth))
+        self._sessions[skey] = history
+        return history
+
+    def _turn_messages(self, fixture: Fixture, prev: Turn, t: int, words: int) -> Messages:
+        d = _digest(fixture.key, "turn", t)
+        filler = " ".join(_WORDS[(d[i % 32] + i) % len(_WORDS)] for i in range(max(0, words)))
+        user = f"Turn {t} notes: {filler}\n\n{fixture.question}"
+        return [*prev.messages, {"role": "assistant", "content": fixture.expected_json},
+                {"role": "user", "content": user}]  # fmt: skip
+
+    async def _next_turn(self, fixture: Fixture, prev: Turn, t: int, growth: int) -> Turn:
+        target = prev.prompt_tokens + growth
+        words = growth - 40
+        messages = self._turn_messages(fixture, prev, t, words)
+        count = await self._count(messages)
+        for _ in range(4):
+            if count == target:
+                break
+            words += target - count
+            messages = self._turn_messages(fixture, prev, t, words)
+            count = await self._count(messages)
+        return Turn(t, messages, count)

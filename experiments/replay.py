@@ -1,0 +1,105 @@
+"""Replay: re-execute a recorded run from its recorded source, params and seed.
+
+The script is loaded from ``run.started.source`` (not the file as it is now),
+with the recorded params (the namespace tag included, so namespaces and hence
+request bodies are the same bytes) and seed, into a new run whose
+``run.started.replay_of`` names the original. Requests are compared by their
+``request_key`` (block index and the experiment's own key), which is stable
+even where concurrent windows reorder the emission.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ledger import Ledger, NewEvent
+
+from ._loader import load_source
+from .runner import DERIVED_PARAMS, RunResult, prepare_params, run_sync
+
+__all__ = ["Comparison", "ReplayError", "compare_runs", "print_comparison", "replay"]
+
+
+class ReplayError(ValueError):
+    """The run to replay does not exist or lacks what a replay needs (exit status 2)."""
+
+
+@dataclass
+class Comparison:
+    """Per request key: the original and the replayed payload SHA-256."""
+
+    original_run: str
+    replay_run: str
+    rows: list[tuple[str, str | None, str | None]] = field(default_factory=list)
+    result: RunResult | None = None
+
+    @property
+    def matched(self) -> int:
+        return sum(a is not None and a == b for _, a, b in self.rows)
+
+    @property
+    def all_matched(self) -> bool:
+        return bool(self.rows) and self.matched == len(self.rows)
+
+
+def _payloads(ledger: Ledger, run_id: str) -> dict[str, str]:
+    return {e.data.get("request_key") or e.data["request_id"]: e.data["payload_sha256"]
+            for e in ledger.events(run_id=run_id, kind="request.sent")}  # fmt: skip
+
+
+def compare_runs(ledger: Ledger, original: str, replayed: str) -> Comparison:
+    """Payload digests of two runs, matched by request key."""
+    a, b = _payloads(ledger, original), _payloads(ledger, replayed)
+    rows = [(key, a.get(key), b.get(key)) for key in sorted(set(a) | set(b))]
+    return Comparison(original, replayed, rows)
+
+
+def _recorded(ledger: Ledger, run_id: str) -> Mapping[str, Any]:
+    started = next(iter(ledger.events(run_id=run_id, kind="run.started")), None)
+    if started is None:
+        raise ReplayError(f"no run {run_id} in the ledger")
+    if not started.data.get("source"):
+        raise ReplayError(f"run {run_id} did not record its script source")
+    return started.data
+
+
+def replay(ledger: Ledger, run_id: str, *, target: str | None = None,
+           progress: bool = False) -> Comparison:  # fmt: skip
+    """Re-run ``run_id`` and compare payload digests request by request."""
+    data = _recorded(ledger, run_id)
+    recorded = dict(data["params"])
+    target_name = target or recorded.get("target", "sim")
+    exp = load_source(data["source"], name=data["experiment"], path=data.get("path"))
+    given = {k: v for k, v in recorded.items() if k not in DERIVED_PARAMS}
+    params = prepare_params(exp, target_name, given)
+    result = run_sync(ledger, exp, params, target_name=target_name, seed=data.get("seed"),
+                      progress=progress, replay_of=run_id)  # fmt: skip
+    comparison = compare_runs(ledger, run_id, result.run_id)
+    comparison.result = result
+    ledger.append(NewEvent("note.added", {
+        "text": f"replay of {run_id}: {comparison.matched}/{len(comparison.rows)} payload digests matched",
+        "replay_of": run_id, "matched": comparison.matched, "requests": len(comparison.rows),
+        "all_matched": comparison.all_matched,
+        "mismatched": [k for k, x, y in comparison.rows if x is None or x != y][:100],
+    }, run_id=result.run_id))  # fmt: skip
+    return comparison
+
+
+def print_comparison(c: Comparison) -> None:
+    """Per request: key, match, digests (rich table), then the verdict."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    table = Table(title=f"replay {c.replay_run} of {c.original_run}")
+    for column in ("request", "matched", "original", "replay"):
+        table.add_column(column)
+    for key, a, b in c.rows:
+        ok = a is not None and a == b
+        table.add_row(key, "[green]yes[/green]" if ok else "[red]NO[/red]",
+                      (a or "-")[:16], (b or "-")[:16])  # fmt: skip
+    console.print(table)
+    verdict = "all matched" if c.all_matched else "MISMATCH"
+    console.print(f"{c.matched}/{len(c.rows)} payload digests matched: {verdict}")

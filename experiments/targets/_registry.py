@@ -1,0 +1,68 @@
+"""Making a target by name from the run's params.
+
+``sim`` is built in. ``vllm`` comes from ``experiments/targets/vllm/target.py``
+once it exists: that module defines ``PARAMS`` (its options with defaults,
+settable by ``--param``) and ``make_target(params) -> Target``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from typing import Any
+
+from .._params import TARGET_PARAMS, ParamError
+from ._base import Target
+
+__all__ = ["TARGETS", "check_target_params", "make_target", "target_defaults"]
+
+TARGETS = ("sim", "vllm")
+
+
+def _vllm_module() -> Any:
+    try:
+        return importlib.import_module("experiments.targets.vllm.target")
+    except ModuleNotFoundError as exc:
+        raise ParamError(f"the vllm target is not available: {exc}") from exc
+
+
+def target_defaults(name: str) -> dict[str, Any]:
+    """The options a target takes (``--param`` names) with their defaults."""
+    if name == "sim":
+        return dict(TARGET_PARAMS)
+    if name == "vllm":
+        return dict(getattr(_vllm_module(), "PARAMS", {}))
+    raise ParamError(f"unknown target {name!r}; known: {', '.join(TARGETS)}")
+
+
+def make_target(name: str, params: Mapping[str, Any]) -> Target:
+    """The target ``name`` configured from the run's resolved params."""
+    if name == "sim":
+        from .sim_target import SimTarget
+
+        try:
+            return SimTarget(replicas=int(params["replicas"]), time_scale=float(params["time_scale"]),
+                             fault=params.get("sim_fault"))  # fmt: skip
+        except ValueError as exc:
+            raise ParamError(str(exc)) from exc
+    target: Target = _vllm_module().make_target(dict(params))
+    return target
+
+
+def check_target_params(name: str, params: Mapping[str, Any]) -> None:
+    """Refuse bad target options before anything is written (ParamError)."""
+    if name != "sim":
+        checker = getattr(_vllm_module(), "check_params", None)
+        if checker is not None:
+            checker(dict(params))
+        return
+    from .sim import FaultSet
+
+    try:
+        FaultSet(params.get("sim_fault"))
+    except ValueError as exc:
+        raise ParamError(f"sim_fault: {exc}") from exc
+    if not isinstance(params["replicas"], int) or params["replicas"] < 2:
+        raise ParamError("replicas must be an integer of at least 2")
+    if params["time_scale"] < 0:
+        raise ParamError("time_scale must be >= 0")

@@ -1,0 +1,195 @@
+"""The ``sim`` target: a thin adapter over ``experiments.targets.sim``.
+
+The simulated deployment runs as a subprocess (``python -m
+experiments.targets.sim``), so on a small machine the server's tokenizing and
+hashing run on another core than the runner's client; each block restarts it
+over its control route (``POST /sim/restart``): fresh caches, zeroed counters,
+the same ports, the shared tier connected (ON) or not (OFF).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+from ledger import canonical_json, sha256_hex
+
+from ._base import Launch, LaunchRecord, Replica, TargetError
+from .sim import VLLM_VERSION, FaultSet, SimConfig
+
+__all__ = ["SimTarget"]
+
+_REPO_ROOT = Path(__file__).resolve().parents[2]
+_START_TIMEOUT_S = 60.0
+_CONNECTOR = "SimLMCacheConnector"
+_SERVICE = "sim-lmcache"
+
+
+class SimTarget:
+    """Simulated replicas plus a shared tier, restarted for every block."""
+
+    name = "sim"
+
+    def __init__(self, *, replicas: int = 2, time_scale: float = 0.001,
+                 fault: str | None = None) -> None:  # fmt: skip
+        if replicas < 2:
+            raise ValueError("the sim target needs at least two replicas (cross-replica steps)")
+        self.replicas = replicas
+        self.time_scale = float(time_scale)
+        self.fault = FaultSet(fault).spec()  # validates and normalises; "none" when empty
+        self.config = SimConfig(time_scale=self.time_scale)
+        self._proc: subprocess.Popen[str] | None = None
+        self._urls: list[str] = []
+        self._tier_url = ""
+        self._client = httpx.AsyncClient(timeout=30.0)
+        self._arm: str | None = None
+        self._stderr: Any = None
+
+    # --- what the runner records ---------------------------------------------
+
+    def _config(self, arm: str) -> dict[str, Any]:
+        c = self.config
+        return {
+            "target": "sim", "engine": "sim", "engine_version": VLLM_VERSION,
+            "model": c.model_name, "replicas": self.replicas, "block_size": c.block_size,
+            "chunk_size": c.chunk_size, "capacity_blocks": c.capacity_blocks,
+            "tier_capacity_chunks": c.tier_capacity_chunks, "cache_dtype": c.cache_dtype,
+            "max_model_len": c.max_model_len,
+            "kv_connector": _CONNECTOR if arm == "ON" else None, "faults": self.fault,
+        }  # fmt: skip
+
+    def config_sha256(self, arm: str) -> str:
+        return sha256_hex(canonical_json(self._config(arm)))
+
+    def describe(self) -> dict[str, Any]:
+        return {"replicas": self.replicas, "time_scale": self.time_scale, "sim_fault": self.fault}
+
+    @property
+    def chunk_size(self) -> int:
+        return self.config.chunk_size
+
+    @property
+    def model_name(self) -> str:
+        return self.config.model_name
+
+    def _command(self, arm: str) -> list[str]:
+        cmd = [sys.executable, "-m", "experiments.targets.sim", "--replicas", str(self.replicas),
+               "--shared", "on" if arm == "ON" else "off", "--time-scale", repr(self.time_scale)]  # fmt: skip
+        if self.fault != "none":
+            cmd += ["--fault", self.fault]
+        return cmd
+
+    # --- life cycle ----------------------------------------------------------
+
+    async def start(self, *, arm: str, gpus: Sequence[int]) -> Launch:
+        if arm not in ("ON", "OFF"):
+            raise ValueError(f"arm must be ON or OFF, got {arm!r}")
+        if self._proc is None or self._proc.poll() is not None:
+            await asyncio.to_thread(self._spawn, arm)
+        else:
+            await self._restart(arm)
+        self._arm = arm
+        return self._launch(arm, gpus)
+
+    def _spawn(self, arm: str) -> None:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            p for p in (str(_REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)}  # fmt: skip
+        # stderr to a file: an unread pipe would block a chatty server.
+        self._stderr = tempfile.TemporaryFile(mode="w+")
+        proc = subprocess.Popen(self._command(arm), stdout=subprocess.PIPE, stderr=self._stderr,
+                                text=True, cwd=_REPO_ROOT, env=env)  # fmt: skip
+        self._proc = proc
+        lines: list[str] = []
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            line = line.strip()
+            if line == "READY":
+                break
+            lines.append(line)
+        else:
+            self._stderr.seek(0)
+            err = self._stderr.read()
+            raise TargetError(f"the sim did not start: {err.strip()[-500:]}")
+        self._urls, self._tier_url = lines[: self.replicas], lines[self.replicas]
+
+    async def _restart(self, arm: str) -> None:
+        body = {"shared": arm == "ON", "fault": None if self.fault == "none" else self.fault}
+        try:
+            resp = await self._client.post(self._tier_url + "/sim/restart", json=body)
+            resp.raise_for_status()
+        except httpx.HTTPError as exc:
+            raise TargetError(f"sim restart failed: {exc}") from exc
+
+    def _launch(self, arm: str, gpus: Sequence[int]) -> Launch:
+        digest = self.config_sha256(arm)
+        cmd = self._command(arm)
+        replicas = tuple(
+            Replica(i, url, {"index": int(gpus[i % len(gpus)]) if gpus else i, "uuid": None,
+                             "name": "sim"})
+            for i, url in enumerate(self._urls)
+        )  # fmt: skip
+        records = [LaunchRecord("deployment.launched", self._replica_data(r, arm, digest, cmd))
+                   for r in replicas]  # fmt: skip
+        if arm == "ON":
+            records.append(LaunchRecord("service.launched", {
+                "service": _SERVICE, "endpoint": self._tier_url, "command": cmd, "env": {},
+                "version": "0.5.6+sim", "pool_bytes": None, "pinned": None,
+                "config_sha256": digest, "target": "sim",
+            }))  # fmt: skip
+        return Launch(replicas, digest, tuple(records))
+
+    def _replica_data(self, r: Replica, arm: str, digest: str, cmd: list[str]) -> dict[str, Any]:
+        c = self.config
+        return {
+            "replica": r.index, "gpu": r.gpu, "endpoint": r.endpoint, "engine": "sim",
+            "engine_version": VLLM_VERSION, "command": cmd, "env": {},
+            "model": {"path": None, "served_name": c.model_name, "revision": None},
+            "config_sha256": digest,
+            "kv_connector": {"kv_connector": _CONNECTOR, "kv_role": "kv_both"} if arm == "ON" else None,
+            "target": "sim", "transfer_path": "sim", "arm": arm, "config": self._config(arm),
+            "time_scale": self.time_scale,
+        }  # fmt: skip
+
+    async def stop(self) -> tuple[LaunchRecord, ...]:
+        # The process stays up between blocks; the next start restarts it fresh.
+        records = [LaunchRecord("deployment.stopped", {"replica": i, "endpoint": url})
+                   for i, url in enumerate(self._urls)]  # fmt: skip
+        if self._arm == "ON":
+            records.append(LaunchRecord("service.stopped",
+                                        {"service": _SERVICE, "endpoint": self._tier_url}))
+        self._arm = None
+        return tuple(records)
+
+    async def healthy(self, replica: int) -> bool:
+        if self._proc is None or self._proc.poll() is not None:
+            return False
+        try:
+            resp = await self._client.get(self._urls[replica] + "/health", timeout=5.0)
+        except (httpx.HTTPError, IndexError):
+            return False
+        return resp.status_code == 200
+
+    async def close(self) -> None:
+        await self._client.aclose()
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                await asyncio.to_thread(proc.wait, 10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                await asyncio.to_thread(proc.wait)
+        for stream in (proc.stdout, self._stderr):
+            if stream is not None:
+                with contextlib.suppress(OSError):
+                    stream.close()
