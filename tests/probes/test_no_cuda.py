@@ -28,9 +28,7 @@ class cuda:
 """
 
 
-def _run(
-    args: list[str], fake_torch: str | None, tmp_path: Path
-) -> subprocess.CompletedProcess[str]:
+def _run(args: list[str], fake_torch: str | None, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     paths = [str(ROOT)]
     if fake_torch is not None:
@@ -100,9 +98,7 @@ def test_package_imports_without_torch(tmp_path: Path) -> None:
     )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["PYTHONPATH"] = str(ROOT)
-    proc = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
-    )
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "run_copy_ordering" in proc.stdout
 
