@@ -62,6 +62,7 @@ def _real_cuda_available() -> bool:
         (FAKE_TORCH_NO_CUDA_BUILD, "built without CUDA"),
         (FAKE_TORCH_NO_DEVICE, "is_available() is False"),
     ],
+    ids=["cpu-only-build", "no-visible-device"],
 )
 def test_exit_2_without_cuda(command: str, fake: str, reason: str, tmp_path: Path) -> None:
     out = tmp_path / "out.jsonl"
