@@ -1,0 +1,481 @@
+"""The audit: DESIGN.md's findings, derived from the ledger (severities in reports/AUDIT.md).
+
+Each check is a small function returning findings. A blocking finding whose
+block (or run) the researcher has explicitly excluded with
+``exclusion.declared`` is downgraded to info: the exclusion is itself
+recorded, shown as ``declared-exclusion``, and the excluded data never reach
+a table.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import ledger as ledger_api
+
+from ._source import Source
+from ._validation import config_coverage, copy_probes, pinned_probes, service_regression
+
+BLOCKING, WARNING, INFO = "blocking", "warning", "info"
+SEVERITY: dict[str, str] = {
+    "chain-broken": BLOCKING,
+    "run-incomplete": BLOCKING,
+    "namespace-leak": BLOCKING,
+    "unpaired-request": BLOCKING,
+    "pair-payload-mismatch": BLOCKING,
+    "pair-gpu-mismatch": BLOCKING,
+    "warmup-in-measurement": BLOCKING,
+    "assertion-failed": BLOCKING,
+    "assertion-not-independent": INFO,
+    "off-arm-external-hits": BLOCKING,
+    "missing-full-prefix-hit": BLOCKING,
+    "counter-mismatch": BLOCKING,
+    "checkpoint-mismatch": BLOCKING,
+    "provenance-missing": BLOCKING,
+    "validation-missing": BLOCKING,
+    "order-unbalanced": BLOCKING,
+    "declared-exclusion": INFO,
+}
+_RANK = {BLOCKING: 0, WARNING: 1, INFO: 2}
+SCOPE = "($run IS NULL OR run_id = $run)"
+
+
+@dataclass(frozen=True)
+class Finding:
+    code: str
+    severity: str
+    run_id: str | None
+    block_id: str | None
+    target: str | None
+    detail: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "code": self.code,
+            "severity": self.severity,
+            "run_id": self.run_id,
+            "block_id": self.block_id,
+            "target": self.target,
+            "detail": self.detail,
+        }
+
+    def sort_key(self) -> tuple[Any, ...]:
+        return (
+            _RANK[self.severity],
+            self.code,
+            self.run_id or "",
+            self.block_id or "",
+            self.target or "",
+            self.detail,
+        )
+
+
+def finding(code: str, row: dict[str, Any], target: Any, detail: str) -> Finding:
+    return Finding(
+        code,
+        SEVERITY[code],
+        row.get("run_id"),
+        row.get("block_id"),
+        None if target is None else str(target),
+        detail,
+    )
+
+
+Check = Callable[[Source, "str | None"], list[Finding]]
+
+
+def chain_broken(src: Source, run: str | None) -> list[Finding]:
+    result = ledger_api.verify(src.ledger)
+    if result.ok:
+        return []
+    return [
+        finding(
+            "chain-broken",
+            {},
+            result.first_bad_seq,
+            f"first bad seq {result.first_bad_seq}: {result.problem}",
+        )
+    ]
+
+
+def run_incomplete(src: Source, run: str | None) -> list[Finding]:
+    rows = src.rows(
+        f"""SELECT run_id, experiment, finish_status FROM kv_runs
+                        WHERE (finish_status IS NULL OR finish_status IN ('aborted', 'failed')) AND {SCOPE}
+                        ORDER BY seq""",
+        {"run": run},
+    )
+    return [
+        finding(
+            "run-incomplete",
+            r,
+            r["run_id"],
+            f"{r['experiment']} run "
+            + ("has no run.finished" if r["finish_status"] is None else f"finished {r['finish_status']}"),
+        )
+        for r in rows
+    ]
+
+
+def namespace_leak(src: Source, run: str | None) -> list[Finding]:
+    rows = src.rows(
+        f"""SELECT run_id, block_id, request_id, nominal_tokens, local_hit_tokens, external_hit_tokens
+                        FROM kv_requests WHERE step = 'cold' AND NOT warmup AND arm IS NOT NULL
+                          AND (coalesce(local_hit_tokens, 0) > 0 OR coalesce(external_hit_tokens, 0) > 0)
+                          AND {SCOPE} ORDER BY seq""",
+        {"run": run},
+    )
+    return [
+        finding(
+            "namespace-leak",
+            r,
+            r["request_id"],
+            f"cold {r['nominal_tokens']}-token request saw {r['local_hit_tokens'] or 0} local and "
+            f"{r['external_hit_tokens'] or 0} external hit tokens; whole block excluded",
+        )
+        for r in rows
+    ]
+
+
+def pairing(src: Source, run: str | None) -> list[Finding]:
+    rows = src.rows(
+        f"""SELECT run_id, coalesce(on_block, off_block) AS block_id, on_block, off_block, on_request,
+                               off_request, status, workload, step, chain, session, "window", turn,
+                               payload_match, gpu_match
+                        FROM kv_pairs WHERE status <> 'matched' AND status <> 'excluded' AND {SCOPE}
+                        ORDER BY seq""",
+        {"run": run},
+    )
+    out: list[Finding] = []
+    for r in rows:
+        where = ", ".join(
+            f"{k} {r[k]}"
+            for k in ("workload", "step", "chain", "session", "window", "turn")
+            if r[k] is not None
+        )
+        if r["status"].startswith("unpaired"):
+            arm, other = ("ON", "OFF") if r["status"] == "unpaired-on" else ("OFF", "ON")
+            target = r["on_request"] or r["off_request"]
+            out.append(
+                finding("unpaired-request", r, target, f"{arm} request ({where}) has no {other} partner")
+            )
+            continue
+        if not r["payload_match"]:
+            out.append(
+                finding(
+                    "pair-payload-mismatch",
+                    {**r, "block_id": r["on_block"]},
+                    r["on_request"],
+                    f"payload differs from OFF partner {r['off_request']} ({where})",
+                )
+            )
+        if not r["gpu_match"]:
+            out.append(
+                finding(
+                    "pair-gpu-mismatch",
+                    {**r, "block_id": r["on_block"]},
+                    r["on_request"],
+                    f"target GPU differs from OFF partner {r['off_request']} ({where})",
+                )
+            )
+    return out
+
+
+def warmup_in_measurement(src: Source, run: str | None) -> list[Finding]:
+    rows = src.rows(
+        f"""SELECT s.run_id, s.block_id, s.session, r.request_id
+                        FROM (SELECT *, unnest(requests) AS rid FROM kv_sessions) s
+                        JOIN kv_requests r ON r.request_id = s.rid
+                        WHERE r.warmup AND {SCOPE.replace("run_id", "s.run_id")} ORDER BY s.seq, r.seq""",
+        {"run": run},
+    )
+    return [
+        finding(
+            "warmup-in-measurement",
+            r,
+            r["request_id"],
+            f"warmup request counted in session {r['session']}'s measured wall time",
+        )
+        for r in rows
+    ]
+
+
+def assertion_failed(src: Source, run: str | None) -> list[Finding]:
+    rows = src.rows(
+        f"""SELECT run_id, block_id, request_id, "check", expected, observed FROM kv_assertions
+                        WHERE NOT coalesce(passed, false) AND {SCOPE} ORDER BY seq""",
+        {"run": run},
+    )
+    return [
+        finding(
+            "assertion-failed",
+            r,
+            r["request_id"],
+            f"{r['check']} failed: expected {r['expected']}, observed {r['observed']}",
+        )
+        for r in rows
+    ]
+
+
+def assertion_not_independent(src: Source, run: str | None) -> list[Finding]:
+    rows = src.rows(
+        f"""SELECT run_id, count(*) AS n, count(*) FILTER (WHERE NOT independent) AS dependent
+                        FROM kv_assertions WHERE "check" = 'exact_values' AND {SCOPE}
+                        GROUP BY run_id HAVING count(*) FILTER (WHERE NOT independent) > 0
+                        ORDER BY run_id""",
+        {"run": run},
+    )
+    return [
+        finding(
+            "assertion-not-independent",
+            r,
+            r["run_id"],
+            f"{r['dependent']} of {r['n']} exact-value checks had the expected values in their own "
+            "history; they do not independently verify distant-prefix recovery",
+        )
+        for r in rows
+    ]
+
+
+def off_arm_external_hits(src: Source, run: str | None) -> list[Finding]:
+    rows = src.rows(
+        f"""SELECT run_id, block_id, coalesce(request_id, 'window ' || "window") AS what,
+                               external_hit_tokens FROM kv_hits
+                        WHERE arm = 'OFF' AND coalesce(external_hit_tokens, 0) > 0 AND {SCOPE}
+                        ORDER BY seq""",
+        {"run": run},
+    )
+    return [
+        finding(
+            "off-arm-external-hits",
+            r,
+            r["what"],
+            f"OFF block observed {r['external_hit_tokens']} external hit tokens",
+        )
+        for r in rows
+    ]
+
+
+def missing_full_prefix_hit(src: Source, run: str | None) -> list[Finding]:
+    rows = src.rows(
+        f"""SELECT m.run_id, m.block_id, m.request_id, m.nominal_tokens, m.external_hit_tokens,
+                               a.expected, a.passed
+                        FROM kv_measured m LEFT JOIN (SELECT request_id, arg_max(expected, seq) AS expected,
+                                                             bool_and(passed) AS passed FROM kv_assertions
+                                                      WHERE "check" = 'full_prefix_hit' GROUP BY request_id) a
+                          USING (request_id)
+                        WHERE m.arm = 'ON' AND m.step = 'cross' AND m.workload = 'micro'
+                          AND (NOT coalesce(a.passed, true)
+                               OR (a.passed IS NULL AND coalesce(m.external_hit_tokens, 0) = 0))
+                          AND {SCOPE.replace("run_id", "m.run_id")} ORDER BY m.seq""",
+        {"run": run},
+    )
+    return [
+        finding(
+            "missing-full-prefix-hit",
+            r,
+            r["request_id"],
+            f"cross-replica step hit {r['external_hit_tokens'] or 0} external tokens; shareable prefix "
+            f"{r['expected'] if r['expected'] is not None else 'unknown'}",
+        )
+        for r in rows
+    ]
+
+
+def counter_mismatch(src: Source, run: str | None) -> list[Finding]:
+    rows = src.rows(
+        f"""SELECT run_id, block_id, request_id, prefix_queries, prompt_tokens FROM kv_requests
+                        WHERE has_hits AND prompt_tokens IS NOT NULL AND status = 200
+                          AND prefix_queries IS DISTINCT FROM prompt_tokens AND {SCOPE} ORDER BY seq""",
+        {"run": run},
+    )
+    return [
+        finding(
+            "counter-mismatch",
+            r,
+            r["request_id"],
+            f"prefix-query increment {r['prefix_queries']} ≠ prompt tokens {r['prompt_tokens']}",
+        )
+        for r in rows
+    ]
+
+
+def checkpoint_mismatch(src: Source, run: str | None) -> list[Finding]:
+    out = []
+    for r in src.rows(
+        f"SELECT run_id, path, revision, matched, stable, files FROM kv_checkpoints WHERE {SCOPE} "
+        "ORDER BY seq",
+        {"run": run},
+    ):
+        files = json.loads(r["files"] or "[]")
+        bad = sorted(
+            f.get("name", "?")
+            for f in files
+            if isinstance(f, dict)
+            and f.get("expected_sha256")
+            and f.get("sha256") != f.get("expected_sha256")
+        )
+        if bad or r["matched"] is False:
+            out.append(
+                finding(
+                    "checkpoint-mismatch",
+                    r,
+                    r["path"],
+                    f"revision {r['revision']}: SHA-256 differs for {', '.join(bad) or 'files'}",
+                )
+            )
+        if r["stable"] is False:
+            out.append(finding("checkpoint-mismatch", r, r["path"], "files changed while being read"))
+    return out
+
+
+def provenance_missing(src: Source, run: str | None) -> list[Finding]:
+    rows = src.rows(
+        f"""
+        SELECT r.run_id, r.experiment, r.code_commit, CAST(r.packages AS VARCHAR) AS packages,
+               (SELECT count(*) FROM kv_launches l WHERE l.run_id = r.run_id) AS launches,
+               coalesce(r.target = 'vllm', false)
+                 OR EXISTS (SELECT 1 FROM kv_launches l
+                            WHERE l.run_id = r.run_id AND l.target = 'vllm') AS vllm,
+               EXISTS (SELECT 1 FROM kv_checkpoints c WHERE c.run_id = r.run_id
+                       OR c.revision IN (SELECT revision FROM kv_launches l
+                                         WHERE l.run_id = r.run_id)) AS audited
+        FROM kv_runs r WHERE {SCOPE.replace("run_id", "r.run_id")} ORDER BY r.seq""",
+        {"run": run},
+    )
+    out = []
+    for r in rows:
+        missing = []
+        if not r["code_commit"]:
+            missing.append("code version")
+        if r["packages"] in (None, "{}", "null"):
+            missing.append("package versions")
+        probe = str(r["experiment"]).startswith("probe.")
+        if not probe and not r["launches"]:
+            missing.append("launch records")
+        if not probe and r["vllm"] and not r["audited"]:
+            missing.append("checkpoint audit")
+        if missing:
+            out.append(finding("provenance-missing", r, r["run_id"], "run lacks " + ", ".join(missing)))
+    return out
+
+
+def validation_missing(src: Source, run: str | None) -> list[Finding]:
+    copy, pinned, service = copy_probes(src), pinned_probes(src), service_regression(src)
+    services_ok = set(service["configs_passed"])
+    out = []
+    for run_row in src.rows(
+        f"SELECT DISTINCT run_id FROM kv_on_configs WHERE {SCOPE} ORDER BY run_id", {"run": run}
+    ):
+        for cfg in config_coverage(src, run_row["run_id"], copy["passed"], pinned["passed"], services_ok):
+            if cfg["passed"]:
+                continue
+            missing = [name for name, ok in cfg["layers"].items() if not ok]
+            out.append(
+                finding(
+                    "validation-missing",
+                    run_row,
+                    cfg["config_sha256"],
+                    f"ON config ({'/'.join(cfg['transfer_paths'])} path) has performance results "
+                    f"but no passing {', '.join(missing)}",
+                )
+            )
+    return out
+
+
+def order_unbalanced(src: Source, run: str | None) -> list[Finding]:
+    rows = src.rows(
+        f"""SELECT run_id, list(arm ORDER BY position, seq) AS arms, list(pair ORDER BY position, seq)
+                          AS pairs, CAST(arg_min("order", position) AS VARCHAR) AS recorded
+                        FROM kv_blocks WHERE {SCOPE} GROUP BY run_id ORDER BY run_id""",
+        {"run": run},
+    )
+    out = []
+    for r in rows:
+        problem = _order_problem(list(r["arms"]), list(r["pairs"]), r["recorded"])
+        if problem:
+            out.append(finding("order-unbalanced", r, "–".join(r["arms"]), problem))
+    return out
+
+
+def _order_problem(arms: list[str], pairs: list[int], recorded: str | None) -> str | None:
+    """Balanced: equal ON/OFF counts, one of each per pair, equal mean position (no linear drift confound)."""
+    on = [i for i, a in enumerate(arms) if a == "ON"]
+    off = [i for i, a in enumerate(arms) if a == "OFF"]
+    if recorded and recorded != "null" and json.loads(recorded) != arms:
+        return f"blocks ran as {'–'.join(arms)} but the run recorded order {recorded}"
+    if len(on) != len(off):
+        return f"{len(on)} ON and {len(off)} OFF blocks"
+    by_pair: dict[int, list[str]] = {}
+    for arm, pair in zip(arms, pairs, strict=True):
+        by_pair.setdefault(pair, []).append(arm)
+    if any(sorted(v) != ["OFF", "ON"] for v in by_pair.values()):
+        return "a block pair does not hold exactly one ON and one OFF block"
+    if sum(on) != sum(off):
+        return (
+            f"order {'–'.join(arms)} confounds arm with time (mean positions differ; use e.g. OFF–ON–ON–OFF)"
+        )
+    return None
+
+
+def declared_exclusion(src: Source, run: str | None) -> list[Finding]:
+    rows = src.rows(
+        f"""SELECT run_id, event_block AS block_id, scope, target, reason FROM kv_declared
+                        WHERE {SCOPE} ORDER BY seq""",
+        {"run": run},
+    )
+    return [
+        finding("declared-exclusion", r, r["target"], f"{r['scope']} excluded: {r['reason']}") for r in rows
+    ]
+
+
+CHECKS: tuple[Check, ...] = (
+    chain_broken,
+    run_incomplete,
+    namespace_leak,
+    pairing,
+    warmup_in_measurement,
+    assertion_failed,
+    assertion_not_independent,
+    off_arm_external_hits,
+    missing_full_prefix_hit,
+    counter_mismatch,
+    checkpoint_mismatch,
+    provenance_missing,
+    validation_missing,
+    order_unbalanced,
+    declared_exclusion,
+)
+
+
+def _acknowledged(src: Source) -> tuple[set[str], set[str]]:
+    """Blocks and runs the researcher excluded explicitly."""
+    rows = src.rows("SELECT scope, target FROM kv_declared")
+    blocks = {r["target"] for r in rows if r["scope"] == "block"}
+    runs = {r["target"] for r in rows if r["scope"] == "run"}
+    return blocks, runs
+
+
+def _downgrade(f: Finding, blocks: set[str], runs: set[str]) -> Finding:
+    if f.severity != BLOCKING or f.code in ("chain-broken", "validation-missing"):
+        return f
+    if (f.block_id and f.block_id in blocks) or (f.run_id and f.run_id in runs):
+        return Finding(
+            f.code, INFO, f.run_id, f.block_id, f.target, f.detail + " (acknowledged: declared exclusion)"
+        )
+    return f
+
+
+def audit(src: Source, run: str | None = None) -> list[Finding]:
+    """Every finding, sorted deterministically (blocking first)."""
+    blocks, runs = _acknowledged(src)
+    found = [_downgrade(f, blocks, runs) for check in CHECKS for f in check(src, run)]
+    return sorted(found, key=Finding.sort_key)
+
+
+def audit_json(src: Source, run: str | None = None) -> dict[str, Any]:
+    """The ``ledger audit --json`` object."""
+    return {"findings": [f.as_dict() for f in audit(src, run)], "head": src.head.chain if src.head else None}

@@ -1,0 +1,256 @@
+"""Renderers: JSON, Markdown and the terminal, all from one list of sections.
+
+Output carries no rendering time or host, so one ledger head always gives the
+same bytes; numbers are formatted with fixed places.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Section:
+    title: str
+    headers: list[str]
+    rows: list[list[str]]
+    notes: list[str] = field(default_factory=list)
+
+
+def to_json(report: dict[str, Any]) -> str:
+    return json.dumps(report, sort_keys=True, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+
+
+def num(x: Any, places: int = 3) -> str:
+    if x is None:
+        return "–"
+    if isinstance(x, bool):
+        return "yes" if x else "no"
+    if isinstance(x, int):
+        return str(x)
+    return f"{float(x):.{places}f}"
+
+
+def pct(x: Any) -> str:
+    return "–" if x is None else f"{float(x):+.2f}%"
+
+
+def short(text: Any, n: int = 12) -> str:
+    return "–" if text is None else str(text)[:n]
+
+
+def size(tokens: Any) -> str:
+    if tokens is None:
+        return "–"
+    t = int(tokens)
+    return f"{t // 1024}k" if t % 1024 == 0 else str(t)
+
+
+def _inference(row: dict[str, Any]) -> str:
+    inf = row["inference"]
+    if inf["mode"] == "descriptive":
+        return f"descriptive ({inf['n_block_pairs']} block pairs)"
+    return (
+        f"Wilcoxon p={num(inf['wilcoxon_signed_rank_p'], 4)}, sign p={num(inf['sign_test_p'], 4)} "
+        f"({inf['n_block_pairs']} block pairs)"
+    )
+
+
+def _observations(row: dict[str, Any], places: int = 3) -> str:
+    parts = [
+        f"{arm}: " + ", ".join(num(v, places) for v in row["arms"][arm]["observations"])
+        for arm in ("OFF", "ON")
+    ]
+    return "; ".join(parts)
+
+
+def _paired_rows(
+    table: list[dict[str, Any]], dims: list[tuple[str, Any]], places: int = 3
+) -> list[list[str]]:
+    rows = []
+    for r in table:
+        rows.append(
+            [
+                short(r["run_id"], 8),
+                *(fn(r) for _, fn in dims),
+                num(r["arms"]["OFF"]["median"], places),
+                num(r["arms"]["ON"]["median"], places),
+                pct(r["mean_change_pct"]),
+                str(r["matched_units"]),
+                _inference(r),
+                _observations(r, places),
+            ]
+        )
+    return rows
+
+
+_PAIRED_HEAD = [
+    "OFF median",
+    "ON median",
+    "mean 100×(ON/OFF−1)",
+    "matched units",
+    "statistics",
+    "observations",
+]
+
+
+def sections(report: dict[str, Any]) -> list[Section]:
+    """The report as titled tables, shared by every human-readable format."""
+    t = report["tables"]
+    acc = report["accounting"]
+    out = [
+        Section(
+            "Accounting",
+            ["field", "value"],
+            [[k, ", ".join(v) if isinstance(v, list) else str(v)] for k, v in sorted(acc.items())],
+        ),
+        Section(
+            "Exclusions (whole blocks, never single requests)",
+            ["run", "block", "source", "reason"],
+            [
+                [short(e["run_id"], 8), short(e["block_id"]), e["source"], e["reason"]]
+                for e in report["exclusions"]
+            ],
+        ),
+        Section(
+            "Pairing",
+            ["status", "count"],
+            [[k, str(v)] for k, v in sorted(report["pairing"]["counts"].items())],
+            [
+                f"{p['status']}: {p['workload']} {p['step']} ON {short(p['on_request'])} OFF "
+                f"{short(p['off_request'])}"
+                for p in report["pairing"]["not_matched"]
+            ],
+        ),
+        Section(
+            "Table 3: TTFT (s) by nominal size × locality",
+            ["run", "size", "locality", *_PAIRED_HEAD],
+            _paired_rows(
+                t["ttft"],
+                [("size", lambda r: size(r["nominal_tokens"])), ("locality", lambda r: r["locality_label"])],
+            ),
+        ),
+        Section(
+            "Table 4: session wall time (s) by size × routing",
+            ["run", "size", "routing", *_PAIRED_HEAD],
+            _paired_rows(
+                t["sessions"],
+                [("size", lambda r: size(r["nominal_tokens"])), ("routing", lambda r: r["placement"])],
+                2,
+            ),
+        ),
+        Section(
+            "Decode rate (tokens/s), forced-length generation",
+            ["run", "input", "prefix", "output", *_PAIRED_HEAD],
+            _paired_rows(
+                t["decode"],
+                [
+                    ("input", lambda r: size(r["nominal_tokens"])),
+                    ("prefix", lambda r: r["step"]),
+                    ("output", lambda r: str(r["max_tokens"])),
+                ],
+                2,
+            ),
+        ),
+        Section(
+            "Concurrency windows: output tokens/s",
+            ["run", "sessions", "placement", *_PAIRED_HEAD],
+            _paired_rows(
+                t["windows"],
+                [("sessions", lambda r: str(r["sessions"])), ("placement", lambda r: r["placement"])],
+                2,
+            ),
+        ),
+        *validation_sections(t["validation"]),
+    ]
+    out[-1].notes.append(report["statistics"]["rule"] + ".")
+    return out
+
+
+def validation_sections(v: dict[str, Any]) -> list[Section]:
+    layers = Section(
+        "Table 2: validation layers",
+        ["layer", "applies to", "checks", "passed", "status"],
+        [
+            [
+                x["layer"],
+                x["applies_to"],
+                str(x["checks"]),
+                str(x["passed_checks"]),
+                "pass" if x.get("passed", bool(x.get("configs_passed"))) else "not passed",
+            ]
+            for x in v["layers"]
+        ],
+    )
+    copy = v["layers"][0]
+    layers.notes = [
+        f"{c['method']} {c['direction']} {'delayed' if c['delayed'] else 'undelayed'}: "
+        f"{c['passed']}/{c['checks']} passed"
+        for c in copy["cells"]
+    ]
+    configs = Section(
+        "Validation coverage of ON configurations",
+        ["config", "transfer path", "layers", "status"],
+        [
+            [
+                short(c["config_sha256"], 16),
+                "/".join(c["transfer_paths"]),
+                "; ".join(f"{k}: {'pass' if ok else 'missing'}" for k, ok in c["layers"].items()),
+                "validated" if c["passed"] else "NOT validated",
+            ]
+            for c in v["configs"]
+        ],
+    )
+    return [layers, configs]
+
+
+def _md_cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def to_markdown(report: dict[str, Any]) -> str:
+    head = report["head"] or {"seq": 0, "chain": None}
+    lines = [
+        "# kvledger report",
+        "",
+        f"Derived from ledger head seq {head['seq']}, chain `{head['chain']}`"
+        + (f", run `{report['scope']['run']}`." if report["scope"]["run"] else ", all runs."),
+        "",
+        "Runs: "
+        + (
+            ", ".join(
+                f"`{r['run_id']}` ({r['experiment']}, {'–'.join(b['arm'] for b in r['blocks'])})"
+                for r in report["runs"]
+            )
+            or "none"
+        ),
+        "",
+    ]
+    for s in sections(report):
+        lines += [f"## {s.title}", ""]
+        if s.rows:
+            lines.append("| " + " | ".join(s.headers) + " |")
+            lines.append("|" + "---|" * len(s.headers))
+            lines += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in s.rows]
+        else:
+            lines.append("_none_")
+        lines += [""] + [f"- {_md_cell(n)}" for n in s.notes] + ([""] if s.notes else [])
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def print_terminal(report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    head = report["head"] or {"seq": 0, "chain": None}
+    console.print(f"[bold]kvledger report[/bold] — ledger head seq {head['seq']} chain {head['chain']}")
+    for s in sections(report):
+        table = Table(*s.headers, title=s.title, title_justify="left", show_lines=False)
+        for row in s.rows:
+            table.add_row(*row)
+        console.print(table)
+        for note in s.notes:
+            console.print(f"  • {note}")

@@ -1,0 +1,400 @@
+"""The SQL views behind every report table and audit check.
+
+Each view reads the ledger's ``events`` view (or earlier views here) with
+explicit field types, so it works whatever kinds a ledger happens to hold
+(the per-kind views of ``ledger sql`` exist only for kinds present).
+:func:`with_clause` renders them as one ``WITH`` so the same SQL can be pasted
+into ``ledger sql``; reports/VIEWS.md is generated from :data:`VIEWS`.
+Views are created as temporary views in an in-memory DuckDB: nothing is
+written to the ledger.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import duckdb
+
+
+def _extract(kind: str, fields: dict[str, Any]) -> str:
+    """Rows of one kind with typed data fields (one JSON parse per row)."""
+    structure = json.dumps(fields, separators=(",", ":"))
+    return (
+        f"SELECT seq, run_id, block_id, unnest(json_transform(data, '{structure}')) "
+        f"FROM events WHERE kind = '{kind}'"
+    )
+
+
+_REQUEST_FIELDS = {
+    "request_id": "VARCHAR",
+    "replica": "VARCHAR",
+    "gpu": "JSON",
+    "workload": "VARCHAR",
+    "step": "VARCHAR",
+    "chain": "VARCHAR",
+    "session": "VARCHAR",
+    "window": "VARCHAR",
+    "turn": "BIGINT",
+    "placement": "VARCHAR",
+    "warmup": "BOOLEAN",
+    "payload_sha256": "VARCHAR",
+    "namespace": "VARCHAR",
+    "nominal_tokens": "BIGINT",
+    "params": {"max_tokens": "BIGINT"},
+}
+_RESPONSE_FIELDS = {
+    "request_id": "VARCHAR",
+    "status": "BIGINT",
+    "ttft_s": "DOUBLE",
+    "t_first": "DOUBLE",
+    "t_last": "DOUBLE",
+    "e2e_s": "DOUBLE",
+    "prompt_tokens": "BIGINT",
+    "output_tokens": "BIGINT",
+    "decode_rate": "DOUBLE",
+    "error": "VARCHAR",
+}
+_HITS_FIELDS = {
+    "request_id": "VARCHAR",
+    "window": "VARCHAR",
+    "replica": "VARCHAR",
+    "prefix_queries": "BIGINT",
+    "local_hit_tokens": "BIGINT",
+    "external_hit_tokens": "BIGINT",
+    "prompt_tokens": "BIGINT",
+}
+
+# (name, SQL) in dependency order. Names are prefixed kv_ so they never shadow ledger views.
+VIEWS: list[tuple[str, str]] = [
+    (
+        "kv_runs",
+        f"""
+SELECT r.run_id, r.seq, r.experiment, r.params->>'target' AS target,
+       r.params->>'config_sha256' AS validated_config,
+       coalesce(r.code->>'commit', r.code->>'git_commit') AS code_commit,
+       r.packages, f.status AS finish_status
+FROM ({
+            _extract(
+                "run.started", {"experiment": "VARCHAR", "params": "JSON", "code": "JSON", "packages": "JSON"}
+            )
+        }) r
+LEFT JOIN (SELECT run_id, arg_max(status, seq) AS status
+           FROM ({_extract("run.finished", {"status": "VARCHAR"})}) GROUP BY run_id) f USING (run_id)""",
+    ),
+    (
+        "kv_blocks",
+        f"""
+SELECT b.run_id, b.block_id, b.seq, b."index" AS position, b.arm, b.pair, b."order", b.gpu_swap,
+       b.config_sha256, f.status AS finish_status
+FROM ({
+            _extract(
+                "block.started",
+                {
+                    "index": "BIGINT",
+                    "arm": "VARCHAR",
+                    "pair": "BIGINT",
+                    "order": "JSON",
+                    "gpu_swap": "BOOLEAN",
+                    "config_sha256": "VARCHAR",
+                },
+            )
+        }) b
+LEFT JOIN (SELECT block_id, arg_max(status, seq) AS status
+           FROM ({
+            _extract("block.finished", {"status": "VARCHAR"})
+        }) GROUP BY block_id) f USING (block_id)""",
+    ),
+    (
+        "kv_launches",
+        f"""
+SELECT run_id, block_id, seq, replica, config_sha256, transfer_path, target, model->>'revision' AS revision
+FROM ({
+            _extract(
+                "deployment.launched",
+                {
+                    "replica": "VARCHAR",
+                    "config_sha256": "VARCHAR",
+                    "transfer_path": "VARCHAR",
+                    "target": "VARCHAR",
+                    "model": "JSON",
+                },
+            )
+        })""",
+    ),
+    (
+        "kv_requests",
+        f"""
+SELECT q.seq, q.run_id, q.block_id, b.arm, b.pair, q.request_id, q.replica, CAST(q.gpu AS VARCHAR) AS gpu,
+       q.workload, q.step, q.chain, q.session, q."window", q.turn, q.placement, q.warmup,
+       q.payload_sha256, q.namespace, q.nominal_tokens, q.params.max_tokens AS max_tokens,
+       r.status, r.error, r.ttft_s, r.t_first, r.t_last, r.e2e_s, r.output_tokens,
+       coalesce(r.decode_rate, (r.output_tokens - 1) / nullif(r.t_last - r.t_first, 0)) AS decode_rate,
+       coalesce(h.prompt_tokens, r.prompt_tokens) AS prompt_tokens,
+       h.request_id IS NOT NULL AS has_hits, h.prefix_queries, h.local_hit_tokens, h.external_hit_tokens
+FROM ({_extract("request.sent", _REQUEST_FIELDS)}) q
+LEFT JOIN kv_blocks b ON b.block_id = q.block_id
+LEFT JOIN (SELECT * FROM ({_extract("response.received", _RESPONSE_FIELDS)})
+           QUALIFY row_number() OVER (PARTITION BY request_id ORDER BY seq) = 1) r USING (request_id)
+LEFT JOIN (SELECT * FROM ({_extract("hits.observed", _HITS_FIELDS)}) WHERE request_id IS NOT NULL
+           QUALIFY row_number() OVER (PARTITION BY request_id ORDER BY seq) = 1) h USING (request_id)""",
+    ),
+    # Every hits.observed (single-request and window-level) with its block's arm.
+    (
+        "kv_hits",
+        f"""
+SELECT h.seq, h.run_id, h.block_id, b.arm, h.request_id, h."window", h.replica, h.prefix_queries,
+       h.local_hit_tokens, h.external_hit_tokens
+FROM ({_extract("hits.observed", _HITS_FIELDS)}) h LEFT JOIN kv_blocks b USING (block_id)""",
+    ),
+    (
+        "kv_assertions",
+        f"""
+SELECT a.seq, a.run_id, a.block_id, a.request_id, a."check", a.passed, a.independent, a.config_sha256,
+       CAST(a.expected AS VARCHAR) AS expected, CAST(a.observed AS VARCHAR) AS observed
+FROM ({
+            _extract(
+                "assertion.evaluated",
+                {
+                    "request_id": "VARCHAR",
+                    "check": "VARCHAR",
+                    "passed": "BOOLEAN",
+                    "independent": "BOOLEAN",
+                    "config_sha256": "VARCHAR",
+                    "expected": "JSON",
+                    "observed": "JSON",
+                },
+            )
+        }) a""",
+    ),
+    (
+        "kv_checkpoints",
+        f"""
+SELECT seq, run_id, path, revision, matched, stable, CAST(files AS VARCHAR) AS files
+FROM ({
+            _extract(
+                "checkpoint.audited",
+                {
+                    "path": "VARCHAR",
+                    "revision": "VARCHAR",
+                    "matched": "BOOLEAN",
+                    "stable": "BOOLEAN",
+                    "files": "JSON",
+                },
+            )
+        })""",
+    ),
+    (
+        "kv_declared",
+        f"""
+SELECT seq, run_id, block_id AS event_block, scope, target, reason
+FROM ({_extract("exclusion.declared", {"scope": "VARCHAR", "target": "VARCHAR", "reason": "VARCHAR"})})""",
+    ),
+    # A cold measured request with any local or external hit excludes its whole block.
+    (
+        "kv_excluded_blocks",
+        """
+SELECT run_id, block_id, 'namespace-leak' AS source,
+       'cold request ' || request_id || ' saw ' || coalesce(local_hit_tokens, 0) || ' local and '
+       || coalesce(external_hit_tokens, 0) || ' external hit tokens' AS reason, seq
+FROM kv_requests
+WHERE step = 'cold' AND NOT warmup AND arm IS NOT NULL
+  AND (coalesce(local_hit_tokens, 0) > 0 OR coalesce(external_hit_tokens, 0) > 0)
+UNION ALL
+SELECT b.run_id, b.block_id, 'declared' AS source, d.reason, d.seq
+FROM kv_declared d JOIN kv_blocks b
+  ON (d.scope = 'block' AND b.block_id = d.target) OR (d.scope = 'run' AND b.run_id = d.target)""",
+    ),
+    # Measured requests of performance blocks, with whether their block (or they) are excluded.
+    (
+        "kv_measured",
+        """
+SELECT r.*,
+       r.block_id IN (SELECT block_id FROM kv_excluded_blocks)
+       OR r.request_id IN (SELECT target FROM kv_declared WHERE scope = 'request') AS excluded,
+       row_number() OVER (PARTITION BY r.run_id, r.pair, r.arm, r.workload, r.step, r.nominal_tokens,
+                          r.placement, r.chain, r.session, r."window", r.turn ORDER BY r.seq) AS ordinal
+FROM kv_requests r WHERE r.arm IS NOT NULL AND NOT r.warmup""",
+    ),
+    # ON matched to OFF: same run, block pair, workload, step, size, placement, chain/session/window, turn
+    # (and ordinal, for repeats of one key).
+    (
+        "kv_pairs",
+        """
+WITH ons AS (SELECT * FROM kv_measured WHERE arm = 'ON'),
+     offs AS (SELECT * FROM kv_measured WHERE arm = 'OFF')
+SELECT coalesce(ons.run_id, offs.run_id) AS run_id, coalesce(ons.pair, offs.pair) AS pair,
+       coalesce(ons.workload, offs.workload) AS workload, coalesce(ons.step, offs.step) AS step,
+       coalesce(ons.chain, offs.chain) AS chain, coalesce(ons.session, offs.session) AS session,
+       coalesce(ons."window", offs."window") AS "window", coalesce(ons.turn, offs.turn) AS turn,
+       coalesce(ons.nominal_tokens, offs.nominal_tokens) AS nominal_tokens,
+       coalesce(ons.max_tokens, offs.max_tokens) AS max_tokens,
+       ons.block_id AS on_block, offs.block_id AS off_block,
+       ons.request_id AS on_request, offs.request_id AS off_request,
+       ons.ttft_s AS on_ttft, offs.ttft_s AS off_ttft,
+       ons.decode_rate AS on_decode, offs.decode_rate AS off_decode,
+       ons.payload_sha256 = offs.payload_sha256 AS payload_match, ons.gpu = offs.gpu AS gpu_match,
+       coalesce(ons.excluded, false) OR coalesce(offs.excluded, false) AS excluded,
+       CASE WHEN coalesce(ons.excluded, false) OR coalesce(offs.excluded, false) THEN 'excluded'
+            WHEN offs.request_id IS NULL THEN 'unpaired-on'
+            WHEN ons.request_id IS NULL THEN 'unpaired-off'
+            WHEN ons.payload_sha256 IS DISTINCT FROM offs.payload_sha256 THEN 'payload-mismatch'
+            WHEN ons.gpu IS DISTINCT FROM offs.gpu THEN 'gpu-mismatch'
+            ELSE 'matched' END AS status,
+       coalesce(ons.seq, offs.seq) AS seq
+FROM ons FULL OUTER JOIN offs
+  ON ons.run_id = offs.run_id AND ons.pair = offs.pair AND ons.workload = offs.workload
+ AND ons.step = offs.step AND ons.ordinal = offs.ordinal
+ AND ons.nominal_tokens IS NOT DISTINCT FROM offs.nominal_tokens
+ AND ons.placement IS NOT DISTINCT FROM offs.placement AND ons.chain IS NOT DISTINCT FROM offs.chain AND ons.session IS NOT DISTINCT FROM offs.session
+ AND ons."window" IS NOT DISTINCT FROM offs."window" AND ons.turn IS NOT DISTINCT FROM offs.turn""",
+    ),
+    # Table 3's units: micro requests by locality (cold, first local reuse, cross-replica).
+    (
+        "kv_ttft",
+        """
+SELECT run_id, block_id, pair, arm, request_id, nominal_tokens, step AS locality, chain, ttft_s, seq
+FROM kv_measured WHERE workload = 'micro' AND step IN ('cold', 'local1', 'cross') AND NOT excluded
+  AND ttft_s IS NOT NULL""",
+    ),
+    (
+        "kv_ttft_pairs",
+        """
+SELECT run_id, pair, nominal_tokens, step AS locality, chain, on_ttft, off_ttft,
+       100 * (on_ttft / off_ttft - 1) AS change_pct, seq
+FROM kv_pairs WHERE status = 'matched' AND workload = 'micro' AND step IN ('cold', 'local1', 'cross')
+  AND on_ttft IS NOT NULL AND off_ttft > 0""",
+    ),
+    (
+        "kv_sessions",
+        f"""
+SELECT s.run_id, s.block_id, b.pair, b.arm, s.session, s.placement, s.nominal_tokens, s.turns, s.wall_s,
+       CAST(s.requests AS VARCHAR[]) AS requests, s.seq,
+       s.block_id IN (SELECT block_id FROM kv_excluded_blocks) AS excluded
+FROM ({
+            _extract(
+                "session.finished",
+                {
+                    "session": "VARCHAR",
+                    "placement": "VARCHAR",
+                    "nominal_tokens": "BIGINT",
+                    "turns": "BIGINT",
+                    "wall_s": "DOUBLE",
+                    "requests": "JSON",
+                },
+            )
+        }) s
+JOIN kv_blocks b USING (block_id)""",
+    ),
+    (
+        "kv_session_pairs",
+        """
+SELECT o.run_id, o.pair, o.placement, o.nominal_tokens, o.session, o.wall_s AS on_wall, f.wall_s AS off_wall,
+       100 * (o.wall_s / f.wall_s - 1) AS change_pct, o.seq
+FROM kv_sessions o JOIN kv_sessions f
+  ON o.run_id = f.run_id AND o.pair = f.pair AND o.session = f.session AND o.placement = f.placement
+ AND o.nominal_tokens IS NOT DISTINCT FROM f.nominal_tokens
+WHERE o.arm = 'ON' AND f.arm = 'OFF' AND NOT o.excluded AND NOT f.excluded AND f.wall_s > 0""",
+    ),
+    (
+        "kv_decode_pairs",
+        """
+SELECT run_id, pair, nominal_tokens, step, max_tokens, chain, on_decode, off_decode,
+       100 * (on_decode / off_decode - 1) AS change_pct, seq
+FROM kv_pairs WHERE status = 'matched' AND workload = 'generation' AND off_decode > 0""",
+    ),
+    (
+        "kv_windows",
+        f"""
+SELECT w.run_id, w.block_id, b.pair, b.arm, w."window", w.placement, w.sessions, w.requests, w.output_tokens,
+       w.wall_s, w.output_tokens / nullif(w.wall_s, 0) AS tokens_per_s, w.seq,
+       w.block_id IN (SELECT block_id FROM kv_excluded_blocks) AS excluded
+FROM ({
+            _extract(
+                "window.finished",
+                {
+                    "window": "VARCHAR",
+                    "placement": "VARCHAR",
+                    "sessions": "BIGINT",
+                    "requests": "BIGINT",
+                    "output_tokens": "BIGINT",
+                    "wall_s": "DOUBLE",
+                },
+            )
+        }) w
+JOIN kv_blocks b USING (block_id)""",
+    ),
+    (
+        "kv_window_pairs",
+        """
+SELECT o.run_id, o.pair, o.placement, o.sessions, o."window", o.tokens_per_s AS on_tps,
+       f.tokens_per_s AS off_tps, 100 * (o.tokens_per_s / f.tokens_per_s - 1) AS change_pct, o.seq
+FROM kv_windows o JOIN kv_windows f
+  ON o.run_id = f.run_id AND o.pair = f.pair AND o."window" = f."window" AND o.placement = f.placement
+ AND o.sessions = f.sessions
+WHERE o.arm = 'ON' AND f.arm = 'OFF' AND NOT o.excluded AND NOT f.excluded AND f.tokens_per_s > 0""",
+    ),
+    # The service regression: validation runs by the ON config digest they validate.
+    (
+        "kv_validation",
+        """
+SELECT r.run_id, r.validated_config AS config_sha256, r.finish_status, r.seq,
+       count(a.seq) AS assertions, count(a.seq) FILTER (WHERE a.passed) AS passed,
+       r.finish_status = 'completed' AND count(a.seq) > 0 AND bool_and(coalesce(a.passed, false)) AS ok
+FROM kv_runs r LEFT JOIN kv_assertions a USING (run_id)
+WHERE r.experiment = 'validation'
+GROUP BY r.run_id, r.validated_config, r.finish_status, r.seq""",
+    ),
+    (
+        "kv_probe_copy",
+        f"""
+SELECT run_id, method, direction, delay_cycles > 0 AS delayed, count(*) AS checks,
+       count(*) FILTER (WHERE passed) AS passed, min(seq) AS seq
+FROM ({
+            _extract(
+                "probe.copy",
+                {"method": "VARCHAR", "direction": "VARCHAR", "delay_cycles": "BIGINT", "passed": "BOOLEAN"},
+            )
+        })
+GROUP BY run_id, method, direction, delay_cycles > 0""",
+    ),
+    (
+        "kv_probe_pinned",
+        f"""
+SELECT run_id, seq, bytes_requested, is_pinned, seconds, alloc_conf, rounded_up, error
+FROM ({
+            _extract(
+                "probe.pinned_alloc",
+                {
+                    "bytes_requested": "BIGINT",
+                    "is_pinned": "BOOLEAN",
+                    "seconds": "DOUBLE",
+                    "alloc_conf": "VARCHAR",
+                    "rounded_up": "BOOLEAN",
+                    "error": "VARCHAR",
+                },
+            )
+        })""",
+    ),
+    # Performance configs: the ON blocks' deployment config digests and transfer paths.
+    (
+        "kv_on_configs",
+        """
+SELECT DISTINCT b.run_id, l.config_sha256, coalesce(l.transfer_path, 'unknown') AS transfer_path
+FROM kv_blocks b JOIN kv_launches l ON l.block_id = b.block_id WHERE b.arm = 'ON'""",
+    ),
+]
+
+ORDERED_METHODS = ("wait_then_fallback", "memcpy_async_current_stream", "same_stream_tensor_copy")
+
+
+def create_views(con: duckdb.DuckDBPyConnection) -> None:
+    """Create every view as a TEMP view on ``con`` (an in-memory DuckDB; the ledger is untouched)."""
+    for name, sql in VIEWS:
+        con.execute(f"CREATE OR REPLACE TEMP VIEW {name} AS {sql.strip()}")
+
+
+def with_clause(query: str) -> str:
+    """``query`` prefixed by every view as a CTE: pasteable into ``ledger sql``."""
+    ctes = ",\n".join(f"{name} AS ({sql.strip()})" for name, sql in VIEWS)
+    return f"WITH {ctes}\n{query}"
