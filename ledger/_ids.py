@@ -6,14 +6,18 @@ import os
 import re
 import threading
 import time
-import uuid
 from datetime import UTC, datetime
 
 _lock = threading.Lock()
 _last_ms = 0
 _counter = 0
 
-_RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z$")
+RFC3339_PATTERN = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z")
+# Exactly what ``str(uuid.UUID(text)) == text`` accepts, without building a UUID per check.
+UUID_PATTERN = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+# The formatted second of the last timestamp: formatting dominates utc_now's cost.
+_second_cache: tuple[int, str] = (-1, "")
 
 
 def new_id() -> str:
@@ -36,21 +40,24 @@ def new_id() -> str:
         _last_ms = ms
         counter = _counter
     rand = int.from_bytes(os.urandom(8)) & ((1 << 62) - 1)
-    value = (ms << 80) | (0x7 << 76) | (counter << 64) | (0b10 << 62) | rand
-    return str(uuid.UUID(int=value))
+    h = f"{(ms << 80) | (0x7 << 76) | (counter << 64) | (0b10 << 62) | rand:032x}"
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 def is_uuid(text: str) -> bool:
     """True if ``text`` is a canonical (lower-case, hyphenated) UUID string."""
-    try:
-        return str(uuid.UUID(text)) == text
-    except (ValueError, AttributeError, TypeError):
-        return False
+    return isinstance(text, str) and UUID_PATTERN.fullmatch(text) is not None
 
 
 def utc_now() -> str:
     """Current UTC time, RFC 3339 with microseconds and ``Z``."""
-    return format_ts(datetime.now(UTC))
+    global _second_cache
+    second, nanos = divmod(time.time_ns(), 1_000_000_000)
+    cached_second, prefix = _second_cache
+    if second != cached_second:
+        prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+        _second_cache = (second, prefix)
+    return f"{prefix}.{nanos // 1000:06d}Z"
 
 
 def format_ts(moment: datetime) -> str:
@@ -60,4 +67,4 @@ def format_ts(moment: datetime) -> str:
 
 def is_rfc3339(text: str) -> bool:
     """True if ``text`` is in the ledger's timestamp form."""
-    return isinstance(text, str) and bool(_RFC3339.match(text))
+    return isinstance(text, str) and RFC3339_PATTERN.fullmatch(text) is not None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -10,10 +11,12 @@ from sqlalchemy.engine import URL, Engine
 
 from . import _migrate
 from ._backends import Dialect, make_engine, normalise_url
-from ._errors import ConflictError, EventError, SchemaError
-from ._events import GENESIS, Event, Head, NewEvent, Sealed, event_from_row, next_chain, seal
+from ._errors import ConflictError, EventError, QueryError, SchemaError
+from ._events import GENESIS, Event, Head, NewEvent, Sealed, event_from_row, recorded, seal
 from ._ids import utc_now
 from ._schema import events as events_table
+from ._verify import Verification
+from ._vocabulary import KINDS
 
 _COLUMNS = "seq, id, ts, kind, run_id, block_id, data, digest, chain"
 
@@ -74,11 +77,21 @@ class Ledger:
             connection.close()
 
     def _append_sealed(self, connection: Any, sealed: list[Sealed]) -> list[Event]:
+        # Optimistic: most batches hold only new ids, so insert at once and let the
+        # UNIQUE(id) constraint catch the rest; only then look the known ids up.
+        integrity_error = self.engine.dialect.dbapi.IntegrityError  # type: ignore[union-attr]
+        try:
+            return self._write(connection, sealed, lookup=False)
+        except integrity_error:
+            return self._write(connection, sealed, lookup=True)
+
+    def _write(self, connection: Any, sealed: list[Sealed], *, lookup: bool) -> list[Event]:
+        """One transaction under the append lock; with ``lookup``, known ids are skipped."""
         cursor = connection.cursor()
         try:
             self.dialect.begin_write(cursor)
-            known = self._known(cursor, sealed)
-            fresh = [s for s in sealed if s.id not in known]
+            known = self._known(cursor, sealed) if lookup else {}
+            fresh = [s for s in sealed if s.id not in known] if known else sealed
             recorded = self._insert(cursor, fresh)
             self.dialect.commit(connection, cursor)
         except BaseException:
@@ -86,6 +99,8 @@ class Ledger:
             raise
         finally:
             cursor.close()
+        if not known:
+            return recorded
         by_id = {e.id: e for e in recorded}
         by_id.update(known)
         return [by_id[s.id] for s in sealed]
@@ -113,13 +128,14 @@ class Ledger:
         row = cursor.fetchone()
         seq, chain = (int(row[0]), row[1]) if row else (0, GENESIS)
         rows = []
+        sha256 = hashlib.sha256
         for s in fresh:
             seq += 1
-            chain = next_chain(chain, s.digest)
+            chain = sha256((chain + s.digest).encode()).hexdigest()  # next_chain, inlined
             rows.append((seq, s.id, s.ts, s.kind, s.run_id, s.block_id, s.data_json, s.digest, chain))
         cursor.executemany(self.dialect.insert_event, rows)
         cursor.execute(self.dialect.insert_head, (seq, chain, utc_now()))
-        return [event_from_row(r) for r in rows]
+        return [recorded(row, s.data) for row, s in zip(rows, fresh, strict=True)]
 
     # -- read -------------------------------------------------------------------
 
@@ -190,6 +206,38 @@ class Ledger:
             cursor.close()
         finally:
             connection.close()
+
+    # -- check and query ---------------------------------------------------------
+
+    def verify(self, expected_head: str | None = None) -> Verification:
+        """Recompute every digest and chain link; names the first bad seq."""
+        from ._verify import verify_ledger
+
+        return verify_ledger(self, expected_head)
+
+    def sql(self, statement: str, fmt: str = "arrow") -> Any:
+        """Run a reading DuckDB statement over the views; ``fmt``: arrow, pandas or polars."""
+        from ._analytics import Analytics, to_format
+
+        analytics = Analytics(self)
+        try:
+            return to_format(analytics.sql(statement), fmt)
+        finally:
+            analytics.close()
+
+    def arrow(self, kind: str | None = None) -> Any:
+        """Every event (``kind=None``, data as JSON text) or one kind's view, as a pyarrow.Table."""
+        from ._analytics import view_name
+
+        source = "events" if kind is None else '"' + view_name(kind) + '"'
+        if kind is not None and kind not in KINDS:
+            raise EventError(f"unknown kind {kind!r}", "kind")
+        try:
+            return self.sql(f"SELECT * FROM {source} ORDER BY seq")
+        except QueryError:
+            if kind is None:
+                raise
+            return self.sql("SELECT seq, id AS event_id, ts, run_id, block_id FROM events WHERE false")
 
     def recorded_heads(self) -> list[Head]:
         """Every head recorded at commit, in seq order."""

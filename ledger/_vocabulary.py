@@ -176,22 +176,41 @@ def _matches(value: Any, types: Types) -> bool:
     return any(t is not None and isinstance(value, t) for t in types)
 
 
+# A required field, precompiled: (name, types, exact, allowed). ``exact`` holds the
+# types accepted by identity, one hash lookup per field; bool is not int there,
+# just as _matches wants. Plain tuples: this runs once per field of every event.
+_Field = tuple[str, Types, frozenset[type], frozenset[str] | None]
+_MISSING = object()
+
+
+def _compile(kind: str, fields: dict[str, Types]) -> tuple[_Field, ...]:
+    return tuple(
+        (name, types, frozenset(type(None) if t is None else t for t in types), ENUMS.get((kind, name)))
+        for name, types in fields.items()
+    )
+
+
+_COMPILED: dict[str, tuple[_Field, ...]] = {kind: _compile(kind, f) for kind, f in KINDS.items()}
+
+
 def check_data(kind: str, data: Mapping[str, Any]) -> tuple[str | None, str] | None:
     """Return ``(field, problem)`` for the first violation, or ``None``."""
-    fields = KINDS.get(kind)
+    fields = _COMPILED.get(kind)
     if fields is None:
         return None, f"unknown kind {kind!r}"
-    for name, types in fields.items():
-        if name not in data:
-            return name, f"required field of {kind} is missing"
-        if not _matches(data[name], types):
-            got = type(data[name]).__name__
-            return name, f"must be {_type_name(types)}, got {got}"
-        allowed = ENUMS.get((kind, name))
-        if allowed is not None and data[name] not in allowed:
-            return name, f"must be one of {sorted(allowed)}, got {data[name]!r}"
+    get = data.get
+    for name, types, exact, allowed in fields:
+        value = get(name, _MISSING)
+        # Subclasses (an IntEnum, a str subclass) miss the exact set: take the slow check.
+        if type(value) not in exact:
+            if value is _MISSING:
+                return name, f"required field of {kind} is missing"
+            if not _matches(value, types):
+                return name, f"must be {_type_name(types)}, got {type(value).__name__}"
+        if allowed is not None and value not in allowed:
+            return name, f"must be one of {sorted(allowed)}, got {value!r}"
     alternatives = _ONE_OF.get(kind)
-    if alternatives and not any(data.get(a) is not None for a in alternatives):
+    if alternatives and not any(get(a) is not None for a in alternatives):
         return alternatives[0], f"{kind} needs one of {', '.join(alternatives)}"
     return None
 
