@@ -26,15 +26,13 @@ from ._ids import new_id, utc_now
 from ._jsonl import export_jsonl, import_jsonl, read_jsonl
 from ._parquet import export_parquet
 from ._store import Ledger, open_ledger
-from ._verify import Verification
-from ._verify import verify_rows as _verify_rows
+from ._verify import Verification, verify_ledger
 from ._vocabulary import KINDS
 
 
 def verify(ledger: Ledger, expected_head: str | None = None) -> Verification:
     """Recompute every digest and chain link of ``ledger``; names the first bad seq."""
-    heads = [(h.seq, h.chain) for h in ledger.recorded_heads()]
-    return _verify_rows(ledger.raw_rows(), heads, expected_head)
+    return verify_ledger(ledger, expected_head)
 
 
 def query(url_or_ledger: str | Ledger, statement: str, fmt: str = "arrow",

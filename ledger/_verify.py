@@ -1,17 +1,29 @@
 """Verification: recompute every digest and chain link, check seq and recorded heads.
 
 Each link is checked against the *stored* chain of the row before it, so any
-range of rows can be verified on its own; a mismatch names the first bad seq.
+range of rows can be verified on its own: large ledgers are split into seq
+ranges checked by worker processes, and the first bad seq is the smallest
+one any range reports (a range also reports rows missing at its end, so a
+gap at a boundary is not lost).
 """
 
 from __future__ import annotations
 
+import hashlib
+import multiprocessing
+import os
+import re
 from collections.abc import Iterable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from ._canonical import sha256_hex
-from ._events import GENESIS, envelope_bytes, next_chain
+import orjson
+
+from ._events import GENESIS
+
+# Below this many events a single process is faster than starting workers.
+PARALLEL_THRESHOLD = 200_000
 
 
 @dataclass(frozen=True)
@@ -26,29 +38,80 @@ class Verification:
     head_chain: str | None
 
 
-def _row_problem(row: tuple[Any, ...], expected_seq: int, previous_chain: str) -> str | None:
-    seq, id_, ts, kind, run_id, block_id, data, digest, chain = row
-    if seq != expected_seq:
-        return f"seq {seq} found where {expected_seq} was expected (rows deleted or reordered)"
-    data_bytes = data.encode() if isinstance(data, str) else bytes(data)
-    if sha256_hex(envelope_bytes(id_, ts, kind, run_id, block_id, data_bytes)) != digest:
-        return "digest does not match the recomputed canonical envelope (content edited)"
-    if next_chain(previous_chain, digest) != chain:
-        return "chain does not follow from the previous link (rows edited, inserted or reordered)"
-    return None
+@dataclass(frozen=True)
+class RangeResult:
+    """The outcome of checking the rows of one seq range."""
+
+    last_seq: int
+    last_chain: str
+    bad_seq: int | None = None
+    problem: str | None = None
 
 
-def scan_rows(rows: Iterable[tuple[Any, ...]], start_seq: int, previous_chain: str
-              ) -> tuple[int, str, int | None, str | None]:
-    """Check rows from ``start_seq`` on; returns (last_seq, last_chain, bad_seq, problem)."""
+_DELETED = "seq {seq} found where {expected} was expected (rows deleted or reordered)"
+_EDITED = "digest does not match the recomputed canonical envelope (content edited)"
+_RELINKED = "chain does not follow from the previous link (rows edited, inserted or reordered)"
+
+
+# Printable ASCII but the quote and the backslash: JSON needs no escape for these.
+_SAFE = re.compile(r'[ !#-\[\]-~]*')
+
+
+def _quoted(value: str | None) -> str:
+    """JSON text of an envelope string, as canonical JSON (orjson) writes it."""
+    if value is None:
+        return "null"
+    if value.isascii() and value.isprintable() and '"' not in value and "\\" not in value:
+        return f'"{value}"'
+    return orjson.dumps(value).decode()
+
+
+def _envelope_text(row: tuple[Any, ...]) -> str:
+    """The canonical envelope of a stored row whatever its strings hold (the slow path)."""
+    _, id_, ts, kind, run_id, block_id, data, _, _ = row
+    return (f'{{"block_id":{_quoted(block_id)},"data":{data},"id":{_quoted(id_)},'
+            f'"kind":{_quoted(kind)},"run_id":{_quoted(run_id)},"ts":{_quoted(ts)}}}')
+
+
+def scan_rows(rows: Iterable[tuple[Any, ...]], start_seq: int, previous_chain: str) -> RangeResult:
+    """Check rows (in seq order) from ``start_seq`` on, each against the chain before it."""
     expected, chain = start_seq, previous_chain
+    sha256 = hashlib.sha256
+    safe = _SAFE.fullmatch
     for row in rows:
-        problem = _row_problem(row, expected, chain)
-        if problem is not None:
-            return expected - 1, chain, min(expected, int(row[0])), problem
-        chain = row[8]
+        seq, id_, ts, kind, run_id, block_id, data, digest, stored_chain = row
+        if seq != expected:
+            return RangeResult(expected - 1, chain, min(expected, int(seq)),
+                               _DELETED.format(seq=seq, expected=expected))
+        if type(data) is not str:
+            data = bytes(data).decode()
+        run_text = "null" if run_id is None else f'"{run_id}"'
+        block_text = "null" if block_id is None else f'"{block_id}"'
+        # One pattern match tells whether plain quoting is canonical for all five strings.
+        if safe(f"{id_}{ts}{kind}{run_id or ''}{block_id or ''}") is not None:
+            text = (f'{{"block_id":{block_text},"data":{data},"id":"{id_}",'
+                    f'"kind":"{kind}","run_id":{run_text},"ts":"{ts}"}}')
+        else:
+            text = _envelope_text((seq, id_, ts, kind, run_id, block_id, data, digest, stored_chain))
+        if sha256(text.encode()).hexdigest() != digest:
+            return RangeResult(expected - 1, chain, seq, _EDITED)
+        if sha256(f"{chain}{digest}".encode()).hexdigest() != stored_chain:
+            return RangeResult(expected - 1, chain, seq, _RELINKED)
+        chain = stored_chain
         expected += 1
-    return expected - 1, chain, None, None
+    return RangeResult(expected - 1, chain)
+
+
+def check_range(rows: Iterable[tuple[Any, ...]], first: int, last: int, previous_chain: str) -> RangeResult:
+    """Check that rows ``first..last`` are all there and each links to the one before."""
+    result = scan_rows(rows, first, previous_chain)
+    if result.bad_seq is None and result.last_seq < last:
+        # The rows stopped early: the next ones are missing (sequentially they would
+        # have shown up as a gap before the following range's first row).
+        missing = result.last_seq + 1
+        return RangeResult(result.last_seq, result.last_chain, missing,
+                           f"seq {missing} is missing (rows deleted)")
+    return result
 
 
 def check_heads(
@@ -57,10 +120,30 @@ def check_heads(
     """Compare recorded heads to the events; a head past the end means a truncated tail."""
     for seq, chain in heads:
         if seq > last_seq:
-            return last_seq + 1, f"a head was recorded at seq {seq} but the ledger ends at {last_seq} (tail truncated)"
+            return last_seq + 1, (f"a head was recorded at seq {seq} but the ledger ends at "
+                                  f"{last_seq} (tail truncated)")
         if chains_at.get(seq) != chain:
             return seq, f"recorded head at seq {seq} does not match the event's chain"
     return None, None
+
+
+def conclude(scan: RangeResult, heads: list[tuple[int, str]], chains_at: dict[int, str],
+             expected_head: str | None) -> Verification:
+    """Combine the row scan, the recorded heads and an expected head into the verdict."""
+    bad, problem = scan.bad_seq, scan.problem
+    last_seq, last_chain = scan.last_seq, scan.last_chain
+    if bad is None:
+        bad, problem = check_heads(heads, chains_at, last_seq)
+    if bad is None and expected_head is not None and expected_head != last_chain:
+        bad, problem = last_seq, f"the ledger's head {last_chain} is not the expected {expected_head}"
+    return Verification(
+        ok=bad is None,
+        count=last_seq if bad is None else max(bad - 1, 0),
+        first_bad_seq=bad,
+        problem=problem,
+        head_seq=last_seq or None,
+        head_chain=last_chain if last_seq else None,
+    )
 
 
 def verify_rows(
@@ -78,16 +161,99 @@ def verify_rows(
                 chains_at[row[0]] = row[8]
             yield row
 
-    last_seq, last_chain, bad, problem = scan_rows(remember(rows), 1, GENESIS)
-    if bad is None:
-        bad, problem = check_heads(heads, chains_at, last_seq)
-    if bad is None and expected_head is not None and expected_head != last_chain:
-        bad, problem = last_seq, f"the ledger's head {last_chain} is not the expected {expected_head}"
-    return Verification(
-        ok=bad is None,
-        count=last_seq if bad is None else max(bad - 1, 0),
-        first_bad_seq=bad,
-        problem=problem,
-        head_seq=last_seq or None,
-        head_chain=last_chain if last_seq else None,
-    )
+    return conclude(scan_rows(remember(rows), 1, GENESIS), heads, chains_at, expected_head)
+
+
+def merge(results: list[RangeResult]) -> RangeResult:
+    """The sequential outcome of consecutive ranges: the first bad one, else the last."""
+    for result in results:
+        if result.bad_seq is not None:
+            return result
+    return results[-1]
+
+
+def worker_count(rows: int) -> int:
+    """How many processes to verify ``rows`` rows with (1: do it in this process)."""
+    if rows < PARALLEL_THRESHOLD:
+        return 1
+    configured = os.environ.get("KVLEDGER_VERIFY_WORKERS")
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, int(configured) if configured else min(cpus, 8))
+
+
+def pool(workers: int) -> ProcessPoolExecutor:
+    """Worker processes; fork where available, so they start without re-importing."""
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method))
+
+
+def _fetch(connection: Any, after: int | None, last: int) -> Iterable[tuple[Any, ...]]:
+    """Rows with ``after < seq <= last`` in seq order (no lower bound when ``after`` is None)."""
+    sql = "SELECT seq, id, ts, kind, run_id, block_id, data, digest, chain FROM events WHERE "
+    sql += f"seq <= {int(last)}" + ("" if after is None else f" AND seq > {int(after)}") + " ORDER BY seq"
+    cursor = connection.cursor()
+    try:
+        cursor.execute(sql)
+        while batch := cursor.fetchmany(10_000):
+            yield from batch
+    finally:
+        cursor.close()
+
+
+def _scan_connection(connection: Any, first: int, last: int) -> RangeResult:
+    if first == 1:
+        # No lower bound: a row slipped in below seq 1 is tampering too.
+        return check_range(_fetch(connection, None, last), 1, last, GENESIS)
+    rows = iter(_fetch(connection, first - 2, last))
+    before = next(rows, None)
+    if before is not None and before[0] == first - 1:
+        return check_range(rows, first, last, before[8])
+    # The row before this range is gone; the range before reports it. Check the rest anyway.
+    chained = rows if before is None else iter([before, *rows])
+    return check_range(chained, first, last, "")
+
+
+def _verify_range(url: str, first: int, last: int) -> RangeResult:
+    """Worker: check seq ``first..last`` over a connection of its own."""
+    from ._backends import make_engine, normalise_url
+
+    engine = make_engine(normalise_url(url))
+    try:
+        connection = engine.raw_connection()
+        try:
+            return _scan_connection(connection, first, last)
+        finally:
+            connection.close()
+    finally:
+        engine.dispose()
+
+
+def ranges(last: int, parts: int) -> list[tuple[int, int]]:
+    """Split seq ``1..last`` into ``parts`` consecutive ranges."""
+    step = -(-last // parts)
+    return [(start, min(start + step - 1, last)) for start in range(1, last + 1, step)]
+
+
+def verify_ledger(ledger: Any, expected_head: str | None = None, workers: int | None = None) -> Verification:
+    """Verify ``ledger`` (a :class:`ledger.Ledger`), in parallel when it is large."""
+    # Heads first: each is committed with its events, so all of them lie at or below
+    # the last seq read next, even while writers append.
+    heads = [(h.seq, h.chain) for h in ledger.recorded_heads()]
+    with ledger.engine.connect() as conn:
+        last = int(conn.exec_driver_sql("SELECT coalesce(max(seq), 0) FROM events").scalar_one())
+        chains_at = dict(conn.exec_driver_sql(
+            "SELECT e.seq, e.chain FROM heads h JOIN events e ON e.seq = h.seq").all())
+    count = workers or worker_count(last)
+    if count <= 1 or last < 2:
+        connection = ledger.engine.raw_connection()
+        try:
+            scan = _scan_connection(connection, 1, last)
+        finally:
+            connection.close()
+    else:
+        url = ledger.url.render_as_string(hide_password=False)
+        parts = ranges(last, count * 2)
+        with pool(count) as executor:
+            futures = [executor.submit(_verify_range, url, first, end) for first, end in parts]
+            scan = merge([f.result() for f in futures])
+    return conclude(scan, heads, chains_at, expected_head)
