@@ -76,8 +76,13 @@ def _kind_view_sql(kind: str, fields: dict[str, str]) -> str:
             f"FROM events WHERE kind = '{kind_literal}'")
 
 
-def connect(segments: list[Path]) -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB with the ``events`` view and one view per kind."""
+def connect(segments: list[Path], fields: dict[str, dict[str, list[str]]] | None = None
+            ) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB with the ``events`` view and one view per kind.
+
+    ``fields`` (kind → field → JSON types, from the snapshot) spares a scan of
+    every event's data to find the columns.
+    """
     con = duckdb.connect(":memory:")
     if segments:
         files = ", ".join("'" + str(p).replace("'", "''") + "'" for p in segments)
@@ -88,8 +93,13 @@ def connect(segments: list[Path]) -> duckdb.DuckDBPyConnection:
                     "CAST(NULL AS VARCHAR) AS kind, CAST(NULL AS VARCHAR) AS run_id, "
                     "CAST(NULL AS VARCHAR) AS block_id, CAST(NULL AS VARCHAR) AS data, "
                     "CAST(NULL AS VARCHAR) AS digest, CAST(NULL AS VARCHAR) AS chain WHERE false")
-    for kind, fields in kind_fields(con).items():
-        con.execute(_kind_view_sql(kind, fields))
+    if fields is None:
+        typed = kind_fields(con)
+    else:
+        typed = {kind: {f: _column_type(set(t)) for f, t in sorted(fs.items())}
+                 for kind, fs in sorted(fields.items())}
+    for kind, columns in typed.items():
+        con.execute(_kind_view_sql(kind, columns))
     return con
 
 
@@ -118,7 +128,8 @@ class Analytics:
     def connection(self) -> duckdb.DuckDBPyConnection:
         """A DuckDB connection whose views reflect the ledger's current head."""
         if self._con is None:
-            self._con = connect(self.snapshot.refresh(self.ledger))
+            segments = self.snapshot.refresh(self.ledger)
+            self._con = connect(segments, self.snapshot.fields())
         return self._con
 
     def sql(self, statement: str) -> pa.Table:

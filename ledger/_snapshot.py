@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -33,12 +34,42 @@ _BATCH = 200_000
 
 def rows_to_table(rows: Iterable[tuple[Any, ...]]) -> pa.Table:
     """Arrow table of stored rows (data kept as canonical JSON text)."""
-    columns: list[list[Any]] = [[] for _ in SCHEMA]
-    for row in rows:
-        for column, value in zip(columns, row, strict=True):
-            column.append(value)
+    batch = list(rows)
+    columns = list(zip(*batch, strict=True)) if batch else [() for _ in SCHEMA]
     return pa.Table.from_arrays([pa.array(c, type=f.type) for c, f in zip(columns, SCHEMA, strict=True)],
                                 schema=SCHEMA)
+
+
+def _empty() -> dict[str, Any]:
+    return {"seq": 0, "chain": None, "segments": [], "fields": {}}
+
+
+def segment_fields(path: Path) -> dict[str, dict[str, list[str]]]:
+    """Kind → data field → the JSON types its values have in one segment file.
+
+    Kept in the snapshot's state so that opening the views does not rescan
+    every event's data; each refresh only looks at the new segment.
+    """
+    con = duckdb.connect(":memory:")
+    try:
+        rows = con.execute(
+            "WITH k AS (SELECT kind, unnest(json_keys(data)) AS field, data FROM read_parquet(?)) "
+            "SELECT kind, field, list(DISTINCT json_type(data, '$.' || '\"' || field || '\"')) "
+            "FROM k GROUP BY kind, field", [str(path)]
+        ).fetchall()
+    finally:
+        con.close()
+    fields: dict[str, dict[str, list[str]]] = {}
+    for kind, field, types in rows:
+        fields.setdefault(kind, {})[field] = sorted(types)
+    return fields
+
+
+def _merge_fields(into: dict[str, dict[str, list[str]]], new: dict[str, dict[str, list[str]]]) -> None:
+    for kind, fields in new.items():
+        known = into.setdefault(kind, {})
+        for field, types in fields.items():
+            known[field] = sorted(set(known.get(field, [])) | set(types))
 
 
 def default_root() -> Path:
@@ -68,7 +99,7 @@ class Snapshot:
         try:
             return dict(json.loads(self._state_path.read_text()))
         except (OSError, ValueError):
-            return {"seq": 0, "chain": None, "segments": []}
+            return _empty()
 
     def _save(self, state: dict[str, Any]) -> None:
         tmp = self._state_path.with_suffix(".tmp")
@@ -85,7 +116,7 @@ class Snapshot:
         if not self._still_valid(ledger, state):
             shutil.rmtree(self.directory)
             self.directory.mkdir(parents=True)
-            state = {"seq": 0, "chain": None, "segments": []}
+            state = _empty()
         head = ledger.head()
         if head is not None and head.seq > state["seq"]:
             self._append_segments(ledger, state, head.seq)
@@ -94,9 +125,15 @@ class Snapshot:
         self._save(state)
         return [self.directory / name for name in state["segments"]]
 
+    def fields(self) -> dict[str, dict[str, list[str]]]:
+        """Each kind's data fields and the JSON types seen in them (kept with the segments)."""
+        return dict(self._state().get("fields", {}))
+
     def _still_valid(self, ledger: Ledger, state: dict[str, Any]) -> bool:
         if state["seq"] == 0:
             return True
+        if "fields" not in state:
+            return False  # written by an older version: rebuild
         rows = list(ledger.raw_rows(after_seq=state["seq"] - 1, until_seq=state["seq"]))
         return bool(rows) and rows[0][8] == state["chain"]
 
@@ -108,6 +145,7 @@ class Snapshot:
             name = f"events-{start + 1:012d}-{stop:012d}.parquet"
             pq.write_table(table, self.directory / name, compression="zstd")
             state["segments"].append(name)
+            _merge_fields(state["fields"], segment_fields(self.directory / name))
             state["seq"], state["chain"] = stop, table.column("chain")[-1].as_py()
             start = stop
 
