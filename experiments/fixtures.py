@@ -90,16 +90,16 @@ def _filler_line(key: str, i: int) -> str:
     return f"L{i:05d} | {words}\n"
 
 
-def stream_lines(key: str, count: int) -> list[str]:
-    """The first ``count`` lines of the stream named ``key`` (deterministic)."""
-    lines = []
-    for i in range(count):
-        if i % MARK_EVERY == _FIRST_MARK:
-            name = _mark_name(i // MARK_EVERY)
-            lines.append(f"{name} = {_value(key, name)}\n")
-        else:
-            lines.append(_filler_line(key, i))
-    return lines
+def _line(key: str, i: int) -> str:
+    if i % MARK_EVERY == _FIRST_MARK:
+        name = _mark_name(i // MARK_EVERY)
+        return f"{name} = {_value(key, name)}\n"
+    return _filler_line(key, i)
+
+
+def stream_lines(key: str, count: int, start: int = 0) -> list[str]:
+    """Lines ``start`` to ``count`` of the stream named ``key`` (deterministic)."""
+    return [_line(key, i) for i in range(start, count)]
 
 
 class _Stream:
@@ -111,7 +111,7 @@ class _Stream:
 
     def text(self, k: int) -> str:
         if len(self.lines) < k:
-            self.lines = stream_lines(self.key, max(k, 2 * len(self.lines)))
+            self.lines.extend(stream_lines(self.key, k, len(self.lines)))
         return "".join(self.lines[:k])
 
 
@@ -189,6 +189,10 @@ class FixtureFactory:
         self._fixtures: dict[tuple[str, int], Fixture] = {}
         self._sessions: dict[tuple[str, int, int, int], SessionHistory] = {}
         self.tokenize_calls = 0
+        # Learned from the target's counts, so later fixtures need fewer /tokenize calls.
+        self._per_line = 16.0
+        self._base: int | None = None
+        self._turn_overhead = 40
 
     async def _count(self, messages: Messages) -> int:
         self.tokenize_calls += 1
@@ -222,8 +226,9 @@ class FixtureFactory:
 
     async def _build(self, key: str, nominal: int) -> Fixture:
         first = _FIRST_MARK + 1
-        base = await self._measure(key, nominal, first, 0)  # template, tail, first lines
-        per_line = 16.0  # a first guess, corrected from the target's counts
+        if self._base is None:  # template, tail and first lines: about the same for every stream
+            self._base = await self._measure(key, nominal, first, 0)
+        base, per_line = self._base, self._per_line
         k = first + max(0, math.floor((nominal - base) / per_line))
         count = await self._measure(key, nominal, k, 0)
         for _ in range(8):
@@ -232,6 +237,9 @@ class FixtureFactory:
             per_line = max(1.0, (count - base) / (k - first))
             k = max(first, k + math.floor((nominal - count) / per_line))
             count = await self._measure(key, nominal, k, 0)
+        if k > first:
+            self._per_line = max(1.0, (count - base) / (k - first))
+        k, count = await self._largest_fitting(key, nominal, k, count)
         pad = 0
         for _ in range(4):  # pad words (about a token each) close the last gap
             if abs(nominal - count) <= self.tolerance or count > nominal:
@@ -241,6 +249,15 @@ class FixtureFactory:
         content, question, expected = self._content(key, nominal, k, pad)
         fid = "fx-" + sha256_hex(f"{key}|{nominal}".encode())[:16]
         return Fixture(fid, key, nominal, count, content, question, expected, k)
+
+    async def _largest_fitting(self, key: str, nominal: int, k: int, count: int) -> tuple[int, int]:
+        """The largest line count whose text fits ``nominal``: the fixture must not depend
+        on where the search started (earlier fixtures tune the first guess)."""
+        while True:
+            above = await self._measure(key, nominal, k + 1, 0)
+            if above > nominal:
+                return k, count
+            k, count = k + 1, above
 
     async def session(self, fixture: Fixture, turns: int, growth: int) -> SessionHistory:
         """Canonical history: ``turns`` turns, each ``growth`` tokens longer than the last."""
@@ -263,7 +280,7 @@ class FixtureFactory:
 
     async def _next_turn(self, fixture: Fixture, prev: Turn, t: int, growth: int) -> Turn:
         target = prev.prompt_tokens + growth
-        words = growth - 40
+        words = growth - self._turn_overhead
         messages = self._turn_messages(fixture, prev, t, words)
         count = await self._count(messages)
         for _ in range(4):
@@ -272,4 +289,5 @@ class FixtureFactory:
             words += target - count
             messages = self._turn_messages(fixture, prev, t, words)
             count = await self._count(messages)
+        self._turn_overhead = growth - words
         return Turn(t, messages, count)
