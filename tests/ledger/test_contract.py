@@ -1,0 +1,388 @@
+"""The ledger's contract, run against SQLite and against PostgreSQL (eventsourcing style).
+
+``LedgerContract`` holds every test; ``TestSQLite`` and ``TestPostgreSQL``
+give it a fresh database URL and a way to tamper with it behind the triggers.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any, ClassVar
+
+import orjson
+import pyarrow.parquet as pq
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
+
+from ledger import (
+    GENESIS,
+    ConflictError,
+    EventError,
+    ImportFileError,
+    Ledger,
+    NewEvent,
+    _migrate,
+    export_jsonl,
+    export_parquet,
+    import_jsonl,
+    new_id,
+    next_chain,
+    open_ledger,
+)
+from ledger._schema import metadata
+
+from ._helpers import Tamper, batch_writer, concurrent_writer, mp, note, notes, tamper_postgres, tamper_sqlite
+
+
+class LedgerContract:
+    """Every behaviour the issue asks of the store, on one backend."""
+
+    tamper_with: ClassVar[Tamper]
+    KILL_TRIALS: ClassVar[int] = 5
+
+    @pytest.fixture
+    def url(self) -> str:
+        raise NotImplementedError
+
+    @pytest.fixture
+    def led(self, url: str) -> Any:
+        ledger = open_ledger(url)
+        yield ledger
+        ledger.close()
+
+    def tamper(self, url: str, *statements: str) -> None:
+        type(self).tamper_with(url, list(statements))
+
+    # -- append ---------------------------------------------------------------
+
+    def test_append_single(self, led: Ledger) -> None:
+        event = led.append(note("hello"))
+        assert (event.seq, event.data, event.kind) == (1, {"text": "hello"}, "note.added")
+        assert event.chain == next_chain(GENESIS, event.digest)
+        assert led.head() is not None and led.head().chain == event.chain  # type: ignore[union-attr]
+
+    def test_append_batch_seq_and_chain(self, led: Ledger) -> None:
+        first = led.append_many(notes(50))
+        second = led.append_many(notes(30, "m"))
+        events = list(led.events())
+        assert [e.seq for e in events] == list(range(1, 81))
+        assert events == first + second
+        chain = GENESIS
+        for event in events:
+            chain = next_chain(chain, event.digest)
+            assert event.chain == chain
+        assert led.count() == 80
+
+    def test_batch_is_atomic_and_error_names_the_event(self, led: Ledger) -> None:
+        led.append(note("before"))
+        bad = NewEvent("request.sent", {"request_id": "r"})  # missing required fields
+        batch = [*notes(5), bad, *notes(5, "m")]
+        with pytest.raises(EventError) as info:
+            led.append_many(batch)
+        assert "data.replica" in str(info.value)
+        with pytest.raises(EventError, match="unknown kind"):
+            led.append_many([note("a"), NewEvent("no.such.kind", {})])
+        assert led.count() == 1
+
+    def test_idempotent_reappend(self, led: Ledger) -> None:
+        event = note("once")
+        recorded = led.append(event)
+        assert led.append(event) == recorded
+        again = led.append_many([event, note("new")])
+        assert again[0] == recorded and again[1].seq == 2
+        assert led.count() == 2
+
+    def test_conflict_names_the_id(self, led: Ledger) -> None:
+        event = led.append(note("original"))
+        with pytest.raises(ConflictError) as info:
+            led.append_many([note("x"),
+                             NewEvent("note.added", {"text": "changed"}, id=event.id, ts=event.ts)])
+        assert event.id in str(info.value)
+        with pytest.raises(ConflictError):
+            led.append_many([NewEvent("note.added", {"text": "a"}, id=event.id),
+                             NewEvent("note.added", {"text": "b"}, id=event.id)])
+        assert led.count() == 1
+
+    def test_envelope_checked(self, led: Ledger) -> None:
+        for bad, field in [(NewEvent("note.added", {"text": "x"}, id="NOT-A-UUID"), "id"),
+                           (NewEvent("note.added", {"text": "x"}, ts="2024-01-01"), "ts"),
+                           (NewEvent("note.added", {"text": "x"}, run_id=""), "run_id"),
+                           (NewEvent("note.added", {"text": 3}), "data.text"),
+                           (NewEvent("note.added", {"text": "x", "v": float("nan")}), "data.v")]:
+            with pytest.raises(EventError) as info:
+                led.append(bad)
+            assert info.value.field == field
+        assert led.count() == 0
+
+    def test_events_filters_and_head(self, led: Ledger) -> None:
+        assert led.head() is None
+        run, other = new_id(), new_id()
+        led.append_many([NewEvent("note.added", {"text": str(i)}, run_id=run if i % 2 else other,
+                                  block_id="b1" if i < 4 else None) for i in range(10)])
+        led.append(NewEvent("run.finished", {"status": "completed", "error": None}, run_id=run))
+        assert [e.seq for e in led.events(run_id=run)] == [2, 4, 6, 8, 10, 11]
+        assert [e.seq for e in led.events(kind="run.finished")] == [11]
+        assert len(list(led.events(kind=["run.finished", "note.added"]))) == 11
+        assert [e.seq for e in led.events(block_id="b1")] == [1, 2, 3, 4]
+        assert [e.seq for e in led.events(after_seq=8, until_seq=10)] == [9, 10]
+        assert [e.seq for e in led.events(limit=3)] == [1, 2, 3]
+        assert led.get(led.events(limit=1).__next__().id) is not None
+        head = led.head()
+        assert head is not None and head.seq == 11
+        assert head.chain == list(led.events())[-1].chain
+
+    # -- immutability in the database -------------------------------------------
+
+    def test_triggers_refuse_update_and_delete(self, led: Ledger) -> None:
+        led.append_many(notes(3))
+        statements = ["UPDATE events SET data = '{}' WHERE seq = 1", "DELETE FROM events WHERE seq = 3",
+                      "UPDATE heads SET chain = 'x'", "DELETE FROM heads", *self.extra_refused]
+        for statement in statements:
+            with pytest.raises(DBAPIError, match="append-only"), led.engine.begin() as conn:
+                conn.execute(text(statement))
+        assert led.count() == 3 and led.verify().ok
+
+    extra_refused: ClassVar[list[str]] = []
+
+    # -- tampering ---------------------------------------------------------------
+
+    def _ten(self, led: Ledger) -> None:
+        for start in range(0, 10, 2):
+            led.append_many(notes(2, f"t{start}-"))
+
+    def test_edited_data_detected(self, url: str, led: Ledger) -> None:
+        self._ten(led)
+        self.tamper(url, "UPDATE events SET data = '{\"i\":0,\"text\":\"forged\"}' WHERE seq = 4")
+        result = led.verify()
+        assert (result.ok, result.first_bad_seq, result.count) == (False, 4, 3)
+        assert "digest" in (result.problem or "")
+
+    def test_edited_envelope_and_rehashed_digest_detected(self, url: str, led: Ledger) -> None:
+        self._ten(led)
+        forged = led.get(list(led.events())[5].id)
+        assert forged is not None
+        from ledger._events import event_digest
+
+        digest = event_digest(forged.id, forged.ts, forged.kind, "run-x", None, b'{"text":"x"}')
+        self.tamper(url, f"UPDATE events SET run_id = 'run-x', data = '{{\"text\":\"x\"}}', "
+                         f"digest = '{digest}' WHERE seq = 6")
+        assert led.verify().first_bad_seq == 6
+
+    def test_deleted_row_detected(self, url: str, led: Ledger) -> None:
+        self._ten(led)
+        self.tamper(url, "DELETE FROM events WHERE seq = 5")
+        result = led.verify()
+        assert (result.ok, result.first_bad_seq) == (False, 5)
+
+    def test_reordered_rows_detected(self, url: str, led: Ledger) -> None:
+        self._ten(led)
+        self.tamper(url, "UPDATE events SET seq = -7 WHERE seq = 7",
+                    "UPDATE events SET seq = 7 WHERE seq = 3", "UPDATE events SET seq = 3 WHERE seq = -7")
+        result = led.verify()
+        assert (result.ok, result.first_bad_seq) == (False, 3)
+
+    def test_truncated_tail_detected(self, url: str, led: Ledger) -> None:
+        self._ten(led)
+        self.tamper(url, "DELETE FROM events WHERE seq > 7")
+        result = led.verify()
+        assert (result.ok, result.first_bad_seq) == (False, 8)
+        assert "truncated" in (result.problem or "")
+
+    def test_wrong_expected_head(self, led: Ledger) -> None:
+        self._ten(led)
+        head = led.head()
+        assert head is not None and led.verify(head.chain).ok
+        result = led.verify("0" * 64)
+        assert (result.ok, result.first_bad_seq) == (False, 10)
+
+    def test_parallel_verify_names_the_same_first_bad_seq(self, url: str, led: Ledger) -> None:
+        from ledger._verify import verify_ledger
+
+        led.append_many(notes(400))
+        self.tamper(url, "DELETE FROM events WHERE seq = 101",
+                    "UPDATE events SET data = '{}' WHERE seq = 300")
+        for workers in (1, 2, 3):
+            result = verify_ledger(led, workers=workers)
+            assert result.first_bad_seq == 101, workers
+
+    # -- migrations --------------------------------------------------------------
+
+    def test_init_upgrades_to_head(self, url: str) -> None:
+        ledger = open_ledger(url)
+        assert _migrate.current_revision(ledger.engine) == _migrate.head_revision()
+        ledger.close()
+        from click.testing import CliRunner
+
+        from ledger._cli import cli
+
+        result = CliRunner().invoke(cli, ["--help"])
+        assert result.exit_code == 0
+        again = CliRunner().invoke(cli, ["init", "--db", url])
+        assert again.exit_code == 0, again.output
+        assert str(_migrate.head_revision()) in again.output
+
+    def test_metadata_and_migrations_agree(self, led: Ledger) -> None:
+        with led.engine.connect() as conn:
+            diffs = compare_metadata(MigrationContext.configure(conn), metadata)
+        assert diffs == []
+
+    # -- import / export ------------------------------------------------------------
+
+    def test_export_import_reproduces_chain(self, led: Ledger, tmp_path: Path, url: str) -> None:
+        run = new_id()
+        led.append_many([NewEvent("note.added", {"text": f"é{i}", "f": i / 3, "n": None}, run_id=run)
+                         for i in range(20)])
+        led.append(NewEvent("run.finished", {"status": "completed", "error": None}, run_id=run))
+        out = tmp_path / "out.jsonl"
+        with open(out, "wb") as handle:
+            assert export_jsonl(led, handle) == 21
+        target = open_ledger(f"sqlite:///{tmp_path / 'copy.db'}")
+        assert import_jsonl(target, out) == 21
+        assert [(e.digest, e.chain, e.seq) for e in target.events()] == \
+               [(e.digest, e.chain, e.seq) for e in led.events()]
+        assert target.head() == led.head()
+        assert import_jsonl(target, out) == 21  # idempotent
+        assert target.count() == 21 and target.verify().ok
+
+    def test_import_bare_envelopes(self, led: Ledger, tmp_path: Path) -> None:
+        bare = [{"id": new_id(), "ts": "2026-01-01T00:00:00.000000Z", "kind": "note.added",
+                 "run_id": None, "block_id": None, "data": {"text": str(i)}} for i in range(3)]
+        path = tmp_path / "bare.jsonl"
+        path.write_bytes(b"".join(orjson.dumps(b) + b"\n" for b in bare))
+        assert import_jsonl(led, path) == 3
+        assert [e.id for e in led.events()] == [b["id"] for b in bare]
+
+    @pytest.mark.parametrize(("line", "field", "needle"), [
+        (b"{not json", None, "not valid JSON"),
+        (b'{"id": "%s", "ts": "2026-01-01T00:00:00.000000Z", "kind": "no.such", "run_id": null, '
+         b'"block_id": null, "data": {}}', "kind", "unknown kind"),
+        (b'{"id": "%s", "ts": "2026-01-01T00:00:00.000000Z", "kind": "note.added", "run_id": null, '
+         b'"block_id": null, "data": {}}', "data.text", "missing"),
+        (b'{"id": "%s", "ts": "2026-01-01T00:00:00.000000Z", "kind": "note.added", "run_id": null, '
+         b'"block_id": null, "data": {"text": 5}}', "data.text", "must be str"),
+        (b'{"id": "%s", "ts": "2026-01-01T00:00:00.000000Z", "kind": "note.added", "run_id": null, '
+         b'"data": {"text": "x"}}', "block_id", "missing"),
+        (b'{"id": "%s", "ts": "2026-01-01T00:00:00.000000Z", "kind": "note.added", "run_id": null, '
+         b'"block_id": null, "data": {"text": "x"}, "digest": "' + b"0" * 64 + b'"}', "digest", "hashes to"),
+    ])
+    def test_malformed_import_rejected_whole(self, led: Ledger, tmp_path: Path, line: bytes,
+                                             field: str | None, needle: str) -> None:
+        good = [orjson.dumps({"id": new_id(), "ts": "2026-01-01T00:00:00.000000Z", "kind": "note.added",
+                              "run_id": None, "block_id": None, "data": {"text": "ok"}}) for _ in range(3)]
+        bad = line.replace(b"%s", new_id().encode()) if b"%s" in line else line
+        path = tmp_path / "bad.jsonl"
+        path.write_bytes(b"\n".join([*good, bad, *good[:1]]) + b"\n")
+        with pytest.raises(ImportFileError) as info:
+            import_jsonl(led, path)
+        assert info.value.line == 4 and info.value.field == field
+        assert "line 4" in str(info.value) and needle in str(info.value)
+        assert led.count() == 0
+
+    def test_parquet_export_readable(self, led: Ledger, tmp_path: Path) -> None:
+        led.append_many(notes(5))
+        led.append(NewEvent("run.finished", {"status": "completed", "error": None}))
+        written = export_parquet(led, tmp_path / "pq")
+        assert written["events.parquet"] == 6 and written["note_added.parquet"] == 5
+        table = pq.read_table(tmp_path / "pq" / "note_added.parquet")
+        assert table.column("text").to_pylist() == [f"n{i}" for i in range(5)]
+        seqs = pq.read_table(tmp_path / "pq" / "events.parquet").column("seq").to_pylist()
+        assert seqs == list(range(1, 7))
+
+    # -- analytics ---------------------------------------------------------------
+
+    def test_views_typed_and_formats(self, led: Ledger) -> None:
+        led.append_many([NewEvent("response.received", {
+            "request_id": f"r{i}", "status": 200, "ttft_s": 0.1 * (i + 1), "t_first": 0.1, "t_last": 0.2,
+            "e2e_s": 0.3, "prompt_tokens": 100 + i, "output_tokens": 8, "cached_tokens": 0,
+            "decode_rate": 25.0, "text_sha256": "ab", "finish_reason": "length", "error": None})
+            for i in range(4)])
+        table = led.sql("SELECT prompt_tokens, ttft_s, status FROM response_received ORDER BY seq")
+        assert table.column("prompt_tokens").to_pylist() == [100, 101, 102, 103]
+        assert str(table.schema.field("prompt_tokens").type) == "int64"
+        assert str(table.schema.field("ttft_s").type) == "double"
+        assert led.sql("SELECT count(*) AS n FROM events", "pandas")["n"][0] == 4
+        assert led.sql("SELECT count(*) AS n FROM events", "polars")["n"][0] == 4
+        assert led.arrow("response.received").num_rows == 4 and led.arrow().num_rows == 4
+
+    def test_snapshot_refresh_and_rebuild(self, led: Ledger, url: str) -> None:
+        led.append_many(notes(3))
+        assert led.sql("SELECT count(*) AS n FROM note_added").column("n")[0].as_py() == 3
+        led.append_many(notes(4, "m"))
+        assert led.sql("SELECT count(*) AS n FROM note_added").column("n")[0].as_py() == 7
+        # A different ledger at the same place: the snapshot must not serve the old one.
+        self.tamper(url, "DELETE FROM events", "DELETE FROM heads")
+        led.append_many(notes(2, "z"))
+        texts = led.sql("SELECT text FROM note_added ORDER BY seq").column("text").to_pylist()
+        assert texts == ["z0", "z1"]
+
+    # -- concurrency and crashes -------------------------------------------------------
+
+    def test_concurrent_writers(self, led: Ledger, url: str) -> None:
+        workers, each = 4, 5_000
+        procs = [mp().Process(target=concurrent_writer, args=(url, w, each)) for w in range(workers)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout=300)
+            assert p.exitcode == 0
+        events = list(led.events())
+        assert len(events) == workers * each
+        assert [e.seq for e in events] == list(range(1, workers * each + 1))
+        assert len({e.id for e in events}) == workers * each
+        assert Counter(e.data["worker"] for e in events) == {w: each for w in range(workers)}
+        assert led.verify().ok
+
+    def test_kill_9_mid_batch(self, led: Ledger, url: str) -> None:
+        rng = random.Random(9)
+        reported: dict[str, int] = {}
+        for trial in range(self.KILL_TRIALS):
+            receiver, sender = mp().Pipe(duplex=False)
+            proc = mp().Process(target=batch_writer, args=(url, trial, sender))
+            proc.start()
+            sender.close()
+            assert receiver.poll(30), "the writer committed nothing"
+            time.sleep(rng.uniform(0.0, 0.15))
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.join()
+            while receiver.poll():
+                try:
+                    batch_id, size = receiver.recv()
+                except EOFError:
+                    break
+                reported[batch_id] = size
+            receiver.close()
+        sizes = Counter(e.data["text"] for e in led.events())
+        for batch_id, size in reported.items():
+            assert sizes[batch_id] == size, f"committed batch {batch_id} lost"
+        for event in led.events():
+            assert sizes[event.data["text"]] == event.data["size"], "a partial batch is visible"
+        assert led.verify().ok
+        assert len(sizes) >= len(reported) >= self.KILL_TRIALS
+
+
+class TestSQLite(LedgerContract):
+    tamper_with = staticmethod(tamper_sqlite)
+    KILL_TRIALS = 20
+
+    @pytest.fixture
+    def url(self, sqlite_url: str) -> str:
+        return sqlite_url
+
+
+@pytest.mark.postgres
+class TestPostgreSQL(LedgerContract):
+    tamper_with = staticmethod(tamper_postgres)
+    KILL_TRIALS = 8
+    extra_refused: ClassVar[list[str]] = ["TRUNCATE events", "TRUNCATE heads"]
+
+    @pytest.fixture
+    def url(self, pg_url: str) -> str:
+        return pg_url
