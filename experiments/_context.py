@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 import orjson
+
 from collectors import (
     HitDelta,
     Outcome,
@@ -366,7 +367,8 @@ class Block:
             self.sink.flush()
             raise BlockFailed(f"replica {replica.index} unhealthy after {outcome.error}")
 
-    def _check(self, passed: bool) -> None:
+    def count_check(self, passed: bool) -> None:
+        """Count an assertion the experiment evaluated itself (for the exit status)."""
         self.ctx.counters.count(passed)
 
     # --- single-request windows -----------------------------------------------------
@@ -412,22 +414,22 @@ class Block:
     def _checks(self, outcome: Outcome, delta: HitDelta, step: str, limit: int, ignore_eos: bool,
                 expected: Mapping[str, Any] | None, independent: bool) -> None:  # fmt: skip
         sink, cfg, rid = self.sink, self.config_sha256, outcome.request_id
-        self._check(check_stream_complete(sink, outcome, config_sha256=cfg))
+        self.count_check(check_stream_complete(sink, outcome, config_sha256=cfg))
         if expected is not None:
-            self._check(check_exact_values(sink, outcome, expected, independent=independent,
+            self.count_check(check_exact_values(sink, outcome, expected, independent=independent,
                                            config_sha256=cfg))  # fmt: skip
         if ignore_eos:
-            self._check(check_output_length(sink, outcome, limit, config_sha256=cfg))
+            self.count_check(check_output_length(sink, outcome, limit, config_sha256=cfg))
         if step == "cold":
-            self._check(check_zero_hits(sink, rid, delta, cached_tokens=outcome.cached_tokens,
+            self.count_check(check_zero_hits(sink, rid, delta, cached_tokens=outcome.cached_tokens,
                                         config_sha256=cfg))  # fmt: skip
         if step == "cross" and self.arm == "ON":
-            self._check(check_full_prefix_hit(sink, rid, delta, outcome.prompt_tokens,
+            self.count_check(check_full_prefix_hit(sink, rid, delta, outcome.prompt_tokens,
                                               self.ctx.target.chunk_size, config_sha256=cfg))  # fmt: skip
         if step == "cross" and self.arm == "OFF":
-            self._check(check_no_external_hits_off(sink, delta, request_id=rid, config_sha256=cfg))
+            self.count_check(check_no_external_hits_off(sink, delta, request_id=rid, config_sha256=cfg))
         if outcome.ok:
-            self._check(check_counters_match(sink, rid, delta, outcome.prompt_tokens,
+            self.count_check(check_counters_match(sink, rid, delta, outcome.prompt_tokens,
                                              outcome.cached_tokens, config_sha256=cfg))  # fmt: skip
 
     async def warmups(self, count: int, tokens: int) -> None:
@@ -469,7 +471,7 @@ class Block:
     async def window(self, sessions: Sequence[SessionPlan], *, window: str, placement: str,
                      workload: str = "concurrency") -> list[Outcome]:  # fmt: skip
         """Sessions run concurrently (turns sequential within each); counters read per window."""
-        urls = {r.index: r.endpoint for r in self.replicas}
+        urls: dict[int | str, str] = {r.index: r.endpoint for r in self.replicas}
         outcomes: list[Outcome] = []
         async with self.scraper.window(urls, window) as state:
             t0 = time.perf_counter()
@@ -484,7 +486,7 @@ class Block:
                 outcomes.extend(task.result())
         if self.arm == "OFF":
             for replica, delta in state.deltas.items():
-                self._check(check_no_external_hits_off(self.sink, delta, window=window, replica=replica,
+                self.count_check(check_no_external_hits_off(self.sink, delta, window=window, replica=replica,
                                                        config_sha256=self.config_sha256))  # fmt: skip
         nominal = sessions[0].history.fixture.nominal_tokens if sessions else None
         self.sink.emit("window.finished", {
@@ -511,8 +513,8 @@ class Block:
             })  # fmt: skip
             outcome = await send_request(self.ctx.client, spec, self.sink, _REQUEST_TIMEOUT_S)
             cfg = self.config_sha256
-            self._check(check_stream_complete(self.sink, outcome, config_sha256=cfg))
-            self._check(check_exact_values(self.sink, outcome, fx.expected,
+            self.count_check(check_stream_complete(self.sink, outcome, config_sha256=cfg))
+            self.count_check(check_exact_values(self.sink, outcome, fx.expected,
                                            independent=turn.index == 0, config_sha256=cfg))  # fmt: skip
             outcomes.append(outcome)
             await self._after(outcome, rep, False)

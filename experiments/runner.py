@@ -118,7 +118,8 @@ async def run_experiment(
     bars = _Progress(progress, exp.planned(params))
     ctx = RunContext(ledger=ledger, sink=sink, target=target, experiment=exp.name, params=params,
                      seed=seed, counters=counters, progress=bars)  # fmt: skip
-    status, error = "aborted", "interrupted"
+    status: str = "aborted"
+    error: str | None = "interrupted"
     try:
         with bars.shown():
             await exp.run(ctx)

@@ -69,11 +69,15 @@ class Target(Protocol):
         """Target options worth recording in ``run.started.params`` (JSON-able)."""
         ...
 
-    chunk_size: int
-    """The shared tier's chunk, tokens: what a cross-replica hit is aligned to."""
+    @property
+    def chunk_size(self) -> int:
+        """The shared tier's chunk, tokens: what a cross-replica hit is aligned to."""
+        ...
 
-    model_name: str
-    """The served model name, sent as the request's ``model``."""
+    @property
+    def model_name(self) -> str:
+        """The served model name, sent as the request's ``model``."""
+        ...
 
     async def start(self, *, arm: str, gpus: Sequence[int]) -> Launch:
         """(Re)start the deployment with fresh caches; replica i runs on ``gpus[i]``."""

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
 from ledger import canonical_json, sha256_hex
 
 from ._base import Launch, LaunchRecord, Replica, TargetError
@@ -103,7 +104,7 @@ class SimTarget:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
             p for p in (str(_REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)}  # fmt: skip
         # stderr to a file: an unread pipe would block a chatty server.
-        self._stderr = tempfile.TemporaryFile(mode="w+")
+        self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (closed in close())
         proc = subprocess.Popen(self._command(arm), stdout=subprocess.PIPE, stderr=self._stderr,
                                 text=True, cwd=_REPO_ROOT, env=env)  # fmt: skip
         self._proc = proc
