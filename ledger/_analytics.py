@@ -23,6 +23,7 @@ _READING = {
     duckdb.StatementType.SELECT,
     duckdb.StatementType.EXPLAIN,
 }
+_EXPLAINED = re.compile(r"\s*EXPLAIN\s+(?:ANALYZE\s+|\([^)]*\)\s*)?(.*)", re.IGNORECASE | re.DOTALL)
 # DuckDB's json_type names → SQL types for view columns.
 _JSON_TYPES = {"BIGINT": "BIGINT", "UBIGINT": "BIGINT", "DOUBLE": "DOUBLE", "BOOLEAN": "BOOLEAN",
                "VARCHAR": "VARCHAR", "OBJECT": "JSON", "ARRAY": "JSON"}
@@ -115,6 +116,12 @@ def check_read_only(statement: str) -> None:
         if item.type not in _READING:
             raise QueryError(f"refused: {item.type.name} statements would write; "
                              "`ledger sql` only reads")
+        if item.type == duckdb.StatementType.EXPLAIN:
+            # EXPLAIN ANALYZE runs what it explains (a COPY ... TO writes a file): check that too.
+            inner = _EXPLAINED.match(item.query)
+            if inner is None or not inner.group(1).strip():
+                raise QueryError("refused: cannot tell what this EXPLAIN would run")
+            check_read_only(inner.group(1))
 
 
 class Analytics:

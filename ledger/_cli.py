@@ -7,12 +7,16 @@ they are imported only when invoked, so the store never imports what sits above 
 from __future__ import annotations
 
 import importlib
+import re
 import sys
 from typing import Any
 
 import click
+from sqlalchemy.exc import DBAPIError
 
 from ._errors import LedgerError
+
+_CREDENTIALS = re.compile(r"(://[^:/@\s]*:)[^@\s]+@")
 
 # command name → ("module:attribute", short help); imported on first use only.
 LAZY_COMMANDS: dict[str, tuple[str, str]] = {
@@ -63,8 +67,18 @@ class LazyGroup(click.Group):
             return super().invoke(ctx)
         except LedgerError as exc:
             # Bad input or a refused operation: exit 2 with the reason, never a traceback.
-            click.echo(f"Error: {exc}", err=True)
+            click.echo(f"Error: {_redact(str(exc))}", err=True)
             sys.exit(2)
+        except DBAPIError as exc:
+            # An unreachable or wrong database is bad input too (exit 1 means a check failed).
+            reason = str(exc.orig or exc).strip().splitlines()[0]
+            click.echo(f"Error: cannot use the ledger database: {_redact(reason)}", err=True)
+            sys.exit(2)
+
+
+def _redact(message: str) -> str:
+    """Hide any ``scheme://user:password@`` password a driver message might quote."""
+    return _CREDENTIALS.sub(r"\1***@", message)
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
