@@ -93,9 +93,12 @@ async def salt_control(ctx: Any, b: Any, fx: Any, name: str, size: int, replica:
     await ctx.fixture(fx.key, size, ns)  # recorded under the control namespace too
     control = await b.request(fx.messages, replica=replica, namespace=ns, workload="validation",
                               step="cold", key=f"validation/{name}/control", expected=fx.expected,
-                              fixture=fx, prompt_tokens=fx.prompt_tokens, control_of=cross.outcome.request_id)  # fmt: skip
+                              fixture=fx, prompt_tokens=fx.prompt_tokens,
+                              control_of=cross.outcome.request_id)  # fmt: skip
     d = control.delta
-    hits = None if d is None or d.local_hit_tokens is None else d.local_hit_tokens + (d.external_hit_tokens or 0)
+    hits = None
+    if d is not None and d.local_hit_tokens is not None:
+        hits = d.local_hit_tokens + (d.external_hit_tokens or 0)
     b.count_check(assertion_event(b.sink, control.outcome.request_id, "salt_control", 0, hits,
                                   hits == 0 and control.outcome.ok, True, b.config_sha256,
                                   reused_request_id=cross.outcome.request_id))  # fmt: skip
