@@ -60,6 +60,7 @@ class Flaws:
 class Shape:
     """How big a screening run is; the defaults are the seed's screening."""
 
+    pairs: int = 2  # block pairs, in ABBA order (OFF–ON–ON–OFF–OFF–ON...)
     chains: int = 2  # micro chains per size per block pair
     sessions: int = 2  # sessions per size × placement per block pair
     turns: int = 6
@@ -396,7 +397,9 @@ class Screening:
 
     def run(self) -> str:
         g = self.g
-        order = ["OFF", "ON", "OFF", "ON"] if g.flaws.order_unbalanced else ["OFF", "ON", "ON", "OFF"]
+        halves = [("OFF", "ON") if p % 2 == 0 else ("ON", "OFF") for p in range(self.shape.pairs)]
+        abba = [arm for half in halves for arm in half]
+        order = ["OFF", "ON"] * self.shape.pairs if g.flaws.order_unbalanced else abba
         self.run_id = g.run_started("screening", {"order": order, "sizes": list(self.shape.sizes)})
         if self.shape.target == "vllm":
             g.checkpoint(self.run_id)

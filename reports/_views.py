@@ -246,7 +246,8 @@ FROM ons FULL OUTER JOIN offs
   ON ons.run_id = offs.run_id AND ons.pair = offs.pair AND ons.workload = offs.workload
  AND ons.step = offs.step AND ons.ordinal = offs.ordinal
  AND ons.nominal_tokens IS NOT DISTINCT FROM offs.nominal_tokens
- AND ons.placement IS NOT DISTINCT FROM offs.placement AND ons.chain IS NOT DISTINCT FROM offs.chain AND ons.session IS NOT DISTINCT FROM offs.session
+ AND ons.placement IS NOT DISTINCT FROM offs.placement AND ons.chain IS NOT DISTINCT FROM offs.chain
+ AND ons.session IS NOT DISTINCT FROM offs.session
  AND ons."window" IS NOT DISTINCT FROM offs."window" AND ons.turn IS NOT DISTINCT FROM offs.turn""",
     ),
     # Table 3's units: micro requests by locality (cold, first local reuse, cross-replica).

@@ -1,0 +1,59 @@
+"""Fixtures: synthetic ledgers imported into real databases (``ledger_url`` from tests/conftest.py:
+SQLite, and PostgreSQL where the server is available)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from ledger import Ledger, open_ledger, read_jsonl
+from reports import Source, open_source
+
+
+@pytest.fixture(autouse=True)
+def _snapshot_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Parquet snapshots go under the test's tmp dir, never the user's cache.
+    monkeypatch.setenv("KVLEDGER_CACHE", str(tmp_path / "cache"))
+
+
+def import_envelopes(url: str, envelopes: list[dict[str, Any]]) -> Ledger:
+    """An imported ledger: bare envelopes through the ledger's own JSONL validation."""
+    led = open_ledger(url)
+    led.append_sealed(read_jsonl(iter(orjson.dumps(e) for e in envelopes)))
+    return led
+
+
+@pytest.fixture
+def build(ledger_url: str) -> Iterator[Any]:
+    """``build(envelopes) -> Source`` over a fresh ledger at ``ledger_url``."""
+    opened: list[Source] = []
+
+    def _build(envelopes: list[dict[str, Any]]) -> Source:
+        src = open_source(import_envelopes(ledger_url, envelopes))
+        opened.append(src)
+        return src
+
+    yield _build
+    for src in opened:
+        src.close()
+        src.ledger.close()
+
+
+@pytest.fixture
+def build_lite(sqlite_url: str) -> Iterator[Any]:
+    """Like ``build`` but SQLite only: for tests about derivation rather than storage."""
+    src_list: list[Source] = []
+
+    def _build(envelopes: list[dict[str, Any]]) -> Source:
+        src = open_source(import_envelopes(sqlite_url, envelopes))
+        src_list.append(src)
+        return src
+
+    yield _build
+    for src in src_list:
+        src.close()
+        src.ledger.close()

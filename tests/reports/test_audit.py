@@ -1,0 +1,128 @@
+"""Every audit code's planted flaw is found, where it was planted; a clean ledger has no blocking finding."""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reports import SEVERITY, audit, audit_json
+from reports._synthetic import Flaws, Shape, generate
+
+# flaw switch → (audit code, which finding field must name the planted id)
+PLANTED: dict[str, tuple[str, str | None]] = {
+    "run_incomplete": ("run-incomplete", "run_id"),
+    "namespace_leak": ("namespace-leak", "block_id"),
+    "unpaired": ("unpaired-request", None),
+    "payload_mismatch": ("pair-payload-mismatch", None),
+    "gpu_mismatch": ("pair-gpu-mismatch", None),
+    "warmup_in_measurement": ("warmup-in-measurement", "target"),
+    "assertion_failed": ("assertion-failed", "target"),
+    "off_external_hits": ("off-arm-external-hits", "target"),
+    "missing_full_prefix": ("missing-full-prefix-hit", "target"),
+    "counter_mismatch": ("counter-mismatch", "target"),
+    "checkpoint_mismatch": ("checkpoint-mismatch", "run_id"),
+    "provenance_missing": ("provenance-missing", "run_id"),
+    "validation_missing": ("validation-missing", None),
+    "order_unbalanced": ("order-unbalanced", None),
+    "declared_exclusion": ("declared-exclusion", "target"),
+    "probes_failing": ("validation-missing", None),
+}
+GPU_SHAPE = Shape(target="vllm", transfer_path="gpu")
+
+
+def _shape(flaw: str) -> Shape:
+    return GPU_SHAPE if flaw in ("checkpoint_mismatch", "probes_failing") else Shape()
+
+
+def test_every_flaw_switch_is_covered() -> None:
+    assert {f.name for f in fields(Flaws)} == set(PLANTED)
+
+
+def test_every_design_code_has_a_severity() -> None:
+    codes = set(SEVERITY)
+    assert {code for code, _ in PLANTED.values()} | {"chain-broken", "assertion-not-independent"} == codes
+    assert SEVERITY["assertion-not-independent"] == SEVERITY["declared-exclusion"] == "info"
+
+
+@pytest.mark.parametrize("shape", [Shape(), GPU_SHAPE], ids=["sim", "vllm-gpu"])
+def test_clean_ledger_has_no_blocking_finding(build: Any, shape: Shape) -> None:
+    events, planted = generate(shape=shape)
+    assert planted == {}
+    findings = audit(build(events))
+    assert [f for f in findings if f.severity == "blocking"] == []
+    assert [f.code for f in findings] == ["assertion-not-independent"]
+    assert "448 of 736" in findings[0].detail
+
+
+@pytest.mark.parametrize("flaw", sorted(PLANTED))
+def test_planted_flaw_is_found(build: Any, flaw: str) -> None:
+    events, planted = generate(shape=_shape(flaw), flaws=Flaws(**{flaw: True}))
+    code, field = PLANTED[flaw]
+    findings = [f for f in audit(build(events)) if f.code == code]
+    assert findings, f"{flaw}: no {code} finding"
+    assert all(f.severity == SEVERITY[code] for f in findings)
+    if field is not None:
+        assert planted[flaw] in {getattr(f, field) for f in findings}
+
+
+def test_unpaired_names_the_orphan(build: Any) -> None:
+    events, planted = generate(flaws=Flaws(unpaired=True))
+    orphan_off = planted["unpaired"]
+    sent = {e["data"]["request_id"] for e in events if e["kind"] == "request.sent"}
+    assert orphan_off not in sent  # the OFF partner was never sent...
+    (f,) = [f for f in audit(build(events)) if f.code == "unpaired-request"]
+    assert "ON request" in f.detail and f.target in sent  # ...so its ON request is the orphan
+
+
+def test_declared_exclusion_acknowledges_findings_in_that_block(build: Any) -> None:
+    events, planted = generate(flaws=Flaws(namespace_leak=True))
+    leaked = planted["namespace_leak"]
+    run_id = next(e["run_id"] for e in events if e["block_id"] == leaked)
+    events.append({"id": "0190f000-0000-7000-8000-000000000001", "ts": "2026-09-20T00:00:00.000000Z",
+                   "kind": "exclusion.declared", "run_id": run_id, "block_id": None,
+                   "data": {"scope": "block", "target": leaked, "reason": "namespace leak across sizes"}})
+    findings = audit(build(events))
+    assert not [f for f in findings if f.severity == "blocking"]
+    leak = [f for f in findings if f.code == "namespace-leak"]
+    assert leak and all(f.severity == "info" and "acknowledged" in f.detail for f in leak)
+
+
+def test_chain_broken(build: Any, ledger_url: str) -> None:
+    if not ledger_url.startswith("sqlite"):
+        pytest.skip("tampering is done through sqlite3")
+    events, _ = generate()
+    src = build(events)
+    con = sqlite3.connect(Path(ledger_url.removeprefix("sqlite:///")))
+    con.execute("DROP TRIGGER IF EXISTS events_refuse_update")
+    seq = con.execute("SELECT min(seq) FROM events WHERE kind = 'response.received'").fetchone()[0]
+    con.execute("UPDATE events SET data = replace(data, '\"status\":200', '\"status\":201') WHERE seq = ?",
+                (seq,))
+    con.commit()
+    con.close()
+    (f,) = [f for f in audit(src) if f.code == "chain-broken"]
+    assert f.severity == "blocking" and f.target == str(seq)
+
+
+def test_audit_json_is_sorted_and_names_the_head(build: Any) -> None:
+    events, _ = generate(flaws=Flaws(assertion_failed=True, counter_mismatch=True, declared_exclusion=True))
+    src = build(events)
+    result = audit_json(src)
+    assert result["head"] == src.head.chain
+    keys = [(f["severity"] != "blocking", f["code"]) for f in result["findings"]]
+    assert keys == sorted(keys)
+    assert set(result["findings"][0]) == {"code", "severity", "run_id", "block_id", "target", "detail"}
+
+
+def test_run_scope(build: Any) -> None:
+    gen_events, _ = generate(flaws=Flaws(assertion_failed=True))
+    src = build(gen_events)
+    runs = [e["run_id"] for e in gen_events if e["kind"] == "run.started"]
+    validation, screening = runs
+    assert any(f.code == "assertion-failed" for f in audit(src, screening))
+    assert not any(f.code == "assertion-failed" for f in audit(src, validation))
+
+
