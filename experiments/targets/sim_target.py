@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -32,6 +33,15 @@ _REPO_ROOT = Path(__file__).resolve().parents[2]
 _START_TIMEOUT_S = 60.0
 _CONNECTOR = "SimLMCacheConnector"
 _SERVICE = "sim-lmcache"
+
+
+def _die_with_parent() -> None:
+    """In the child: a SIGKILLed runner must not leave its sim serving (Linux only)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 class SimTarget:
@@ -94,20 +104,26 @@ class SimTarget:
         if arm not in ("ON", "OFF"):
             raise ValueError(f"arm must be ON or OFF, got {arm!r}")
         if self._proc is None or self._proc.poll() is not None:
-            await asyncio.to_thread(self._spawn, arm)
+            # Spawned from the loop's thread: the child's death signal follows this thread.
+            proc = self._spawn(arm)
+            await asyncio.to_thread(self._await_ready, proc)
         else:
             await self._restart(arm)
         self._arm = arm
         return self._launch(arm, gpus)
 
-    def _spawn(self, arm: str) -> None:
+    def _spawn(self, arm: str) -> subprocess.Popen[str]:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
             p for p in (str(_REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)}  # fmt: skip
         # stderr to a file: an unread pipe would block a chatty server.
         self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (closed in close())
         proc = subprocess.Popen(self._command(arm), stdout=subprocess.PIPE, stderr=self._stderr,
-                                text=True, cwd=_REPO_ROOT, env=env)  # fmt: skip
+                                text=True, cwd=_REPO_ROOT, env=env,
+                                preexec_fn=_die_with_parent)  # fmt: skip
         self._proc = proc
+        return proc
+
+    def _await_ready(self, proc: subprocess.Popen[str]) -> None:
         lines: list[str] = []
         assert proc.stdout is not None
         for line in proc.stdout:

@@ -1,0 +1,66 @@
+"""Helpers for the experiments tests: small shapes, a CLI runner, event queries."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from ledger import Event, open_ledger
+
+REPO = Path(__file__).resolve().parents[2]
+
+# A screening shape that exercises every workload in a few seconds.
+SMALL = {
+    "block_pairs": 1, "sizes": [1000, 2000], "chains": 2, "session_sizes": [1500], "sessions": 1,
+    "session_turns": 3, "turn_growth": 300, "generation_sizes": [1000], "generation_outputs": [16, 32],
+    "window_sessions": [2, 3], "window_turns": 2, "window_size": 1000, "warmups": 2,
+    "warmup_tokens": 300,
+}  # fmt: skip
+
+
+def param_args(params: dict[str, Any]) -> list[str]:
+    import json
+
+    out: list[str] = []
+    for key, value in params.items():
+        out += ["--param", f"{key}={json.dumps(value)}"]
+    return out
+
+
+def ledger_cli(*args: str) -> Any:
+    """Invoke the root ``ledger`` CLI in-process."""
+    from ledger._cli import cli
+
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+def events(url: str, kind: str | None = None, run_id: str | None = None) -> list[Event]:
+    led = open_ledger(url)
+    try:
+        return list(led.events(kind=kind, run_id=run_id))
+    finally:
+        led.close()
+
+
+def run_ids(url: str) -> list[str]:
+    return [e.run_id for e in events(url, "run.started") if e.run_id]
+
+
+@pytest.fixture
+def ledger_subprocess() -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Processes started by a test, killed (by pid) if still alive afterwards."""
+    procs: list[subprocess.Popen[bytes]] = []
+    yield procs
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+LEDGER = [sys.executable, "-c", "from ledger._cli import main; main()"]

@@ -1,0 +1,94 @@
+"""Params parsing, bad usage (exit 2, nothing written), fixtures and namespaces."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+
+from experiments._params import ParamError, check_params, parse_param
+from experiments.fixtures import FixtureFactory, make_namespace
+from experiments.targets.sim import count_tokens, render_chat
+
+from .conftest import ledger_cli
+
+
+def test_param_values_are_json_literals_else_strings() -> None:
+    assert parse_param("n=4") == ("n", 4)
+    assert parse_param("x=0.5") == ("x", 0.5)
+    assert parse_param("on=true") == ("on", True)
+    assert parse_param("sizes=[8000,32000]") == ("sizes", [8000, 32000])
+    assert parse_param("fault=namespace-leak") == ("fault", "namespace-leak")
+    assert parse_param("tag=null") == ("tag", None)
+    with pytest.raises(ParamError):
+        parse_param("novalue")
+
+
+def test_check_params_names_the_culprit() -> None:
+    with pytest.raises(ParamError, match="bogus"):
+        check_params({"n": 1}, {"bogus": 2}, {})
+    with pytest.raises(ParamError, match="n must be int"):
+        check_params({"n": 1}, {"n": "three"}, {})
+    assert check_params({"x": 1.0}, {"x": 2}, {}) == {"x": 2}
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["run", "screening", "--param", "bogus=1"], "bogus"),
+    (["run", "screening", "--param", "chains=two"], "chains"),
+    (["run", "screening", "--param", "workloads=[\"micro\",\"nope\"]"], "nope"),
+    (["run", "screening", "--param", "sim_fault=no-such-fault"], "no-such-fault"),
+    (["run", "no_such_experiment"], "no_such_experiment"),
+    (["run", "./missing.py"], "missing.py"),
+])  # fmt: skip
+def test_bad_usage_exits_2_and_writes_nothing(tmp_path: Path, args: list[str], needle: str) -> None:
+    db = tmp_path / "ledger.db"
+    result = ledger_cli(*args, "--db", f"sqlite:///{db}", "--no-progress")
+    assert result.exit_code == 2, result.output
+    assert needle in result.output
+    assert not db.exists()  # not even a schema: nothing was written
+
+
+async def _local_tokens(messages: list[dict[str, str]]) -> int:
+    return count_tokens(render_chat(messages, add_generation_prompt=True, enable_thinking=False))
+
+
+def test_fixtures_hit_nominal_sizes_and_share_prefixes() -> None:
+    factory = FixtureFactory(_local_tokens)
+
+    async def build() -> list:
+        return [await factory.fixture("314159:micro:0", n) for n in (1000, 4000, 16000)]
+
+    small, mid, large = asyncio.run(build())
+    for fx in (small, mid, large):
+        assert abs(fx.prompt_tokens - fx.nominal_tokens) <= 8
+        assert len(fx.expected) == 3 and all(100_000 <= v < 1_000_000 for v in fx.expected.values())
+        assert fx.content.endswith("as JSON. Reply with the JSON object only.")
+    # Like real files: the larger fixture starts with the smaller one's text (all but its tail).
+    shared = len(os.path.commonprefix([small.content, large.content]))
+    assert shared >= 0.9 * len(small.content)
+    assert asyncio.run(FixtureFactory(_local_tokens).fixture("314159:micro:0", 4000)) == mid
+
+
+def test_session_history_is_canonical_and_grows_by_turn_growth() -> None:
+    factory = FixtureFactory(_local_tokens)
+
+    async def build():  # type: ignore[no-untyped-def]
+        fx = await factory.fixture("314159:session:0", 2000)
+        return fx, await factory.session(fx, 4, 1055)
+
+    fx, history = asyncio.run(build())
+    counts = [t.prompt_tokens for t in history.turns]
+    assert [b - a for a, b in zip(counts, counts[1:], strict=False)] == [1055, 1055, 1055]
+    last = history.turns[-1].messages
+    assert [m["role"] for m in last] == ["user", "assistant", "user", "assistant", "user",
+                                         "assistant", "user"]  # fmt: skip
+    assert all(m["content"] == fx.expected_json for m in last if m["role"] == "assistant")
+
+
+def test_namespaces_are_valid_cache_salts() -> None:
+    assert make_namespace("kvl1", "micro", 8000, "c0") == "kvl1-micro-8000-c0"
+    for bad in (("a/b",), ("x" * 129,), ("a@b",), ("a\\b",)):
+        with pytest.raises(ValueError):
+            make_namespace(*bad)
