@@ -96,7 +96,7 @@ class Outcome:
     sent_wall_ns: int | None = None
     """CLOCK_REALTIME at the send (time.time_ns), for cross-process comparisons."""
     first_wall_ns: int | None = None
-    """CLOCK_REALTIME when the first content chunk arrived."""
+    """CLOCK_REALTIME when the read carrying the first content chunk returned."""
 
 
 def request_params(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -128,13 +128,14 @@ class _Stream:
     """Incremental SSE parser state for one response (kept small: it is per chunk)."""
 
     __slots__ = ("buf", "done", "error", "finish", "first", "first_wall", "last", "n_content",
-                 "pieces", "usage")  # fmt: skip
+                 "pieces", "usage", "wall")  # fmt: skip
 
     def __init__(self) -> None:
         self.buf = b""
         self.pieces: list[str] = []
         self.first: float | None = None
         self.first_wall: int | None = None
+        self.wall = 0  # CLOCK_REALTIME of the current read, kept until the first content
         self.last: float | None = None
         self.usage: dict[str, Any] | None = None
         self.finish: str | None = None
@@ -176,7 +177,7 @@ class _Stream:
         if text:
             if self.first is None:
                 self.first = now
-                self.first_wall = time.time_ns()
+                self.first_wall = self.wall
             self.last = now
             self.n_content += 1
             self.pieces.append(text)
@@ -250,8 +251,11 @@ async def send_request(
                 else:
                     perf = time.perf_counter
                     now = t0
+                    wall = time.time_ns
                     async for raw in resp.aiter_raw():
                         now = perf()
+                        if st.first is None:
+                            st.wall = wall()
                         received = True
                         st.feed(raw, now)
                         if st.error is not None:
