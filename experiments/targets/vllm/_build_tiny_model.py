@@ -34,7 +34,7 @@ CHAT_TEMPLATE = (
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 
-_ONSETS = ["", *"b c d f g h k l m n p r s t v w st tr pl ch sh th gr br cl".split()]
+_ONSETS = ["", *"b c d f g h k l m n p r s t v w st tr pl ch sh th gr br cl".split()]  # noqa: SIM905
 _VOWELS = ["a", "e", "i", "o", "u", "ai", "ea", "ou", "io", "y"]
 _CODAS = ["", "", "n", "s", "t", "r", "l", "m", "nd", "st", "ck", "ng", "x"]
 _PUNCT = [".", ".", ".", ",", ",", ";", ":", "?", "!"]
@@ -133,9 +133,7 @@ def build_model(p: dict[str, Any], tok: Any, out: Path) -> int:
     from safetensors.torch import save_file
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
-    dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[
-        p["dtype"]
-    ]
+    dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[p["dtype"]]
     eos = tok.token_to_id(IM_END)
     pad = tok.token_to_id(PAD)
     heads = int(p["num_attention_heads"])
@@ -172,7 +170,6 @@ def build_model(p: dict[str, Any], tok: Any, out: Path) -> int:
     for name, tensor in sorted(model.state_dict().items()):
         state[name] = tensor.detach().contiguous().clone()
     config.dtype = p["dtype"]
-    config.torch_dtype = p["dtype"]
     # Fixed metadata only: safetensors writes tensors sorted, with no timestamps.
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     config.architectures = ["LlamaForCausalLM"]

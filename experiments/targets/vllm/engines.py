@@ -58,6 +58,7 @@ __all__ = [
     "ensure_model",
     "load_pins",
     "main",
+    "manifest_of",
     "sha256_file",
 ]
 
@@ -190,9 +191,7 @@ def _find_base_python(want: str) -> str:
         ver = _python_version(exe)
         if ver is not None and (ver == want or ver.startswith(want + ".")):
             return exe
-    raise EngineError(
-        f"no Python {want} interpreter found (tried {candidates}); set KVLEDGER_ENGINE_PYTHON"
-    )
+    raise EngineError(f"no Python {want} interpreter found (tried {candidates}); set KVLEDGER_ENGINE_PYTHON")
 
 
 # --------------------------------------------------------------------------- environments
@@ -369,9 +368,7 @@ def build_model_into(python: Path, spec: Mapping[str, Any], dest: Path) -> str:
 
 
 def manifest_of(d: Path) -> dict[str, str]:
-    return {
-        p.relative_to(d).as_posix(): sha256_file(p) for p in sorted(d.rglob("*")) if p.is_file()
-    }
+    return {p.relative_to(d).as_posix(): sha256_file(p) for p in sorted(d.rglob("*")) if p.is_file()}
 
 
 def ensure_model(
@@ -489,6 +486,31 @@ def ensure(
     return Engines(root, envs, models)
 
 
+def stale_items(pins: Mapping[str, Any] | None = None, root: Path | None = None) -> list[Path]:
+    """Cached environments/models of the names in ``pins`` whose hash is not the current one."""
+    pins = pins if pins is not None else load_pins()
+    root = root or cache_root()
+    current = {p.name for p in (*ensure_paths(pins, root),)}
+    stale: list[Path] = []
+    for sub, names in (("engines", pins.get("envs", {})), ("models", pins.get("model", {}))):
+        for name in names:
+            for p in sorted((root / sub).glob(f"{name}-*")):
+                base = p.name.split(".", 1)[0]
+                if base not in current and len(base) == len(name) + 1 + HASH_LEN:
+                    stale.append(p)
+    return stale
+
+
+def ensure_paths(pins: Mapping[str, Any], root: Path) -> list[Path]:
+    """The directories the current pins name (without building anything)."""
+    envs = {n: env_key(n, s) for n, s in pins.get("envs", {}).items()}
+    out = [root / "engines" / f"{n}-{k}" for n, k in envs.items()]
+    for m, spec in pins.get("model", {}).items():
+        env = EnvInfo(spec["env"], envs[spec["env"]], Path(), Path())
+        out.append(root / "models" / f"{m}-{model_key(m, spec, env)}")
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m experiments.targets.vllm.engines")
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -497,11 +519,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--only", action="append", metavar="NAME", help="vllm, lmcache or tiny")
     p.add_argument("--pins", type=Path, default=DEFAULT_PINS)
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    g = sub.add_parser("prune", help="list (or --yes: delete) builds of outdated pins")
+    g.add_argument("--yes", action="store_true", help="delete them")
+    g.add_argument("--pins", type=Path, default=DEFAULT_PINS)
     args = parser.parse_args(argv)
+    if args.cmd == "prune":
+        for path in stale_items(load_pins(args.pins)):
+            print(path)
+            if args.yes:
+                if path.is_dir():
+                    shutil.rmtree(path)
+                else:
+                    path.unlink()
+        return 0
     try:
-        engines = ensure(
-            args.only, pins=load_pins(args.pins), out=None if args.quiet else sys.stderr
-        )
+        engines = ensure(args.only, pins=load_pins(args.pins), out=None if args.quiet else sys.stderr)
     except EngineError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
