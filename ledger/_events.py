@@ -83,7 +83,8 @@ class Sealed(NamedTuple):
     block_id: str | None
     data_json: str
     digest: str
-    data: dict[str, Any]  # the canonical data parsed back: what the recorded Event holds
+    # The canonical data parsed back, what the recorded Event holds (None: parse when needed).
+    data: dict[str, Any] | None = None
 
 
 def _json_str(value: str | None) -> str:

@@ -11,6 +11,7 @@ from sqlalchemy.engine import URL, Engine
 
 from . import _migrate
 from ._backends import Dialect, make_engine, normalise_url
+from ._canonical import parse_json
 from ._errors import ConflictError, EventError, QueryError, SchemaError
 from ._events import GENESIS, Event, Head, NewEvent, Sealed, event_from_row, recorded, seal
 from ._ids import utc_now
@@ -135,7 +136,8 @@ class Ledger:
             rows.append((seq, s.id, s.ts, s.kind, s.run_id, s.block_id, s.data_json, s.digest, chain))
         cursor.executemany(self.dialect.insert_event, rows)
         cursor.execute(self.dialect.insert_head, (seq, chain, utc_now()))
-        return [recorded(row, s.data) for row, s in zip(rows, fresh, strict=True)]
+        return [recorded(row, parse_json(row[6]) if s.data is None else s.data)
+                for row, s in zip(rows, fresh, strict=True)]
 
     # -- read -------------------------------------------------------------------
 
