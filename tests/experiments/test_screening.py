@@ -128,5 +128,6 @@ def test_params_recorded_for_replay(sqlite_url: str, tmp_path: Path) -> None:
     (rid,) = run_ids(sqlite_url)
     params = events(sqlite_url, "run.started", rid)[0].data["params"]
     assert params["namespace_tag"].startswith("kvl") and params["generation_outputs"] == [16, 32]
-    outs = [e.data for e in events(sqlite_url, "assertion.evaluated", rid) if e.data["check"] == "output_length"]
+    outs = [e.data for e in events(sqlite_url, "assertion.evaluated", rid)
+            if e.data["check"] == "output_length"]  # fmt: skip
     assert outs and all(d["passed"] for d in outs)

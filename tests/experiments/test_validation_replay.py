@@ -59,7 +59,7 @@ def test_replay_sends_byte_identical_requests(sqlite_url: str) -> None:
     result = ledger_cli("replay", original, "--db", sqlite_url, "--no-progress")
     assert result.exit_code == 0, result.output
     assert "all matched" in result.output
-    replayed = [r for r in run_ids(sqlite_url) if r != original][0]
+    replayed = next(r for r in run_ids(sqlite_url) if r != original)
     assert events(sqlite_url, "run.started", replayed)[0].data["replay_of"] == original
 
     def bodies(rid: str) -> dict[str, str]:
@@ -80,7 +80,7 @@ def test_replay_uses_the_recorded_source_not_the_current_file(sqlite_url: str, t
     script.write_text(text.replace('"size": 2000', '"size": 2500'))  # the file moves on
     result = ledger_cli("replay", original, "--db", sqlite_url, "--no-progress")
     assert result.exit_code == 0, result.output
-    replayed = [r for r in run_ids(sqlite_url) if r != original][0]
+    replayed = next(r for r in run_ids(sqlite_url) if r != original)
     assert events(sqlite_url, "run.started", replayed)[0].data["params"]["size"] == 2000
 
 
