@@ -376,6 +376,19 @@ class TestSQLite(LedgerContract):
     def url(self, sqlite_url: str) -> str:
         return sqlite_url
 
+    def test_snapshot_rebuilt_for_another_file_at_the_same_path(self, url: str, tmp_path: Path) -> None:
+        first = open_ledger(url)
+        first.append_many(notes(5))
+        assert first.sql("SELECT count(*) AS n FROM events").column("n")[0].as_py() == 5
+        first.close()
+        for suffix in ("", "-wal", "-shm"):
+            Path(tmp_path / f"ledger.db{suffix}").unlink(missing_ok=True)
+        second = open_ledger(url)
+        second.append_many(notes(6, "other"))
+        texts = second.sql("SELECT text FROM note_added ORDER BY seq").column("text").to_pylist()
+        assert texts == [f"other{i}" for i in range(6)]
+        second.close()
+
 
 @pytest.mark.postgres
 class TestPostgreSQL(LedgerContract):
