@@ -131,3 +131,36 @@ def test_params_recorded_for_replay(sqlite_url: str, tmp_path: Path) -> None:
     outs = [e.data for e in events(sqlite_url, "assertion.evaluated", rid)
             if e.data["check"] == "output_length"]  # fmt: skip
     assert outs and all(d["passed"] for d in outs)
+
+
+def test_a_crashing_experiment_is_recorded_failed(sqlite_url: str, tmp_path: Path) -> None:
+    script = tmp_path / "crash.py"
+    script.write_text(
+        "PARAMS = {'namespace_tag': None}\n"
+        "async def run(ctx):\n"
+        "    async def block(b):\n"
+        "        await b.warmups(2, 300)\n"
+        "        raise RuntimeError('boom')\n"
+        "    await ctx.run_blocks(ctx.block_plan(1), block)\n"
+    )
+    result = ledger_cli("run", str(script), "--db", sqlite_url, "--no-progress")
+    assert result.exit_code == 1, result.output
+    (rid,) = run_ids(sqlite_url)
+    run = events(sqlite_url, "run.finished", rid)[0].data
+    assert run["status"] == "failed" and "boom" in run["error"] and run["warmups"] == 2
+    assert [b.data["status"] for b in events(sqlite_url, "block.finished", rid)] == ["failed"]
+
+
+def test_progress_bars_render(sqlite_url: str) -> None:
+    import asyncio
+
+    from experiments.runner import run_experiment
+    from ledger import open_ledger
+
+    exp = load(str(REPO / "experiments/examples/hello.py"))
+    led = open_ledger(sqlite_url)
+    try:
+        result = asyncio.run(run_experiment(led, exp, prepare_params(exp, "sim", {}), progress=True))
+    finally:
+        led.close()
+    assert result.exit_code == 0 and result.counters.measured == 6
