@@ -18,6 +18,7 @@ from ledger import Ledger, NewEvent
 
 from ._loader import load_source
 from .runner import DERIVED_PARAMS, RunResult, prepare_params, run_sync
+from .targets._registry import target_defaults
 
 __all__ = ["Comparison", "ReplayError", "compare_runs", "print_comparison", "replay"]
 
@@ -73,6 +74,10 @@ def replay(ledger: Ledger, run_id: str, *, target: str | None = None,
     target_name = target or recorded.get("target", "sim")
     exp = load_source(data["source"], name=data["experiment"], path=data.get("path"))
     given = {k: v for k, v in recorded.items() if k not in DERIVED_PARAMS}
+    if target_name != recorded.get("target", "sim"):
+        # Another target: keep the experiment's params, drop the old target's options.
+        known = set(exp.defaults) | set(target_defaults(target_name))
+        given = {k: v for k, v in given.items() if k in known}
     params = prepare_params(exp, target_name, given)
     result = run_sync(ledger, exp, params, target_name=target_name, seed=data.get("seed"),
                       progress=progress, replay_of=run_id)  # fmt: skip
