@@ -77,8 +77,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks report")
     parser.add_argument("--sizes", default="250k,1m,2m", help="Comma-separated: 250k, 1m, 2m.")
     args = parser.parse_args()
-    figures: dict[str, Any] = {"benchmark": "report", "timed": "report (derive + JSON) + audit incl. verify, "
-                               "warm Parquet snapshot; snapshot build timed separately", "goal_seconds_1m": 2.0}
+    timed_what = ("report (derive + JSON) + audit incl. verify, warm Parquet snapshot; "
+                  "snapshot build timed separately")
+    figures: dict[str, Any] = {"benchmark": "report", "timed": timed_what, "goal_seconds_1m": 2.0}
     with tempfile.TemporaryDirectory(prefix="kvledger-bench-report-") as tmp:
         for label in args.sizes.split(","):
             result = measure(Path(tmp), label, SIZES[label])

@@ -6,9 +6,10 @@ same bytes; numbers are formatted with fixed places.
 
 from __future__ import annotations
 
-import orjson
 from dataclasses import dataclass, field
 from typing import Any
+
+import orjson
 
 
 @dataclass

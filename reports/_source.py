@@ -50,17 +50,13 @@ def open_source(
     """Open a ledger for reading and prepare the report views.
 
     ``until_seq`` derives as of that event (attestation checks re-derive at
-    the attested head even after the ledger has grown): a temp ``events``
-    view shadows the full one.
+    the attested head even after the ledger has grown).
     """
     ledger = open_ledger(url_or_ledger, create=False) if isinstance(url_or_ledger, str) else url_or_ledger
     analytics = Analytics(ledger, snapshot_root)
     con = analytics.connection()
-    if until_seq is not None:
-        con.execute(
-            f"CREATE OR REPLACE TEMP VIEW events AS SELECT * FROM main.events WHERE seq <= {int(until_seq)}"
-        )
-    create_views(con)
-    row = con.execute("SELECT seq, chain FROM events ORDER BY seq DESC LIMIT 1").fetchone()
+    create_views(con, until_seq)
+    bound = "" if until_seq is None else f"WHERE seq <= {int(until_seq)}"
+    row = con.execute(f"SELECT seq, chain FROM events {bound} ORDER BY seq DESC LIMIT 1").fetchone()
     head = Head(int(row[0]), str(row[1])) if row else None
     return Source(ledger, analytics, con, head)

@@ -3,8 +3,9 @@
 - byte probes (``probe.copy``): pass when every check of the ordered copy
   methods passed; the raw fallback is diagnostic (it is expected to fail
   when delayed) and only shown;
-- pinned allocation (``probe.pinned_alloc``): passes when a full allocation
-  came back pinned and not rounded up;
+- pinned allocation (``probe.pinned_alloc``): passes when an allocation came
+  back pinned without error (whether it was rounded up is shown, not judged:
+  the seed's failure was the fallback to pageable memory);
 - service regression (``validation`` runs): a config digest passes when a
   validation run for it finished ``completed`` with every assertion passed.
 
@@ -50,7 +51,8 @@ def copy_probes(src: Source) -> dict[str, Any]:
 def pinned_probes(src: Source) -> dict[str, Any]:
     rows = src.rows("""SELECT run_id, bytes_requested, is_pinned, seconds, alloc_conf, rounded_up, error
                        FROM kv_probe_pinned ORDER BY seq""")
-    good = [r for r in rows if r["is_pinned"] and not r["rounded_up"] and not r["error"]]
+    # Pinned is the property (the seed's failure was a pageable fallback); rounding is shown, not judged.
+    good = [r for r in rows if r["is_pinned"] and not r["error"]]
     return {
         "layer": "pinned allocation",
         "applies_to": "transfer_path gpu",

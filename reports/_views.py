@@ -397,13 +397,16 @@ FROM kv_blocks b JOIN kv_launches l ON l.block_id = b.block_id WHERE b.arm = 'ON
 ORDERED_METHODS = ("wait_then_fallback", "memcpy_async_current_stream", "same_stream_tensor_copy")
 
 
-def create_views(con: duckdb.DuckDBPyConnection) -> None:
+def create_views(con: duckdb.DuckDBPyConnection, until_seq: int | None = None) -> None:
     """Materialise every view as a TEMP table on ``con`` (in-memory DuckDB; the ledger is untouched).
 
     Tables, not views: each report and audit query would otherwise re-parse
     every event's JSON; materialised once, the whole report is a few scans.
     """
     for name, sql in VIEWS:
+        if name == "kv_events" and until_seq is not None:
+            # As of one event: attestation checks re-derive at the attested head.
+            sql = f"SELECT * FROM ({sql}) WHERE seq <= {int(until_seq)}"
         con.execute(f"CREATE OR REPLACE TEMP TABLE {name} AS {sql.strip()}")
 
 
@@ -422,10 +425,12 @@ EXAMPLES: list[tuple[str, str]] = [
      "SELECT run_id, nominal_tokens, locality, avg(change_pct) AS mean_change_pct, count(*) AS units,\n"
      "       count(DISTINCT pair) AS block_pairs\nFROM kv_ttft_pairs GROUP BY ALL ORDER BY ALL"),
     ("Table 4 (session wall time by size × routing, paired change)",
-     "SELECT run_id, nominal_tokens, placement, median(on_wall) AS on_median, median(off_wall) AS off_median,\n"
-     "       avg(change_pct) AS mean_change_pct, count(*) AS units\nFROM kv_session_pairs GROUP BY ALL ORDER BY ALL"),
+     "SELECT run_id, nominal_tokens, placement, median(on_wall) AS on_median,\n"
+     "       median(off_wall) AS off_median, avg(change_pct) AS mean_change_pct, count(*) AS units\n"
+     "FROM kv_session_pairs GROUP BY ALL ORDER BY ALL"),
     ("Decode rate, forced-length generation",
-     "SELECT run_id, nominal_tokens, step, max_tokens, avg(change_pct) AS mean_change_pct, count(*) AS units\n"
+     "SELECT run_id, nominal_tokens, step, max_tokens, avg(change_pct) AS mean_change_pct,\n"
+     "       count(*) AS units\n"
      "FROM kv_decode_pairs GROUP BY ALL ORDER BY ALL"),
     ("Concurrency windows, output tokens/s",
      "SELECT run_id, sessions, placement, avg(change_pct) AS mean_change_pct, count(*) AS units\n"
@@ -436,9 +441,11 @@ EXAMPLES: list[tuple[str, str]] = [
      " AS pairs,\n"
      "       (SELECT count(*) FROM kv_pairs WHERE status = 'matched') AS matched_pairs"),
     ("Everything not cleanly paired (never dropped silently)",
-     "SELECT status, run_id, pair, workload, step, chain, session, \"window\", turn, on_request, off_request\n"
+     "SELECT status, run_id, pair, workload, step, chain, session, \"window\", turn,\n"
+     "       on_request, off_request\n"
      "FROM kv_pairs WHERE status <> 'matched' ORDER BY seq"),
-    ("Excluded blocks and why", "SELECT run_id, block_id, source, reason FROM kv_excluded_blocks ORDER BY seq"),
+    ("Excluded blocks and why",
+     "SELECT run_id, block_id, source, reason FROM kv_excluded_blocks ORDER BY seq"),
 ]
 
 
