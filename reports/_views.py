@@ -111,7 +111,9 @@ FROM ({
 LEFT JOIN (SELECT block_id, arg_max(status, seq) AS status
            FROM ({
             _extract("block.finished", {"status": "VARCHAR"})
-        }) GROUP BY block_id) f USING (block_id)""",
+        }) GROUP BY block_id) f USING (block_id)
+-- Validation runs deploy an ON block too, but they are the service regression, not a comparison.
+WHERE b.run_id NOT IN (SELECT run_id FROM kv_runs WHERE experiment = 'validation')""",
     ),
     (
         "kv_launches",

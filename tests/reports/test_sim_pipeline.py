@@ -1,0 +1,86 @@
+"""The real pipeline on the sim: `ledger run validation` / `ledger run screening`, then the audit.
+
+Small shapes and a fast sim clock keep each run to a few seconds.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from ledger._cli import cli
+from reports import audit, derive_report, open_source
+
+pytestmark = pytest.mark.slow
+
+FAST = ["--param", "time_scale=0.001", "--no-progress"]
+_SHAPE = ["sizes=[1000,2000]", "session_sizes=[1000]", "generation_sizes=[1000]", "generation_outputs=[16]",
+          "window_sessions=[2]", "window_size=1000", "session_turns=3", "window_turns=2", "chains=1",
+          "sessions=1", "warmups=1"]
+SMALL = [arg for p in _SHAPE for arg in ("--param", p)]
+VALIDATION = ["--param", "size=2000", "--param", "reverse_size=1000", "--param", "session_size=1000"]
+
+
+def _run(url: str, experiment: str, *params: str) -> int:
+    result = CliRunner().invoke(cli, ["run", experiment, "--db", url, "--target", "sim", *FAST, *params],
+                                catch_exceptions=False)
+    assert result.exit_code in (0, 1), result.output  # 1: the run itself found a failure
+    return result.exit_code
+
+
+def _codes(url: str) -> dict[str, set[str]]:
+    src = open_source(url)
+    try:
+        out: dict[str, set[str]] = {}
+        for f in audit(src):
+            out.setdefault(f.code, set()).add(f.severity)
+        return out
+    finally:
+        src.close()
+
+
+@pytest.fixture
+def url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'sim.db'}"
+
+
+def test_validation_then_screening_is_publishable(url: str) -> None:
+    assert _run(url, "validation", *VALIDATION) == 0
+    assert _run(url, "screening", *SMALL) == 0
+    codes = _codes(url)
+    assert not [c for c, sev in codes.items() if "blocking" in sev], codes
+    src = open_source(url)
+    try:
+        report = derive_report(src)
+    finally:
+        src.close()
+    acc = report["accounting"]
+    assert acc["pairs"] == acc["matched_pairs"] == acc["measured"] // 2 > 0
+    assert report["pairing"]["counts"] == {"matched": acc["pairs"]}
+    assert all(c["passed"] for c in report["tables"]["validation"]["configs"])
+
+
+def test_screening_without_validation(url: str) -> None:
+    _run(url, "screening", *SMALL)
+    assert _codes(url)["validation-missing"] == {"blocking"}
+
+
+def test_namespace_leak_excludes_its_block(url: str) -> None:
+    _run(url, "validation", *VALIDATION)
+    _run(url, "screening", *SMALL, "--param", "fault=namespace-leak")
+    assert "namespace-leak" in _codes(url)
+    src = open_source(url)
+    try:
+        assert derive_report(src)["accounting"]["excluded_blocks"]
+    finally:
+        src.close()
+
+
+@pytest.mark.parametrize(("fault", "code"), [("corrupt-transfer", "assertion-failed"),
+                                             ("stale-counters", "counter-mismatch")])
+def test_sim_faults_are_found(url: str, fault: str, code: str) -> None:
+    _run(url, "validation", *VALIDATION)
+    _run(url, "screening", *SMALL, "--param", f"sim_fault={fault}")
+    assert "blocking" in _codes(url).get(code, set())
