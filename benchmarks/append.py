@@ -61,7 +61,11 @@ def bench_raw(directory: Path, rows: list[tuple[Any, ...]], batch: int, indexed:
 
 
 def bench_eventsourcing(directory: Path, rows: list[tuple[Any, ...]], batch: int) -> float:
-    """eventsourcing's SQLite application recorder (totally ordered, like the ledger)."""
+    """eventsourcing's SQLite application recorder alone, given pre-encoded bytes (context).
+
+    This skips what the ledger's figure includes (encoding, validation,
+    digests), so it sits near the raw insert: the limit, not the peer's use.
+    """
     from eventsourcing.persistence import StoredEvent
     from eventsourcing.sqlite import SQLiteApplicationRecorder, SQLiteDatastore
 
@@ -82,6 +86,43 @@ def bench_eventsourcing(directory: Path, rows: list[tuple[Any, ...]], batch: int
     return t[0]
 
 
+def bench_eventsourcing_mapped(directory: Path, events: list[NewEvent], batch: int) -> float:
+    """The peer as its users store events: domain event → Mapper (JSON transcoder) → recorder.
+
+    Same start and end as the ledger's figure: producer-made event objects
+    (ids and timestamps made beforehand) to committed rows, same batches.
+    """
+    from datetime import datetime
+
+    from eventsourcing.domain import DomainEvent
+    from eventsourcing.persistence import DatetimeAsISO, JSONTranscoder, Mapper, UUIDAsHex
+    from eventsourcing.sqlite import SQLiteApplicationRecorder, SQLiteDatastore
+
+    class Recorded(DomainEvent):
+        kind: str
+        data: dict[str, Any]
+
+    transcoder = JSONTranscoder()
+    transcoder.register(UUIDAsHex())
+    transcoder.register(DatetimeAsISO())
+    mapper: Mapper[uuid.UUID] = Mapper(transcoder)
+    domain = [
+        Recorded(originator_id=uuid.UUID(int=start + 1), originator_version=i - start + 1,
+                 timestamp=datetime.fromisoformat(e.ts), kind=e.kind, data=e.data)
+        for start in range(0, len(events), batch)
+        for i, e in enumerate(events[start : start + batch], start=start)
+    ]
+    datastore = SQLiteDatastore(str(directory / "es-mapped.db"))
+    recorder = SQLiteApplicationRecorder(datastore)
+    recorder.create_table()
+    to_stored = mapper.to_stored_event
+    with timed() as t:
+        for start in range(0, len(domain), batch):
+            recorder.insert_events([to_stored(d) for d in domain[start : start + batch]])
+    datastore.close()
+    return t[0]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks append")
     parser.add_argument("--events", type=int, default=200_000)
@@ -95,6 +136,7 @@ def main() -> None:
         raw_s = bench_raw(directory, rows, args.batch)
         indexed_s = bench_raw(directory, rows, args.batch, indexed=True)
         es_s = bench_eventsourcing(directory, rows, args.batch)
+        es_mapped_s = bench_eventsourcing_mapped(directory, events, args.batch)
     n = args.events
     size = sum(len(r[6]) for r in rows) / n
     print(f"{n:,} events, {size:.0f} bytes of data each, batches of {args.batch:,}")
@@ -102,15 +144,20 @@ def main() -> None:
     print(f"  ledger:   validated, chained, committed         {n / ledger_s:>12,.0f} events/s")
     print(f"  raw:      sqlite3 executemany, plain table      {n / raw_s:>12,.0f} events/s (the limit)")
     print(f"  raw:      same, with the ledger's three indexes {n / indexed_s:>12,.0f} events/s (context)")
-    print(f"  eventsourcing 9 SQLiteApplicationRecorder       {n / es_s:>12,.0f} events/s (the peer)")
+    print(f"  eventsourcing 9: Mapper(JSON) + SQLite recorder {n / es_mapped_s:>12,.0f} events/s (the peer)")
+    print(f"  eventsourcing 9: recorder alone, bytes given    {n / es_s:>12,.0f} events/s (context)")
+    print("  ratio_to_eventsourcing compares the same work: event objects in, committed rows out;")
+    print("  the ledger also validates, digests and chains, which the peer does not.")
     emit({
         "benchmark": "append",
         "events": n,
         "events_per_s": round(n / ledger_s),
         "raw_events_per_s": round(n / raw_s),
-        "eventsourcing_events_per_s": round(n / es_s),
+        "eventsourcing_events_per_s": round(n / es_mapped_s),
+        "eventsourcing_recorder_only_events_per_s": round(n / es_s),
         "raw_indexed_events_per_s": round(n / indexed_s),
         "ratio_to_raw": round(raw_s / ledger_s, 3),
-        "ratio_to_eventsourcing": round(es_s / ledger_s, 3),
+        "ratio_to_eventsourcing": round(es_mapped_s / ledger_s, 3),
+        "ratio_to_eventsourcing_recorder_only": round(es_s / ledger_s, 3),
         "unix_time": int(time.time()),
     })
