@@ -37,6 +37,8 @@ import orjson
 
 from ledger import canonical_json, sha256_hex
 
+from . import _http
+
 __all__ = [
     "EventSink",
     "Outcome",
@@ -209,7 +211,125 @@ async def _error_body(resp: httpx.Response) -> str:
         body = await resp.aread()
     except httpx.HTTPError:
         return ""
-    return body[:_ERROR_SNIPPET].decode("utf-8", "replace").strip()
+    return _snippet(body)
+
+
+def _snippet(body: bytes | bytearray) -> str:
+    return bytes(body[:_ERROR_SNIPPET]).decode("utf-8", "replace").strip()
+
+
+_DEFAULT_HEADERS = {"accept": "*/*", "connection": "keep-alive"}
+
+
+def _raw_pool(client: httpx.AsyncClient, url: str) -> _http.Pool | None:
+    """The raw transport's pool for ``client``, or None when httpx must carry the request.
+
+    The raw transport is used only where it would ignore nothing the caller
+    configured: a plain ``AsyncHTTPTransport`` with default socket settings
+    (no retries, UDS, local address, socket options, proxy), no mounts
+    (proxies), auth, cookies, event hooks, base URL, params or extra headers,
+    and an ``http://`` URL. ``limits.max_connections`` is honoured.
+    """
+    transport = getattr(client, "_transport", None)
+    if client.is_closed or type(transport) is not httpx.AsyncHTTPTransport or not url.startswith("http://"):
+        return None
+    pool = getattr(transport, "_pool", None)
+    plain = pool is not None and not any(
+        getattr(pool, name, None) for name in ("_retries", "_uds", "_local_address", "_socket_options",
+                                               "_proxy"))  # fmt: skip
+    if not plain or getattr(client, "_mounts", None) or client.auth is not None or client.cookies \
+            or any(client.event_hooks.values()) or str(client.base_url) or client.params:  # fmt: skip
+        return None
+    for name, value in client.headers.items():
+        if name not in ("accept-encoding", "user-agent") and _DEFAULT_HEADERS.get(name) != value:
+            return None
+    return _http.pool_for(client, getattr(pool, "_max_connections", None))
+
+
+@dataclass
+class _Exchange:
+    """What one transport call found out, besides the stream itself."""
+
+    status: int | None = None
+    error: str | None = None
+    received: bool = False
+
+
+def _transport_error(ex: _Exchange, kind: str, detail: str) -> None:
+    reason = f"{kind}: {detail}"
+    if ex.status == 200:
+        ex.error = f"truncated stream: connection lost ({reason})"
+    elif ex.status is not None and ex.status != 200:
+        ex.error = ex.error or f"http {ex.status}"
+    else:
+        ex.error = f"connection error: {reason}"
+
+
+async def _via_httpx(client: httpx.AsyncClient, url: str, payload: bytes, headers: dict[str, str],
+                     st: _Stream, ex: _Exchange, timeout_s: float) -> None:  # fmt: skip
+    request = client.build_request("POST", url, content=payload, headers=headers, timeout=timeout_s)
+    try:
+        resp = await client.send(request, stream=True)
+    except httpx.TimeoutException:
+        raise TimeoutError from None
+    except httpx.TransportError as exc:
+        _transport_error(ex, type(exc).__name__, str(exc))
+        return
+    try:
+        ex.status = resp.status_code
+        if ex.status != 200:
+            ex.error = f"http {ex.status}: {await _error_body(resp)}".rstrip(": ")
+            return
+        perf, wall, now = time.perf_counter, time.time_ns, time.perf_counter()
+        async for raw in resp.aiter_raw():
+            now = perf()
+            if st.first is None:
+                st.wall = wall()
+            ex.received = True
+            st.feed(raw, now)
+            if st.error is not None:
+                break
+        st.end(now)
+    except httpx.TimeoutException:
+        raise TimeoutError from None
+    except httpx.TransportError as exc:
+        _transport_error(ex, type(exc).__name__, str(exc))
+    finally:
+        await resp.aclose()
+
+
+async def _via_raw(pool: _http.Pool, url: str, payload: bytes, headers: dict[str, str],
+                   st: _Stream, ex: _Exchange) -> None:  # fmt: skip
+    """The same exchange on the raw transport: SSE parsed inside ``data_received``."""
+    error_body = bytearray()
+    last = [0.0]
+
+    def body(resp: _http.Response, data: bytes, now: float, wall: int) -> bool:
+        if resp.status != 200:
+            if len(error_body) < _ERROR_SNIPPET:
+                error_body.extend(data[:_ERROR_SNIPPET])
+            return False
+        if st.first is None:
+            st.wall = wall
+        ex.received = True
+        last[0] = now
+        st.feed(data, now)
+        return st.error is not None
+
+    try:
+        resp = await pool.request("POST", url, {**headers, "accept-encoding": "identity"}, payload, body,
+                                  on_head=lambda r: setattr(ex, "status", r.status))  # fmt: skip
+    except _http.HTTPError as exc:
+        ex.status = exc.status
+        if exc.status is not None and exc.status != 200:
+            ex.error = f"http {exc.status}: {_snippet(error_body)}".rstrip(": ")
+        _transport_error(ex, type(exc).__name__, str(exc))
+        return
+    ex.status = resp.status
+    if ex.status != 200:
+        ex.error = f"http {ex.status}: {_snippet(error_body)}".rstrip(": ")
+        return
+    st.end(last[0])
 
 
 async def send_request(
@@ -221,62 +341,40 @@ async def send_request(
     """Send ``spec`` streaming, emit ``request.sent`` / ``response.received``.
 
     Never raises for server or network faults; they are recorded in the
-    outcome's ``error`` (see the module doc). ``timeout_s`` bounds each read
-    and the whole request.
+    outcome's ``error`` (see the module doc). ``timeout_s`` bounds the whole
+    request. The request goes over :mod:`collectors._http` when ``client``
+    has no configuration that transport would ignore, else through httpx.
     """
     payload, digest = payload_digest(spec.body)
     wants_usage = bool((spec.body.get("stream_options") or {}).get("include_usage"))
     sent = {**spec.meta, "request_id": spec.request_id, "payload_sha256": digest,
             "params": request_params(spec.body)}  # fmt: skip
+    url = spec.base_url.rstrip("/") + spec.path
+    headers = {**_HEADERS, "x-request-id": spec.request_id}
+    pool = _raw_pool(client, url)
+    st, ex = _Stream(), _Exchange()
     sink.emit("request.sent", sent)
 
-    url = spec.base_url.rstrip("/") + spec.path
-    st = _Stream()
-    status: int | None = None
-    error: str | None = None
-    received = False
     sent_wall = time.time_ns()
     t0 = time.perf_counter()
-    t_end: float | None = None
     try:
         async with asyncio.timeout(timeout_s):
-            headers = {**_HEADERS, "x-request-id": spec.request_id}
-            request = client.build_request("POST", url, content=payload, headers=headers,
-                                           timeout=timeout_s)  # fmt: skip
-            resp = await client.send(request, stream=True)
-            try:
-                status = resp.status_code
-                if status != 200:
-                    error = f"http {status}: {await _error_body(resp)}".rstrip(": ")
-                else:
-                    perf = time.perf_counter
-                    now = t0
-                    wall = time.time_ns
-                    async for raw in resp.aiter_raw():
-                        now = perf()
-                        if st.first is None:
-                            st.wall = wall()
-                        received = True
-                        st.feed(raw, now)
-                        if st.error is not None:
-                            break
-                    st.end(now)
-            finally:
-                await resp.aclose()
-            t_end = time.perf_counter()
+            if pool is not None:
+                await _via_raw(pool, url, payload, headers, st, ex)
+            else:
+                await _via_httpx(client, url, payload, headers, st, ex, timeout_s)
     except TimeoutError:
-        error = "timeout"
-    except httpx.TimeoutException:
-        error = "timeout"
-    except httpx.TransportError as exc:
-        reason = f"{type(exc).__name__}: {exc}"
-        lost = f"truncated stream: connection lost ({reason})"
-        error = lost if received else f"connection error: {reason}"
-    except httpx.HTTPError as exc:  # e.g. an invalid URL
-        error = f"client error: {type(exc).__name__}: {exc}"
-    if t_end is None:
-        t_end = time.perf_counter()
+        ex.error = "timeout"
+    except (httpx.HTTPError, _http.HTTPError) as exc:  # e.g. an invalid URL
+        ex.error = f"client error: {type(exc).__name__}: {exc}"
+    t_end = time.perf_counter()
+    return _finish(spec, sink, st, ex, wants_usage, t0, t_end, sent_wall)
 
+
+def _finish(spec: RequestSpec, sink: EventSink, st: _Stream, ex: _Exchange, wants_usage: bool,
+            t0: float, t_end: float, sent_wall: int) -> Outcome:  # fmt: skip
+    """Judge the stream, build the outcome and emit ``response.received``."""
+    status, error = ex.status, ex.error
     if error is None and status == 200:
         if st.error is not None:
             error = st.error

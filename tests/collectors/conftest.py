@@ -9,7 +9,7 @@ import pytest
 
 from experiments.targets.sim import SimDeployment
 from ledger import Ledger, open_ledger
-from tests.collectors.helpers import TIME_SCALE, LedgerSink
+from tests.collectors.helpers import TIME_SCALE, VIAS, LedgerSink
 
 
 @pytest.fixture
@@ -29,3 +29,9 @@ def dep() -> Iterator[SimDeployment]:
     """Two replicas, shared tier ON, no fault."""
     with SimDeployment(2, shared=True, time_scale=TIME_SCALE) as d:
         yield d
+
+
+@pytest.fixture(params=VIAS)
+def via(request: pytest.FixtureRequest) -> str:
+    """Run a client test over both transports."""
+    return str(request.param)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import httpx
+
 from collectors import RequestSpec
 from ledger import Event, Ledger, NewEvent, new_id
 
@@ -54,3 +56,14 @@ def spec(
             "namespace": salt, "nominal_tokens": None, "fixture_id": None}  # fmt: skip
     return RequestSpec(new_id(), base_url, "/v1/chat/completions" if chat else "/v1/completions",
                        payload, meta)  # fmt: skip
+
+
+VIAS = ("raw", "httpx")
+"""The client's two transports: collectors._http (a default client), httpx (a configured one)."""
+
+
+def client(via: str, **kwargs: Any) -> httpx.AsyncClient:
+    """A client that ``send_request`` drives over ``via``: a custom header forces httpx."""
+    if via == "httpx":
+        kwargs["headers"] = {**kwargs.get("headers", {}), "x-kvledger-test": "httpx"}
+    return httpx.AsyncClient(**kwargs)

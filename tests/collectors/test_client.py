@@ -8,21 +8,22 @@ import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
-import httpx
 import orjson
 from aiohttp import web
 
 from collectors import RequestSpec, payload_digest, run_concurrently, send_request
 from experiments.targets.sim import SimDeployment
 from ledger import Ledger, canonical_json, sha256_hex, verify
-from tests.collectors.helpers import VALUES, LedgerSink, needle_prompt, spec
+from tests.collectors.helpers import VALUES, LedgerSink, client, needle_prompt, spec
 
 
-def test_completion_stream_records_both_events(dep: SimDeployment, sink: LedgerSink, led: Ledger) -> None:
+def test_completion_stream_records_both_events(
+    dep: SimDeployment, sink: LedgerSink, led: Ledger, via: str
+) -> None:
     s = spec(dep.replica_urls[0], needle_prompt(), "ns-a")
 
     async def go() -> None:
-        async with httpx.AsyncClient() as c:
+        async with client(via) as c:
             o = await send_request(c, s, sink)
         assert o.ok and o.status == 200 and o.error is None
         assert orjson.loads(o.text) == VALUES
@@ -44,11 +45,11 @@ def test_completion_stream_records_both_events(dep: SimDeployment, sink: LedgerS
     assert verify(led).ok
 
 
-def test_chat_stream_counts_content_not_role_chunk(dep: SimDeployment, sink: LedgerSink) -> None:
+def test_chat_stream_counts_content_not_role_chunk(dep: SimDeployment, sink: LedgerSink, via: str) -> None:
     s = spec(dep.replica_urls[1], needle_prompt(), "ns-chat", replica=1, chat=True)
 
     async def go() -> None:
-        async with httpx.AsyncClient() as c:
+        async with client(via) as c:
             o = await send_request(c, s, sink)
         assert o.ok, o.error
         assert orjson.loads(o.text) == VALUES
@@ -57,11 +58,13 @@ def test_chat_stream_counts_content_not_role_chunk(dep: SimDeployment, sink: Led
     asyncio.run(go())
 
 
-def test_server_records_first_emit_under_our_request_id(dep: SimDeployment, sink: LedgerSink) -> None:
+def test_server_records_first_emit_under_our_request_id(
+    dep: SimDeployment, sink: LedgerSink, via: str
+) -> None:
     s = spec(dep.replica_urls[0], needle_prompt(), "ns-log")
 
     async def go() -> None:
-        async with httpx.AsyncClient() as c:
+        async with client(via) as c:
             o = await send_request(c, s, sink)
             log = (await c.get(dep.replica_urls[0] + "/sim/requests")).json()
         entry = next(e for e in log if e["request_id"] == s.request_id)
@@ -79,11 +82,11 @@ def test_payload_digest_is_replayable() -> None:
     assert a == b and da == db == hashlib.sha256(a).hexdigest()
 
 
-def test_connection_refused_is_recorded_not_raised(sink: LedgerSink) -> None:
+def test_connection_refused_is_recorded_not_raised(sink: LedgerSink, via: str) -> None:
     s = spec("http://127.0.0.1:9", "hello", "ns")
 
     async def go() -> None:
-        async with httpx.AsyncClient() as c:
+        async with client(via) as c:
             o = await send_request(c, s, sink, timeout_s=5)
         assert not o.ok and o.status is None and o.error and o.error.startswith("connection error")
 
@@ -130,49 +133,51 @@ _USAGE = b'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3,
          b'"prompt_tokens_details":{"cached_tokens":2}}}\n\n'
 
 
-def _run(handler: Handler, sink: LedgerSink, timeout_s: float = 5.0) -> list[str | None]:
+def _run(handler: Handler, sink: LedgerSink, via: str, timeout_s: float = 5.0) -> list[str | None]:
     async def go() -> list[str | None]:
-        async with serve(handler) as url, httpx.AsyncClient() as c:
+        async with serve(handler) as url, client(via) as c:
             o = await send_request(c, spec(url, "p", "ns"), sink, timeout_s=timeout_s)
         return [o.error, str(o.output_tokens), str(o.cached_tokens), o.text]
 
     return asyncio.run(go())
 
 
-def test_split_frames_crlf_and_empty_first_chunk_are_handled(sink: LedgerSink) -> None:
+def test_split_frames_crlf_and_empty_first_chunk_are_handled(sink: LedgerSink, via: str) -> None:
     body = _chunk("") + _chunk("a") + _chunk("b") + _chunk("c", "stop") + _USAGE + b"data: [DONE]\n\n"
     crlf = body.replace(b"\n", b"\r\n")
     pieces = [crlf[i:i + 7] for i in range(0, len(crlf), 7)]  # frames split mid-line
-    assert _run(raw_stream(*pieces), sink) == [None, "3", "2", "abc"]
+    assert _run(raw_stream(*pieces), sink, via) == [None, "3", "2", "abc"]
     got = sink.events("response.received")[0].data
     assert got["decode_rate"] is None or got["decode_rate"] > 0
     assert got["finish_reason"] == "stop"
 
 
-def test_malformed_chunk_is_recorded(sink: LedgerSink) -> None:
-    err = _run(raw_stream(_chunk("a"), b"data: {not json\n\n", b"data: [DONE]\n\n"), sink)[0]
+def test_malformed_chunk_is_recorded(sink: LedgerSink, via: str) -> None:
+    err = _run(raw_stream(_chunk("a"), b"data: {not json\n\n", b"data: [DONE]\n\n"), sink, via)[0]
     assert err and err.startswith("malformed chunk")
 
 
-def test_error_object_in_stream_is_recorded(sink: LedgerSink) -> None:
-    err = _run(raw_stream(_chunk("a"), b'data: {"error": {"message": "boom", "code": 500}}\n\n'), sink)[0]
+def test_error_object_in_stream_is_recorded(sink: LedgerSink, via: str) -> None:
+    error = b'data: {"error": {"message": "boom", "code": 500}}\n\n'
+    err = _run(raw_stream(_chunk("a"), error), sink, via)[0]
     assert err == "stream error: boom"
 
 
-def test_missing_done_and_missing_usage_are_truncation(sink: LedgerSink) -> None:
-    assert _run(raw_stream(_chunk("a"), _USAGE), sink)[0] == "truncated stream: no [DONE]"
-    assert _run(raw_stream(_chunk("a"), b"data: [DONE]\n\n"), sink)[0] == "truncated stream: no usage chunk"
+def test_missing_done_and_missing_usage_are_truncation(sink: LedgerSink, via: str) -> None:
+    assert _run(raw_stream(_chunk("a"), _USAGE), sink, via)[0] == "truncated stream: no [DONE]"
+    no_usage = _run(raw_stream(_chunk("a"), b"data: [DONE]\n\n"), sink, via)[0]
+    assert no_usage == "truncated stream: no usage chunk"
 
 
-def test_http_error_keeps_body_snippet(sink: LedgerSink) -> None:
+def test_http_error_keeps_body_snippet(sink: LedgerSink, via: str) -> None:
     async def fail(_: web.Request) -> web.Response:
         return web.json_response({"error": {"message": "nope"}}, status=503)
 
-    err = _run(fail, sink)[0]
+    err = _run(fail, sink, via)[0]
     assert err and err.startswith("http 503: ") and "nope" in err
 
 
-def test_timeout_is_recorded(sink: LedgerSink) -> None:
+def test_timeout_is_recorded(sink: LedgerSink, via: str) -> None:
     async def slow(request: web.Request) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
@@ -180,10 +185,10 @@ def test_timeout_is_recorded(sink: LedgerSink) -> None:
         await asyncio.sleep(2)
         return resp
 
-    assert _run(slow, sink, timeout_s=0.3)[0] == "timeout"
+    assert _run(slow, sink, via, timeout_s=0.3)[0] == "timeout"
 
 
-def test_run_concurrently_respects_the_limit(sink: LedgerSink) -> None:
+def test_run_concurrently_respects_the_limit(sink: LedgerSink, via: str) -> None:
     state = {"now": 0, "peak": 0}
 
     async def handler(request: web.Request) -> web.StreamResponse:
@@ -194,7 +199,7 @@ def test_run_concurrently_respects_the_limit(sink: LedgerSink) -> None:
         return await raw_stream(_chunk("a"), _chunk("b"), _USAGE, b"data: [DONE]\n\n")(request)
 
     async def go() -> None:
-        async with serve(handler) as url, httpx.AsyncClient() as c:
+        async with serve(handler) as url, client(via) as c:
             specs: list[RequestSpec] = [spec(url, f"p{i}", "ns") for i in range(12)]
             outs = await run_concurrently(c, specs, sink, limit=3)
         assert [o.request_id for o in outs] == [s.request_id for s in specs]

@@ -1,0 +1,431 @@
+"""A minimal HTTP/1.1 client for the streaming path: asyncio Protocol, keep-alive pool.
+
+Why not httpx here: its per-read cost (httpcore, h11, anyio, three async
+generator layers) is paid on the event loop between every SSE chunk, and
+with 64 streams in flight a first token waits behind other streams' chunks.
+This transport does the whole response in ``data_received``: it stamps the
+read (:func:`time.perf_counter`, and CLOCK_REALTIME until the first content
+token), decodes the framing (chunked, Content-Length or until close) and hands
+the body bytes to a callback, all synchronously. The waiting coroutine wakes
+once, when the response ends (or fails), not once per chunk.
+
+Scope, deliberately small: ``http://`` only, one request at a time per
+connection (no pipelining), no redirects, no proxies, no compression
+(``Accept-Encoding: identity``), no cookies or auth. :mod:`collectors._client`
+uses it only when the given :class:`httpx.AsyncClient` has no configuration
+that this transport would ignore; otherwise it streams through httpx.
+
+Exceptions mirror httpx's names, so recorded errors read the same:
+:class:`ConnectError`, :class:`ReadError`, :class:`RemoteProtocolError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import time
+import weakref
+from collections.abc import Callable, Mapping
+from typing import Any
+from urllib.parse import urlsplit
+
+__all__ = [
+    "ConnectError",
+    "HTTPError",
+    "Pool",
+    "ReadError",
+    "RemoteProtocolError",
+    "Response",
+    "pool_for",
+]
+
+KEEPALIVE_EXPIRY_S = 4.0
+"""Idle connections older than this are closed, not reused (uvicorn closes at 5 s)."""
+_MAX_HEAD = 64 * 1024
+_MAX_ERROR_BODY = 64 * 1024
+
+BodySink = Callable[["Response", bytes, float, int], bool]
+"""``sink(response, body_bytes, perf_counter_at_read, wall_ns_at_read)`` for each read with body bytes;
+True stops the response there (the connection is dropped, the request ends normally)."""
+
+
+class HTTPError(Exception):
+    """Base of this transport's errors; ``status`` is the response's when its head was in."""
+
+    status: int | None = None
+
+
+class ConnectError(HTTPError):
+    """The TCP connection could not be opened."""
+
+
+class ReadError(HTTPError):
+    """The connection failed while the response was being read."""
+
+
+class RemoteProtocolError(HTTPError):
+    """The peer broke HTTP/1.1 (bad framing, closed mid-message)."""
+
+
+class Response:
+    """One response's head and framing state, filled by the connection's ``data_received``."""
+
+    __slots__ = ("bytes_seen", "chunk_left", "close", "done", "framing", "head_done",
+                 "headers", "remaining", "sink", "status")  # fmt: skip
+
+    def __init__(self, sink: BodySink, head_done: asyncio.Future[None],
+                 done: asyncio.Future[None]) -> None:  # fmt: skip
+        self.sink = sink
+        self.status: int | None = None
+        self.headers: dict[str, str] = {}
+        self.framing = ""  # "chunked" | "length" | "close"
+        self.remaining = 0  # Content-Length bytes still due
+        self.chunk_left = -1  # bytes left in the current chunk; -1: expecting a size line
+        self.close = False  # the connection cannot be reused after this response
+        self.bytes_seen = 0
+        self.head_done = head_done
+        self.done = done
+
+
+def _resolve(fut: asyncio.Future[None], exc: BaseException | None = None) -> None:
+    if not fut.done():
+        if exc is None:
+            fut.set_result(None)
+        else:
+            fut.set_exception(exc)
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive HTTP/1.1 connection; the response state machine runs in data_received."""
+
+    def __init__(self, pool: Pool, key: tuple[str, int]) -> None:
+        self.pool = pool
+        self.key = key
+        self.transport: asyncio.Transport | None = None
+        self.resp: Response | None = None
+        self.buf = b""
+        self.alive = True
+        self.idle_since = 0.0
+        self.idle_timer: asyncio.TimerHandle | None = None
+
+    # --- asyncio.Protocol -------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        now = time.perf_counter()  # first thing: the read's arrival
+        wall = time.time_ns()
+        resp = self.resp
+        if resp is None:  # bytes on an idle connection: it is not ours to reuse
+            self._fail(RemoteProtocolError("unexpected bytes on an idle connection"))
+            return
+        resp.bytes_seen += len(data)
+        try:
+            if resp.status is None:
+                data = self.buf + data if self.buf else data
+                end = data.find(b"\r\n\r\n")
+                if end < 0:
+                    if len(data) > _MAX_HEAD:
+                        raise RemoteProtocolError("response head too large")
+                    self.buf = data
+                    return
+                self.buf = b""
+                self._head(resp, data[:end])
+                _resolve(resp.head_done)
+                data = data[end + 4:]
+                if not data and resp.framing != "length":
+                    return
+            self._body(resp, data, now, wall)
+        except RemoteProtocolError as exc:
+            self._fail(exc)
+
+    def eof_received(self) -> bool | None:
+        self._lost(None)
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lost(exc)
+
+    # --- parsing ------------------------------------------------------------
+
+    @staticmethod
+    def _head(resp: Response, head: bytes) -> None:
+        lines = head.split(b"\r\n")
+        parts = lines[0].split(b" ", 2)
+        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1."):
+            raise RemoteProtocolError(f"bad status line: {lines[0][:80]!r}")
+        try:
+            status = int(parts[1])
+        except ValueError:
+            raise RemoteProtocolError(f"bad status line: {lines[0][:80]!r}") from None
+        headers = resp.headers
+        for line in lines[1:]:
+            name, sep, value = line.partition(b":")
+            if not sep:
+                raise RemoteProtocolError(f"bad header line: {line[:80]!r}")
+            headers[name.strip().lower().decode("latin-1")] = value.strip().decode("latin-1")
+        conn = headers.get("connection", "").lower()
+        resp.close = "close" in conn or (parts[0] == b"HTTP/1.0" and "keep-alive" not in conn)
+        if "chunked" in headers.get("transfer-encoding", "").lower():
+            resp.framing = "chunked"
+        elif "content-length" in headers:
+            try:
+                resp.remaining = int(headers["content-length"])
+            except ValueError:
+                raise RemoteProtocolError("bad Content-Length") from None
+            resp.framing = "length"
+        elif status in (204, 304) or 100 <= status < 200:
+            resp.framing, resp.remaining = "length", 0
+        else:
+            resp.framing, resp.close = "close", True
+        resp.status = status
+
+    def _body(self, resp: Response, data: bytes, now: float, wall: int) -> None:
+        if resp.framing == "chunked":
+            out = self._dechunk(resp, data)
+            if out and resp.sink(resp, out, now, wall):
+                self._stop(resp)
+            elif resp.chunk_left == -2:
+                self._complete(resp)
+        elif resp.framing == "length":
+            take = data[: resp.remaining]
+            resp.remaining -= len(take)
+            if take and resp.sink(resp, take, now, wall):
+                self._stop(resp)
+            elif resp.remaining == 0:
+                if len(data) > len(take):
+                    resp.close = True  # more than announced: do not reuse
+                self._complete(resp)
+        elif data and resp.sink(resp, data, now, wall):
+            self._stop(resp)
+
+    def _stop(self, resp: Response) -> None:
+        """The reader has seen enough (e.g. a malformed chunk): end here, drop the connection."""
+        resp.close = True
+        self._complete(resp)
+
+    def _dechunk(self, resp: Response, data: bytes) -> bytes:
+        """Decode chunked framing; ``chunk_left`` -2 once the last chunk and trailers are in."""
+        if self.buf:
+            data, self.buf = self.buf + data, b""
+        out: list[bytes] = []
+        pos, n = 0, len(data)
+        while pos < n:
+            left = resp.chunk_left
+            if left > 0:
+                piece = data[pos:pos + left]
+                out.append(piece)
+                pos += len(piece)
+                resp.chunk_left = left - len(piece)
+                if resp.chunk_left == 0:
+                    resp.chunk_left = -3  # the CRLF after the data is due
+                continue
+            if left == -3:
+                if n - pos < 2:
+                    self.buf = data[pos:]
+                    break
+                if data[pos:pos + 2] != b"\r\n":
+                    raise RemoteProtocolError("chunk data not followed by CRLF")
+                pos += 2
+                resp.chunk_left = -1
+                continue
+            eol = data.find(b"\r\n", pos)
+            if eol < 0:
+                self.buf = data[pos:]
+                if n - pos > 4096:
+                    raise RemoteProtocolError("chunk size line too long")
+                break
+            line = data[pos:eol]
+            pos = eol + 2
+            if left == -4:  # trailers: up to an empty line
+                if not line:
+                    resp.chunk_left = -2
+                    if pos < n:
+                        resp.close = True
+                    break
+                continue
+            try:
+                size = int(line.split(b";", 1)[0].strip(), 16)
+            except ValueError:
+                raise RemoteProtocolError(f"bad chunk size line: {line[:40]!r}") from None
+            resp.chunk_left = size if size > 0 else -4
+        return b"".join(out) if len(out) != 1 else out[0]
+
+    # --- endings --------------------------------------------------------------
+
+    def _complete(self, resp: Response) -> None:
+        self.resp = None
+        if resp.close:
+            self.alive = False
+            if self.transport is not None:
+                self.transport.close()
+        _resolve(resp.done)
+
+    def _fail(self, exc: BaseException) -> None:
+        self.alive = False
+        resp, self.resp = self.resp, None
+        if self.transport is not None:
+            self.transport.close()
+        if resp is None:
+            return
+        if isinstance(exc, HTTPError):
+            exc.status = resp.status
+        if not resp.head_done.done():
+            resp.head_done.set_exception(exc)
+            resp.done.cancel()  # never awaited: no "exception never retrieved"
+        else:
+            _resolve(resp.done, exc)
+
+    def _lost(self, exc: Exception | None) -> None:
+        self.alive = False
+        resp = self.resp
+        if resp is None:
+            return
+        if exc is None and resp.status is not None and resp.framing == "close":
+            self._complete(resp)
+            return
+        if exc is not None:
+            err: HTTPError = ReadError(f"{type(exc).__name__}: {exc}")
+        elif resp.status is None:
+            err = RemoteProtocolError("Server disconnected without sending a response.")
+        else:
+            err = RemoteProtocolError("peer closed connection without sending complete message body")
+        self._fail(err)
+
+    def abort(self) -> None:
+        """Drop the connection (a cancelled or failed request, or idle too long)."""
+        self.alive = False
+        self.resp = None
+        if self.idle_timer is not None:
+            self.idle_timer.cancel()
+            self.idle_timer = None
+        if self.transport is not None and not self.pool.loop.is_closed():
+            self.transport.abort()
+
+
+class Pool:
+    """Keep-alive connections per (host, port), at most ``max_connections`` open at once."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, max_connections: int | None) -> None:
+        self.loop = loop
+        self.idle: dict[tuple[str, int], list[_Connection]] = {}
+        self.gate = asyncio.Semaphore(max_connections) if max_connections else None
+
+    async def _connect(self, key: tuple[str, int]) -> _Connection:
+        try:
+            _, proto = await self.loop.create_connection(lambda: _Connection(self, key), key[0], key[1])
+        except OSError as exc:
+            raise ConnectError(str(exc) or type(exc).__name__) from exc
+        return proto
+
+    def _take_idle(self, key: tuple[str, int]) -> _Connection | None:
+        stack = self.idle.get(key)
+        expiry = time.monotonic() - KEEPALIVE_EXPIRY_S
+        while stack:
+            conn = stack.pop()
+            if conn.idle_timer is not None:
+                conn.idle_timer.cancel()
+                conn.idle_timer = None
+            if conn.alive and conn.idle_since >= expiry and conn.transport is not None \
+                    and not conn.transport.is_closing():  # fmt: skip
+                return conn
+            conn.abort()
+        return None
+
+    def _release(self, conn: _Connection) -> None:
+        if conn.alive and conn.resp is None and conn.transport is not None \
+                and not conn.transport.is_closing():  # fmt: skip
+            conn.idle_since = time.monotonic()
+            self.idle.setdefault(conn.key, []).append(conn)
+            # An idle connection is closed when it expires, so none outlives its use for long.
+            conn.idle_timer = self.loop.call_later(KEEPALIVE_EXPIRY_S, self._expire, conn)
+        else:
+            conn.abort()
+
+    def _expire(self, conn: _Connection) -> None:
+        conn.idle_timer = None
+        stack = self.idle.get(conn.key, [])
+        if conn in stack:
+            stack.remove(conn)
+        conn.abort()
+
+    def close(self) -> None:
+        """Close every idle connection."""
+        for stack in self.idle.values():
+            for conn in stack:
+                conn.abort()
+        self.idle.clear()
+
+    async def request(
+        self, method: str, url: str, headers: Mapping[str, str], body: bytes, sink: BodySink,
+        on_head: Callable[[Response], None] | None = None,
+    ) -> Response:  # fmt: skip
+        """Send one request and read the whole response through ``sink``.
+
+        ``on_head`` is called once the status line and headers are in.
+        A reused keep-alive connection that the server closed before answering
+        is retried once on a fresh one. Cancellation (a timeout around this
+        call) drops the connection.
+        """
+        parts = urlsplit(url)
+        if parts.scheme != "http" or not parts.hostname:
+            raise HTTPError(f"unsupported URL for this transport: {url!r}")
+        key = (parts.hostname, parts.port or 80)
+        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        host = parts.netloc.rsplit("@", 1)[-1]
+        lines = [f"{method} {target} HTTP/1.1", f"Host: {host}", f"Content-Length: {len(body)}"]
+        lines += [f"{k}: {v}" for k, v in headers.items()]
+        message = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+        if self.gate is not None:
+            await self.gate.acquire()
+        try:
+            for attempt in (0, 1):
+                conn = self._take_idle(key) if attempt == 0 else None
+                reused = conn is not None
+                if conn is None:
+                    conn = await self._connect(key)
+                resp = Response(sink, self.loop.create_future(), self.loop.create_future())
+                conn.resp = resp
+                try:
+                    assert conn.transport is not None
+                    conn.transport.write(message)
+                    await resp.head_done
+                    if on_head is not None:
+                        on_head(resp)
+                    await resp.done
+                except RemoteProtocolError:
+                    if reused and resp.bytes_seen == 0:
+                        continue  # the server had closed this idle connection: once more, fresh
+                    raise
+                except BaseException:
+                    conn.abort()
+                    raise
+                self._release(conn)
+                return resp
+            raise AssertionError("unreachable")
+        finally:
+            if self.gate is not None:
+                self.gate.release()
+
+
+_POOLS: weakref.WeakKeyDictionary[Any, Pool] = weakref.WeakKeyDictionary()
+
+
+def pool_for(owner: Any, max_connections: int | None) -> Pool:
+    """The pool tied to ``owner`` (an httpx client) on the running loop."""
+    loop = asyncio.get_running_loop()
+    pool = _POOLS.get(owner)
+    if pool is None or pool.loop is not loop:
+        if pool is not None and not pool.loop.is_closed():
+            pool.close()
+        pool = _POOLS[owner] = Pool(loop, max_connections)
+        weakref.finalize(owner, pool.close)
+    return pool

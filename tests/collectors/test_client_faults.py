@@ -1,0 +1,153 @@
+"""Every failure the client can meet, against the real sim (its injected faults) over both transports.
+
+Each case checks that ``send_request`` returns (never raises), that the
+outcome and the ``response.received`` event carry the same short reason, and
+that what did arrive is kept (status, first-token time, text so far).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+
+import httpx
+import orjson
+import pytest
+from aiohttp import web
+
+from collectors import Outcome, send_request
+from collectors._client import _raw_pool
+from experiments.targets.sim import SimDeployment
+from tests.collectors.helpers import TIME_SCALE, VALUES, LedgerSink, client, needle_prompt, spec
+
+
+def _send(url: str, sink: LedgerSink, via: str, *, times: int = 1, timeout_s: float = 10.0,
+          **kw: object) -> list[Outcome]:  # fmt: skip
+    async def go() -> list[Outcome]:
+        async with client(via) as c:
+            return [await send_request(c, spec(url, needle_prompt(), f"ns-{via}", **kw), sink,
+                                       timeout_s=timeout_s) for _ in range(times)]  # fmt: skip
+
+    return asyncio.run(go())
+
+
+def _recorded(sink: LedgerSink, o: Outcome) -> dict[str, object]:
+    got = next(e.data for e in sink.events("response.received") if e.data["request_id"] == o.request_id)
+    assert got["error"] == o.error and got["status"] == o.status and got["ok"] == o.ok
+    return got
+
+
+def test_raw_transport_only_for_plain_clients() -> None:
+    async def go() -> None:
+        url = "http://127.0.0.1:1/v1/completions"
+        limits = httpx.Limits(max_connections=3)
+        async with httpx.AsyncClient() as plain, httpx.AsyncClient(limits=limits) as lim:
+            assert _raw_pool(plain, url) is not None
+            pool = _raw_pool(lim, url)
+            assert pool is not None and pool.gate is not None
+            assert _raw_pool(plain, "https://127.0.0.1:1/") is None
+        configured = [httpx.AsyncClient(headers={"x-a": "1"}), httpx.AsyncClient(auth=("u", "p")),
+                      httpx.AsyncClient(base_url="http://127.0.0.1:1"),
+                      httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(retries=2)),
+                      httpx.AsyncClient(transport=httpx.MockTransport(lambda r: httpx.Response(200))),
+                      httpx.AsyncClient(event_hooks={"request": [print]})]  # fmt: skip
+        for c in configured:
+            assert _raw_pool(c, url) is None
+            await c.aclose()
+
+    asyncio.run(go())
+
+
+def test_sim_http_errors_fault_is_recorded(sink: LedgerSink, via: str) -> None:
+    with SimDeployment(1, time_scale=TIME_SCALE, fault="http-errors:every=2:status=503") as d:
+        ok, failed = _send(d.replica_urls[0], sink, via, times=2)
+    assert ok.ok and orjson.loads(ok.text) == VALUES
+    assert not failed.ok and failed.status == 503 and failed.ttft_s is None
+    assert failed.error and failed.error.startswith("http 503: ") and "http-errors fault" in failed.error
+    assert _recorded(sink, failed)["text_sha256"] is None
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_sim_truncated_stream_fault_is_recorded(sink: LedgerSink, via: str, chat: bool) -> None:
+    with SimDeployment(1, time_scale=TIME_SCALE, fault="truncated-stream:after=3") as d:
+        (o,) = _send(d.replica_urls[0], sink, via, chat=chat)
+    assert not o.ok and o.status == 200 and o.error == "truncated stream: no [DONE]"
+    assert o.content_chunks == 3 and o.ttft_s is not None and o.t_last is not None
+    assert o.output_tokens is None and o.finish_reason is None  # no usage chunk came
+    assert _recorded(sink, o)["text_sha256"] == hashlib.sha256(o.text.encode()).hexdigest()
+
+
+def test_sim_dead_replica_after_truncation(sink: LedgerSink, via: str) -> None:
+    with SimDeployment(1, time_scale=TIME_SCALE, fault="truncated-stream:after=1:die=1") as d:
+        cut, dead = _send(d.replica_urls[0], sink, via, times=2)
+    assert cut.error == "truncated stream: no [DONE]"
+    assert dead.status == 503 and dead.error and dead.error.startswith("http 503")
+
+
+def test_sim_slow_start_past_the_timeout_is_recorded(sink: LedgerSink, via: str) -> None:
+    # 3000 simulated seconds at the tests' scale: 0.3 s, past a 0.1 s timeout.
+    with SimDeployment(1, time_scale=TIME_SCALE, fault="slow-start:requests=1:delay=3000") as d:
+        (late,) = _send(d.replica_urls[0], sink, via, timeout_s=0.1)
+        (fine,) = _send(d.replica_urls[0], sink, via)  # queued behind the first's prefill
+    assert late.error == "timeout" and not late.ok and late.ttft_s is None
+    assert late.status == 200  # the headers came before the prefill, as vLLM sends them
+    assert late.e2e_s is not None and 0.09 < late.e2e_s < 0.25
+    assert fine.ok, fine.error
+    _recorded(sink, late)
+
+
+def test_connection_reset_mid_stream_is_truncation(sink: LedgerSink, via: str) -> None:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b'data: {"choices":[{"index":0,"text":"a"}]}\n\n')
+        assert request.transport is not None
+        request.transport.abort()  # the engine process died mid-write
+        return resp
+
+    async def go() -> Outcome:
+        app = web.Application()
+        app.router.add_post("/v1/completions", handler)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        try:
+            async with client(via) as c:
+                url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+                return await send_request(c, spec(url, "p", "ns"), sink, timeout_s=5)
+        finally:
+            await runner.cleanup()
+
+    o = asyncio.run(go())
+    assert o.status == 200 and o.text == "a" and o.ttft_s is not None
+    assert o.error and o.error.startswith("truncated stream: connection lost")
+    _recorded(sink, o)
+
+
+def test_timings_usage_and_cached_tokens_on_a_repeat(sink: LedgerSink, via: str) -> None:
+    with SimDeployment(1, time_scale=0.05) as d:  # 1 ms per output token: tokens in separate reads
+        cold, warm = _send(d.replica_urls[0], sink, via, times=2)
+    for o in (cold, warm):
+        assert o.ok and orjson.loads(o.text) == VALUES and o.output_tokens
+        assert o.ttft_s is not None and o.t_first is not None and o.t_last is not None and o.e2e_s
+        assert 0 < o.ttft_s == o.t_first <= o.t_last <= o.e2e_s
+        assert o.decode_rate == pytest.approx((o.output_tokens - 1) / (o.t_last - o.t_first))
+        assert o.text_sha256 == hashlib.sha256(o.text.encode()).hexdigest()
+    assert cold.cached_tokens == 0
+    assert warm.cached_tokens and warm.prompt_tokens and warm.cached_tokens >= warm.prompt_tokens - 16
+
+
+def test_keepalive_survives_a_sim_restart(sink: LedgerSink, via: str) -> None:
+    with SimDeployment(1, time_scale=TIME_SCALE) as d:
+        url = d.replica_urls[0]
+
+        async def go() -> list[Outcome]:
+            async with client(via) as c:
+                first = await send_request(c, spec(url, needle_prompt(), "ns"), sink)
+                await asyncio.to_thread(d.restart)  # the server drops its keep-alive connections
+                second = await send_request(c, spec(url, needle_prompt(), "ns"), sink)
+                return [first, second]
+
+        outs = asyncio.run(go())
+    assert all(o.ok for o in outs), [o.error for o in outs]
+    assert outs[1].cached_tokens == 0  # a fresh launch: empty cache
