@@ -18,9 +18,8 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
 from ._events import GENESIS
+from ._events import _json_str as _quoted
 
 # Below this many events a single process is faster than starting workers.
 PARALLEL_THRESHOLD = 200_000
@@ -55,15 +54,6 @@ _RELINKED = "chain does not follow from the previous link (rows edited, inserted
 
 # Printable ASCII but the quote and the backslash: JSON needs no escape for these.
 _SAFE = re.compile(r'[ !#-\[\]-~]*')
-
-
-def _quoted(value: str | None) -> str:
-    """JSON text of an envelope string, as canonical JSON (orjson) writes it."""
-    if value is None:
-        return "null"
-    if value.isascii() and value.isprintable() and '"' not in value and "\\" not in value:
-        return f'"{value}"'
-    return orjson.dumps(value).decode()
 
 
 def _envelope_text(row: tuple[Any, ...]) -> str:
