@@ -5,7 +5,8 @@ restarted blocks OFF-ON-ON-OFF (two block pairs, GPU assignment swapped in
 the second), and per block six warmups and 192 measured requests:
 
 - micro chains: 4 sizes x 2 chains x (cold, local1, local2 on replica A;
-  cross, receiver_local on replica B) = 40;
+  cross, receiver_local on replica B) = 40; each reuse's text is checked
+  against the chain's cold answer (``matches_cold_reference``);
 - sessions: 32k and 128k starts x fixed/alternating x 2 sessions x 6 turns = 48,
   1,055 tokens appended per turn, canonical history;
 - forced-length generation: 8k/128k x cold/hot x 512/2048 tokens, ignore_eos = 8;
@@ -19,6 +20,8 @@ cold request hits the prefix its smaller sibling left on the same replica.
 from __future__ import annotations
 
 from typing import Any
+
+from collectors import check_matches_cold_reference
 
 NAME = "screening"
 SEED = 314159
@@ -115,11 +118,20 @@ async def micro(ctx: Any, b: Any) -> None:
             ns = ctx.namespace("micro", f"c{chain}") if leak else ctx.namespace("micro", size, f"c{chain}")
             fx = await ctx.fixture(ctx.fixture_key("micro", chain), size, ns)
             a, r = chain % 2, (chain + 1) % 2
+            cold = None
             for step in MICRO_STEPS:
                 replica = a if step in ("cold", "local1", "local2") else r
-                await b.request(fx.messages, replica=replica, namespace=ns, workload="micro",
-                                step=step, key=f"micro/{size}/c{chain}/{step}", chain=chain,
-                                expected=fx.expected, fixture=fx, prompt_tokens=fx.prompt_tokens)  # fmt: skip
+                result = await b.request(fx.messages, replica=replica, namespace=ns, workload="micro",
+                                         step=step, key=f"micro/{size}/c{chain}/{step}", chain=chain,
+                                         expected=fx.expected, fixture=fx,
+                                         prompt_tokens=fx.prompt_tokens)  # fmt: skip
+                if step == "cold":
+                    cold = result
+                elif cold is not None:
+                    # Greedy output from reused KV (local or cross-replica) must equal the chain's
+                    # cold computation of the same payload: the check that needs no meaningful answer.
+                    b.count_check(check_matches_cold_reference(b.sink, result.outcome, cold.outcome,
+                                                               config_sha256=b.config_sha256))  # fmt: skip
             b.sink.flush()
 
 

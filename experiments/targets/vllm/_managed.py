@@ -1,0 +1,300 @@
+"""The managed ``vllm`` target: launches replicas (and, for ON, the LMCache service) per block.
+
+Every block starts a fresh deployment: ON blocks start the service first and
+give each replica the ``LMCacheMPConnector`` config; OFF blocks run the
+replicas without a connector and no service at all. Start-up has a deadline;
+stop is SIGTERM to each process group, then SIGKILL (a misconfigured replica
+ignores SIGTERM). Each process logs to files under the run's directory, and
+the stop records carry those files' SHA-256, so the record names the exact logs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from collectors import gpu_inventory
+from collectors._secrets import redact_command, redact_env
+from ledger import canonical_json, new_id, sha256_hex
+
+from .._base import Launch, LaunchRecord, Replica, TargetError
+from . import _commands as cmds
+from ._engine import Resolved
+from ._observe import Observed, observe
+from ._process import Process, StartupError, start
+from ._records import stopped_data
+from ._settings import Settings
+
+__all__ = ["VllmTarget"]
+
+# Variables a replica needs from the caller to run at all; everything else is explicit.
+_INHERITED = ("PATH", "HOME", "USER", "LANG", "LC_ALL", "TZ", "TMPDIR", "HF_HOME", "HF_HUB_CACHE")
+_SERVICE = "lmcache"
+
+
+def free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _gpu_facts(physical: Sequence[int]) -> dict[int, dict[str, Any]]:
+    by_index = {int(g["index"]): g for g in gpu_inventory()}
+    return {i: {"index": i, "uuid": by_index.get(i, {}).get("uuid"), "name": by_index.get(i, {}).get("name")}
+            for i in physical}  # fmt: skip
+
+
+class VllmTarget:
+    """Real vLLM replicas (+ LMCache service for ON), restarted for every block."""
+
+    name = "vllm"
+    restarts_blocks = True
+
+    def __init__(self, settings: Settings, resolved: Resolved) -> None:
+        self.s = settings
+        self.r = resolved
+        inventory = [int(g["index"]) for g in gpu_inventory()]
+        self.physical_gpus: tuple[int, ...] | None = settings.gpu_list or (tuple(inventory) or None)
+        self._gpu = _gpu_facts(self.physical_gpus or ())
+        self.transfer_path = "gpu" if self.physical_gpus else "cpu"
+        self.logs_root = settings.logs_root(new_id())  # replaced by prepare_run's run id
+        self._block = 0
+        self._procs: dict[int, Process] = {}
+        self._urls: dict[int, str] = {}
+        self._service: Process | None = None
+        self._service_url: str | None = None
+        self._client = httpx.AsyncClient(timeout=10.0)
+
+    # --- what the runner records -----------------------------------------------
+
+    @property
+    def chunk_size(self) -> int:
+        return int(self.s.chunk_size)
+
+    @property
+    def model_name(self) -> str:
+        return str(self.s.served_name)
+
+    @property
+    def answers_meaningful(self) -> bool:
+        """Random weights answer deterministically but meaninglessly: no exact-value checks."""
+        given = self.s.answers_meaningful
+        return (not self.r.tiny) if given is None else bool(given)
+
+    @property
+    def gpu_indices(self) -> tuple[int, ...]:
+        return self.physical_gpus or ()
+
+    def _service_config(self) -> dict[str, Any]:
+        return {"service": _SERVICE, "version": self.r.service_version, "chunk_size": self.chunk_size,
+                "l1_size_gb": self.s.lmcache_l1_gb, "eviction_policy": "LRU", "transfer_mode": "auto",
+                "command": self.s.service_command}  # fmt: skip
+
+    def config(self, arm: str) -> dict[str, Any]:
+        """What decides correctness: same settings → same digest on any run (no ports, no pids)."""
+        on = arm == "ON"
+        return {
+            "target": "vllm", "engine": "vllm", "engine_version": self.r.engine_version,
+            "model": {"path": str(self.r.model_dir), "checkpoint_sha256": self.r.checkpoint_sha256,
+                      "revision": self.r.revision},
+            "served_name": self.model_name, "dtype": self.s.dtype, "max_model_len": self.s.max_model_len,
+            "enable_prefix_caching": True, "block_size": self.s.block_size,
+            "enforce_eager": self.s.enforce_eager, "replicas": self.s.replicas,
+            "transfer_path": self.transfer_path, "extra_args": self.s.extra_args,
+            "replica_command": self.s.replica_command,
+            "kv_connector": {"kv_connector": cmds.CONNECTOR, "kv_role": "kv_both"} if on else None,
+            "service": self._service_config() if on else None,
+        }  # fmt: skip
+
+    def config_sha256(self, arm: str) -> str:
+        return sha256_hex(canonical_json(self.config(arm)))
+
+    def describe(self) -> dict[str, Any]:
+        return {"mode": "managed", "engine_version": self.r.engine_version,
+                "model": str(self.r.model_dir), "revision": self.r.revision,
+                "gpus": list(self.physical_gpus or []), "transfer_path": self.transfer_path,
+                "answers_meaningful": self.answers_meaningful, "restarts_blocks": True}  # fmt: skip
+
+    async def prepare_run(self, run_id: str) -> tuple[LaunchRecord, ...]:
+        """Bind the run (logs under its id) and record which checkpoint it uses."""
+        self.logs_root = self.s.logs_root(run_id)
+        return (LaunchRecord("checkpoint.audited", self.r.audit.data()),)
+
+    # --- launching -----------------------------------------------------------------
+
+    def _env(self, gpu: int | None) -> dict[str, str]:
+        from .engines import cache_root
+
+        runtime = cache_root() / "runtime"
+        env = {k: os.environ[k] for k in _INHERITED if k in os.environ}
+        env.update({
+            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1", "PYTHONUNBUFFERED": "1",
+            "VLLM_CACHE_ROOT": str(runtime / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(runtime / "inductor"),
+        })  # fmt: skip
+        if gpu is None:
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(self.s.kv_cache_gb)
+        else:
+            env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+        return {**env, **self.s.env, **self.s.passed_env()}
+
+    def _replica_argv(self, port: int, on: bool, service_port: int | None) -> list[str]:
+        template = self.s.replica_command or cmds.replica_template(
+            enforce_eager=self.s.enforce_eager, block_size=self.s.block_size,
+            gpu_memory_utilization=self.s.gpu_memory_utilization, extra_args=self.s.extra_args)  # fmt: skip
+        argv = cmds.render(template, {
+            "python": self.r.vllm_python, "model": self.r.model_dir, "served_name": self.model_name,
+            "host": self.s.host, "port": port, "dtype": self.s.dtype, "max_model_len": self.s.max_model_len,
+            "block_size": self.s.block_size,
+        })  # fmt: skip
+        if on and service_port is not None:
+            argv = cmds.with_connector(argv, cmds.kv_transfer_config(self.s.host, service_port))
+        return argv
+
+    def _block_dir(self, arm: str) -> Path:
+        self._block += 1
+        return self.logs_root / f"b{self._block:02d}-{arm}"
+
+    async def _wait(self, proc: Process, url: str) -> None:
+        try:
+            await asyncio.to_thread(proc.wait_http, url, float(self.s.startup_timeout_s))
+        except StartupError as exc:
+            raise TargetError(f"{proc.name} did not start: {exc}") from exc
+
+    async def _start_service(self, logs: Path) -> tuple[int, LaunchRecord]:
+        port, http_port = free_port(self.s.host), free_port(self.s.host)
+        argv = cmds.render(self.s.service_command or cmds.SERVICE_TEMPLATE, {
+            "python": self.r.lmcache_python, "host": self.s.host, "port": port, "http_port": http_port,
+            "chunk_size": self.chunk_size, "l1_size_gb": self.s.lmcache_l1_gb,
+        })  # fmt: skip
+        env = self._env(None)
+        env.pop("VLLM_CPU_KVCACHE_SPACE", None)
+        proc = start(argv, name=_SERVICE, log_dir=logs, env=env, die_with_parent=True)
+        self._service, self._service_url = proc, f"http://{self.s.host}:{http_port}"
+        await self._wait(proc, self._service_url + "/healthcheck")
+        return port, LaunchRecord("service.launched", {
+            "service": _SERVICE, "endpoint": self._service_url, "port": port,
+            "command": redact_command(argv), "env": redact_env(env), "version": self.r.service_version,
+            "pool_bytes": int(float(self.s.lmcache_l1_gb) * 2**30), "pinned": None,
+            "chunk_size": self.chunk_size, "config_sha256": self.config_sha256("ON"), "target": "vllm",
+            "pid": proc.pid, "ready_s": proc.ready_seconds, "restarted": True,
+        })  # fmt: skip
+
+    def _gpu_of(self, slot: int) -> tuple[int | None, dict[str, Any] | None]:
+        if not self.physical_gpus:
+            return None, None
+        physical = self.physical_gpus[slot % len(self.physical_gpus)]
+        return physical, self._gpu[physical]
+
+    async def start(self, *, arm: str, gpus: Sequence[int]) -> Launch:
+        if arm not in ("ON", "OFF"):
+            raise ValueError(f"arm must be ON or OFF, got {arm!r}")
+        if self._procs or self._service is not None:
+            await self.stop()  # a block's leftovers never serve the next block
+        logs, on = self._block_dir(arm), arm == "ON"
+        records: list[LaunchRecord] = []
+        service_port = None
+        if on:
+            service_port, record = await self._start_service(logs)
+            records.append(record)
+        launched = []
+        for i in range(int(self.s.replicas)):
+            physical, gpu = self._gpu_of(gpus[i] if i < len(gpus) else i)
+            port, env = free_port(self.s.host), self._env(physical)
+            argv = self._replica_argv(port, on, service_port)
+            # Started from the loop's thread (die_with_parent follows the starting thread).
+            proc = start(argv, name=f"replica-{i}", log_dir=logs, env=env, die_with_parent=True)
+            self._procs[i], self._urls[i] = proc, f"http://{self.s.host}:{port}"
+            launched.append((i, gpu, argv, env))
+        # Started together, waited together: start-up is mostly waiting (68 s for two on 2 cores).
+        await asyncio.gather(*(self._wait(self._procs[i], self._urls[i] + "/health") for i in self._procs))
+        observed = await asyncio.gather(*(asyncio.to_thread(self._observe, self._urls[i])
+                                          for i in self._procs))  # fmt: skip
+        replicas = []
+        for (i, gpu, argv, env), obs in zip(launched, observed, strict=True):
+            self._check_version(obs)
+            replicas.append(Replica(i, self._urls[i], gpu))
+            data = self._replica_data(i, gpu, arm, argv, env, obs, service_port)
+            records.append(LaunchRecord("deployment.launched", data))
+        return Launch(tuple(replicas), self.config_sha256(arm), tuple(records))
+
+    @staticmethod
+    def _observe(url: str) -> Observed:
+        with httpx.Client() as client:
+            return observe(client, url)
+
+    def _check_version(self, obs: Observed) -> None:
+        # The config digest named a version before start; a different one serving would make it lie.
+        if obs.version != self.r.engine_version:
+            raise TargetError(f"{obs.endpoint} serves vLLM {obs.version}, the config names "
+                              f"{self.r.engine_version}")  # fmt: skip
+
+    def _replica_data(self, i: int, gpu: dict[str, Any] | None, arm: str, argv: list[str],
+                      env: dict[str, str], obs: Observed,
+                      service_port: int | None) -> dict[str, Any]:  # fmt: skip
+        proc = self._procs[i]
+        on = arm == "ON" and service_port is not None
+        return {
+            "replica": i, "gpu": gpu, "endpoint": self._urls[i], "engine": "vllm",
+            "engine_version": obs.version, "command": redact_command(argv), "env": redact_env(env),
+            "model": {"path": str(self.r.model_dir), "served_name": self.model_name,
+                      "revision": self.r.revision, "checkpoint_sha256": self.r.checkpoint_sha256},
+            "config_sha256": self.config_sha256(arm),
+            "kv_connector": cmds.kv_transfer_config(self.s.host, service_port) if on else None,  # type: ignore[arg-type]
+            "target": "vllm", "transfer_path": self.transfer_path, "arm": arm, "config": self.config(arm),
+            "restarted": True, "attached": False, "pid": proc.pid, "ready_s": proc.ready_seconds,
+            "served_names": obs.served_names, "cache_config": obs.cache_config,
+            "logs": [str(proc.stdout_path), str(proc.stderr_path)],
+        }  # fmt: skip
+
+    # --- stopping ------------------------------------------------------------------
+
+    async def _health(self, url: str) -> int | None:
+        try:
+            return (await self._client.get(url, timeout=3.0)).status_code
+        except httpx.HTTPError:
+            return None
+
+    async def _stop_one(self, proc: Process, health_url: str) -> dict[str, Any]:
+        health = await self._health(health_url)
+        exited = not proc.alive()
+        await asyncio.to_thread(proc.terminate, float(self.s.stop_grace_s))
+        return stopped_data(proc, health, exited_before_stop=exited)
+
+    async def stop(self) -> tuple[LaunchRecord, ...]:
+        procs, urls, self._procs, self._urls = self._procs, self._urls, {}, {}
+        done = await asyncio.gather(*(self._stop_one(p, urls[i] + "/health") for i, p in procs.items()))
+        records = [LaunchRecord("deployment.stopped", {"replica": i, "endpoint": urls[i], **data})
+                   for i, data in zip(procs, done, strict=True)]  # fmt: skip
+        service, url, self._service, self._service_url = self._service, self._service_url, None, None
+        if service is not None:  # after the replicas: their connectors talk to it until they exit
+            data = await self._stop_one(service, f"{url}/healthcheck")
+            records.append(LaunchRecord("service.stopped", {"service": _SERVICE, "endpoint": url, **data}))
+        return tuple(records)
+
+    async def healthy(self, replica: int) -> bool:
+        proc = self._procs.get(replica)
+        if proc is None or not proc.alive():
+            return False
+        return await self._health(self._urls[replica] + "/health") == 200
+
+    async def close(self) -> None:
+        try:
+            await self.stop()
+        finally:
+            await self._client.aclose()
+
+    # --- for fault-injection tests ---------------------------------------------------
+
+    def process(self, replica: int) -> Process:
+        """The running replica's launcher handle (pid, logs) — tests inject faults through it."""
+        return self._procs[replica]
+
+    def endpoint(self, replica: int) -> str:
+        return self._urls[replica]

@@ -1,0 +1,212 @@
+"""The ``vllm`` target: the hook ``experiments/targets/_registry.py`` imports.
+
+- ``PARAMS``: the target's options (``--param``), with defaults (``_settings``).
+- ``check_params(params)``: refuses bad options before anything is written
+  (:class:`ParamError`, exit status 2).
+- ``make_target(params)``: a managed :class:`VllmTarget` (launches replicas and,
+  for ON blocks, the LMCache service; restarted every block), or, with
+  ``attach=URL1,URL2[,service=URL]``, an :class:`AttachedTarget` that records
+  what endpoints someone else started say about themselves and never restarts
+  them.
+
+Attach mode: ``/version``, ``/v1/models``, ``vllm:cache_config_info`` and the
+whole ``/metrics`` snapshot are recorded in ``deployment.launched`` with
+``attached: true`` and ``restarted: false``; the config digest is computed
+from that observed configuration. Blocks are marked ``restarted: false`` in
+``block.started``: caches are *not* fresh, so a second block's cold steps see
+the first block's prefixes and the audit reports them (``namespace-leak``);
+attach mode suits single-block runs (``validation``) or a deployment the
+researcher restarts by hand between runs. The arm of a block is a label the
+researcher vouches for (an attached deployment cannot be switched ON/OFF).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+from collectors import gpu_inventory
+from collectors._checkpoint import audit_checkpoint
+from ledger import canonical_json, sha256_hex
+
+from ..._params import ParamError
+from .._base import Launch, LaunchRecord, Replica, Target, TargetError
+from ._engine import resolve
+from ._managed import VllmTarget
+from ._observe import Observed, observe, observed_config
+from ._settings import PARAMS, Settings, check
+
+__all__ = ["PARAMS", "AttachedTarget", "VllmTarget", "check_params", "make_target"]
+
+
+def check_params(params: dict[str, Any]) -> None:
+    """Refuse bad vllm options before anything is written (ParamError → exit 2)."""
+    check(params)
+    model = params.get("model")
+    if model is not None and not Path(str(model)).expanduser().is_dir() and params.get("attach") is None:
+        raise ParamError(f"model: not a directory: {model}")
+    for name in ("vllm_python", "lmcache_python"):
+        value = params.get(name)
+        if value is not None and not Path(str(value)).expanduser().exists():
+            raise ParamError(f"{name}: not found: {value}")
+
+
+def make_target(params: Mapping[str, Any]) -> Target:
+    """The managed target, or the attached one when ``attach`` is given."""
+    settings = Settings(dict(params))
+    if settings.attach_urls is not None:
+        return AttachedTarget(settings)
+    return VllmTarget(settings, resolve(settings))
+
+
+class AttachedTarget:
+    """Endpoints someone else started: observed and recorded, never (re)started or stopped."""
+
+    name = "vllm"
+    restarts_blocks = False
+
+    def __init__(self, settings: Settings) -> None:
+        attach = settings.attach_urls
+        assert attach is not None
+        self.s = settings
+        self.urls, self.service_url = attach
+        with httpx.Client() as client:
+            self.observed = [observe(client, url) for url in self.urls]
+            self.service = self._observe_service(client)
+        dead = [o.endpoint for o in self.observed if o.health != 200]
+        if dead:
+            raise TargetError(f"attached endpoint(s) not healthy: {', '.join(dead)}")
+        self._client = httpx.AsyncClient(timeout=10.0)
+        gpus = settings.gpu_list
+        local = {int(g["index"]): g for g in gpu_inventory()}
+        self.gpus: list[dict[str, Any] | None] = [
+            {"index": g, "uuid": local.get(g, {}).get("uuid"), "name": local.get(g, {}).get("name")}
+            for g in gpus
+        ] if gpus else []  # fmt: skip
+        loopback = all(urlsplit(u).hostname in ("127.0.0.1", "localhost", "::1") for u in self.urls)
+        # Unknown hosts count as GPU paths: the audit then asks for the stricter validation layers.
+        self.transfer_path = "cpu" if loopback and not gpus and not local else "gpu"
+
+    def _observe_service(self, client: httpx.Client) -> dict[str, Any] | None:
+        if self.service_url is None:
+            return None
+        out: dict[str, Any] = {"endpoint": self.service_url}
+        for path in ("/healthcheck", "/status"):
+            try:
+                resp = client.get(self.service_url + path, timeout=10.0)
+                out[path.strip("/")] = {"status": resp.status_code, "body": resp.text[:2000]}
+            except httpx.HTTPError as exc:
+                out[path.strip("/")] = {"status": None, "error": str(exc)[:200]}
+        return out
+
+    # --- what the runner records -----------------------------------------------
+
+    @property
+    def chunk_size(self) -> int:
+        return int(self.s.chunk_size)
+
+    @property
+    def model_name(self) -> str:
+        names = self.observed[0].served_names
+        return str(self.s.served_name) if self.s.served_name in names or not names else names[0]
+
+    @property
+    def answers_meaningful(self) -> bool:
+        given = self.s.answers_meaningful
+        return True if given is None else bool(given)
+
+    def config(self, arm: str) -> dict[str, Any]:
+        """The observed configuration: what the endpoints said, no ports or pids."""
+        return {
+            "target": "vllm", "mode": "attach", "arm": arm, "chunk_size": self.chunk_size,
+            "transfer_path": self.transfer_path,
+            "replicas": [observed_config(o) for o in self.observed],
+            "service": (self.service or {}).get("status", {}).get("body") if arm == "ON" else None,
+        }  # fmt: skip
+
+    def config_sha256(self, arm: str) -> str:
+        return sha256_hex(canonical_json(self.config(arm)))
+
+    def describe(self) -> dict[str, Any]:
+        return {"mode": "attach", "endpoints": list(self.urls), "service": self.service_url,
+                "engine_version": self.observed[0].version, "answers_meaningful": self.answers_meaningful,
+                "restarts_blocks": False}  # fmt: skip
+
+    def _checkpoint_dir(self) -> Path | None:
+        """The model directory to audit: the ``model`` param, else the served root if it is local."""
+        for candidate in (self.s.model, self.observed[0].model_root):
+            if candidate and Path(str(candidate)).expanduser().is_dir():
+                return Path(str(candidate)).expanduser()
+        return None
+
+    async def prepare_run(self, run_id: str) -> tuple[LaunchRecord, ...]:
+        """Record the checkpoint when it can be read from here (else the audit says it is missing)."""
+        directory = self._checkpoint_dir()
+        if directory is None:
+            return ()
+        manifest = Path(self.s.manifest).expanduser() if self.s.manifest else None
+        audit = await asyncio.to_thread(audit_checkpoint, directory, self.s.revision, manifest)
+        return (LaunchRecord("checkpoint.audited", audit.data()),)
+
+    # --- life cycle: observe, never restart ------------------------------------------
+
+    async def start(self, *, arm: str, gpus: Sequence[int]) -> Launch:
+        if arm not in ("ON", "OFF"):
+            raise ValueError(f"arm must be ON or OFF, got {arm!r}")
+        with httpx.Client() as client:
+            now = await asyncio.to_thread(lambda: [observe(client, u) for u in self.urls])
+        dead = [o.endpoint for o in now if o.health != 200]
+        if dead:
+            raise TargetError(f"attached endpoint(s) not healthy: {', '.join(dead)}")
+        digest = self.config_sha256(arm)
+        replicas = tuple(Replica(i, o.endpoint, self._gpu(i)) for i, o in enumerate(now))
+        records = [LaunchRecord("deployment.launched", self._replica_data(i, o, arm, digest))
+                   for i, o in enumerate(now)]  # fmt: skip
+        if arm == "ON" and self.service is not None:
+            records.append(LaunchRecord("service.launched", {
+                "service": "lmcache", "endpoint": self.service_url, "command": None, "env": {},
+                "version": None, "pool_bytes": None, "pinned": None, "config_sha256": digest,
+                "target": "vllm", "attached": True, "restarted": False, "observed": self.service,
+            }))  # fmt: skip
+        return Launch(replicas, digest, tuple(records))
+
+    def _gpu(self, i: int) -> dict[str, Any] | None:
+        return self.gpus[i] if i < len(self.gpus) else None
+
+    def _replica_data(self, i: int, o: Observed, arm: str, digest: str) -> dict[str, Any]:
+        return {
+            "replica": i, "gpu": self._gpu(i), "endpoint": o.endpoint, "engine": "vllm",
+            "engine_version": o.version, "command": None, "env": {},
+            "model": {"path": o.model_root, "served_name": self.model_name, "revision": self.s.revision},
+            "config_sha256": digest, "kv_connector": None, "target": "vllm",
+            "transfer_path": self.transfer_path, "arm": arm, "attached": True, "restarted": False,
+            "config": self.config(arm), "observed_config": observed_config(o), "models": o.models,
+            "cache_config": o.cache_config, "metrics": o.metrics,
+            "has_external_metrics": o.has_external_metrics,
+        }  # fmt: skip
+
+    async def stop(self) -> tuple[LaunchRecord, ...]:
+        records = []
+        for i, url in enumerate(self.urls):
+            try:
+                health: int | None = (await self._client.get(url + "/health")).status_code
+            except httpx.HTTPError:
+                health = None
+            records.append(LaunchRecord("deployment.stopped", {
+                "replica": i, "endpoint": url, "attached": True, "stopped": False, "health_at_stop": health,
+            }))  # fmt: skip
+        return tuple(records)
+
+    async def healthy(self, replica: int) -> bool:
+        try:
+            return (await self._client.get(self.urls[replica] + "/health")).status_code == 200
+        except (httpx.HTTPError, IndexError):
+            return False
+
+    async def close(self) -> None:
+        await self._client.aclose()
