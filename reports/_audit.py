@@ -373,7 +373,7 @@ def validation_missing(src: Source, run: str | None) -> list[Finding]:
         for cfg in config_coverage(src, run_row["run_id"], copy["passed"], pinned["passed"], services_ok):
             if cfg["passed"]:
                 continue
-            missing = [name for name, ok in cfg["layers"].items() if not ok]
+            missing = cfg["missing"]
             out.append(
                 finding(
                     "validation-missing",

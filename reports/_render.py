@@ -44,10 +44,21 @@ def short(text: Any, n: int = 12) -> str:
 
 
 def size(tokens: Any) -> str:
+    """A nominal size as the study writes it: ``8k``, ``32k``, ``128k``, ``256k``.
+
+    Nominal sizes are round thousands of tokens in the screening (8000 …
+    256000; the seed's 128k sessions start at 128,000 tokens) and may be
+    multiples of 1024 elsewhere (8192 … 262144). Thousands are tried first,
+    so 128000 (= 125 × 1024) reads 128k, not 125k; 131072 reads 128k too.
+    Anything else is printed exactly.
+    """
     if tokens is None:
         return "–"
     t = int(tokens)
-    return f"{t // 1024}k" if t % 1024 == 0 else str(t)
+    for unit in (1000, 1024):
+        if t >= unit and t % unit == 0:
+            return f"{t // unit}k"
+    return str(t)
 
 
 def _inference(row: dict[str, Any]) -> str:
@@ -181,13 +192,17 @@ def validation_sections(v: dict[str, Any]) -> list[Section]:
                 x["applies_to"],
                 str(x["checks"]),
                 str(x["passed_checks"]),
-                "pass" if x.get("passed", bool(x.get("configs_passed"))) else "not passed",
+                x["status"],
             ]
             for x in v["layers"]
         ],
     )
     copy = v["layers"][0]
     layers.notes = [
+        f"{x['layer']}: not applicable — {x['applicability']}"
+        for x in v["layers"]
+        if not x["applicable"] and x.get("applicability")
+    ] + [
         f"{c['method']} {c['direction']} {'delayed' if c['delayed'] else 'undelayed'}: "
         f"{c['passed']}/{c['checks']} passed"
         for c in copy["cells"]
@@ -199,7 +214,7 @@ def validation_sections(v: dict[str, Any]) -> list[Section]:
             [
                 short(c["config_sha256"], 16),
                 "/".join(c["transfer_paths"]),
-                "; ".join(f"{k}: {'pass' if ok else 'missing'}" for k, ok in c["layers"].items()),
+                "; ".join(f"{k}: {state}" for k, state in c["layers"].items()),
                 "validated" if c["passed"] else "NOT validated",
             ]
             for c in v["configs"]

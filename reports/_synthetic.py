@@ -54,6 +54,7 @@ class Flaws:
     order_unbalanced: bool = False
     declared_exclusion: bool = False
     probes_failing: bool = False
+    block_failed: bool = False  # an ON block whose replica died half-way (status failed, partial data)
 
 
 @dataclass(frozen=True)
@@ -403,11 +404,12 @@ class Screening:
         self.run_id = g.run_started("screening", {"order": order, "sizes": list(self.shape.sizes)})
         if self.shape.target == "vllm":
             g.checkpoint(self.run_id)
+        self.failed_blocks: list[str] = []
         for index, arm in enumerate(order):
             self.block(index, arm, order)
         if g._plant("run_incomplete", self.run_id):
             return self.run_id
-        g.run_finished(self.run_id)
+        g.run_finished(self.run_id, "failed" if self.failed_blocks else "completed")
         return self.run_id
 
     def block(self, index: int, arm: str, order: list[str]) -> None:
@@ -438,9 +440,16 @@ class Screening:
         for req in self.micro():
             self.single(req)
         self.sessions()
-        for req in self.generation():
-            self.single(req)
-        self.windows()
+        status, error = "completed", None
+        if arm == "ON" and index == 1 and g._plant("block_failed", block_id):
+            # The replica died after the sessions: no generation or windows, and no declared
+            # exclusion (an imported ledger need not carry one); the report must exclude it itself.
+            status, error = "failed", "BlockFailed: replica 1 unhealthy (connection refused)"
+            self.failed_blocks.append(block_id)
+        else:
+            for req in self.generation():
+                self.single(req)
+            self.windows()
         if arm == "OFF" and index == 3 and g._plant("declared_exclusion", block_id):
             g.emit(
                 "exclusion.declared",
@@ -450,7 +459,7 @@ class Screening:
             )
         g.emit(
             "block.finished",
-            {"index": index, "arm": arm, "pair": pair, "status": "completed", "error": None},
+            {"index": index, "arm": arm, "pair": pair, "status": status, "error": error},
             self.run_id,
             block_id,
         )

@@ -10,7 +10,11 @@
   validation run for it finished ``completed`` with every assertion passed.
 
 Probes test the GPU copy path, not one config, so they cover every ON config
-whose ``transfer_path`` is ``gpu``; for other paths they do not apply.
+whose ``transfer_path`` is ``gpu``; for ``sim`` and ``cpu`` paths they do not
+apply and read "not applicable" (never "missing"). A launch that does not say
+its path (older records) is treated as ``gpu``: the gate cannot prove the
+probes unnecessary. The audit's ``validation-missing`` reads the same
+:func:`config_coverage`, so the table and the gate always agree.
 """
 
 from __future__ import annotations
@@ -21,6 +25,10 @@ from ._source import Source
 from ._views import ORDERED_METHODS
 
 GPU_PATH = "gpu"
+# Paths on which the GPU byte and pinned-allocation probes apply ("unknown": not recorded).
+GPU_LAYER_PATHS = frozenset({GPU_PATH, "unknown"})
+PASS, MISSING, NOT_APPLICABLE = "pass", "missing", "not applicable"
+GPU_LAYERS = ("byte probes (copy ordering)", "pinned allocation")
 
 
 def copy_probes(src: Source) -> dict[str, Any]:
@@ -79,7 +87,7 @@ def service_regression(src: Source) -> dict[str, Any]:
 def config_coverage(
     src: Source, run: str | None, probes_ok: bool, pinned_ok: bool, services_ok: set[str]
 ) -> list[dict[str, Any]]:
-    """Per ON config in scope: which layers apply and whether each has passed."""
+    """Per ON config in scope: each layer ``pass``, ``missing`` or ``not applicable``."""
     rows = src.rows(
         """SELECT config_sha256, list(DISTINCT transfer_path ORDER BY transfer_path) AS paths,
                               list(DISTINCT run_id ORDER BY run_id) AS runs
@@ -89,24 +97,49 @@ def config_coverage(
     )
     out = []
     for r in rows:
-        gpu = GPU_PATH in r["paths"]
-        layers = {"service regression": r["config_sha256"] in services_ok}
-        if gpu:
-            layers["byte probes (copy ordering)"] = probes_ok
-            layers["pinned allocation"] = pinned_ok
+        gpu = bool(GPU_LAYER_PATHS & set(r["paths"]))
+        layers = {"service regression": PASS if r["config_sha256"] in services_ok else MISSING}
+        for name, ok in zip(GPU_LAYERS, (probes_ok, pinned_ok), strict=True):
+            layers[name] = (PASS if ok else MISSING) if gpu else NOT_APPLICABLE
         out.append(
             {
                 "config_sha256": r["config_sha256"],
                 "transfer_paths": list(r["paths"]),
                 "runs": list(r["runs"]),
                 "layers": layers,
-                "passed": all(layers.values()),
+                "missing": [name for name, state in layers.items() if state == MISSING],
+                "passed": all(state != MISSING for state in layers.values()),
             }
         )
     return out
 
 
+def _status(layer: dict[str, Any], applicable: bool) -> str:
+    if not applicable:
+        return NOT_APPLICABLE
+    return PASS if layer["passed"] else "not passed"
+
+
 def validation_layers(src: Source, run: str | None) -> dict[str, Any]:
     copy, pinned, service = copy_probes(src), pinned_probes(src), service_regression(src)
     coverage = config_coverage(src, run, copy["passed"], pinned["passed"], set(service["configs_passed"]))
+    # A GPU layer applies when some ON config in scope moves KV over a GPU path; with no
+    # performance config in scope (a ledger of probes alone) it applies when it was run.
+    gpu_configs = [c for c in coverage if c["layers"][GPU_LAYERS[0]] != NOT_APPLICABLE]
+    for layer in (copy, pinned):
+        applicable = bool(gpu_configs) if coverage else bool(layer["checks"])
+        layer["applicable"] = applicable
+        layer["status"] = _status(layer, applicable)
+        if not applicable:
+            paths = sorted({p for c in coverage for p in c["transfer_paths"]})
+            layer["applicability"] = (
+                f"GPU transfer paths only; ON configs here use {'/'.join(paths)}"
+                if paths
+                else "GPU transfer paths only; no ON configuration in scope"
+            )
+    service["passed"] = bool(service["configs_passed"]) and all(
+        c["layers"]["service regression"] == PASS for c in coverage
+    )
+    service["applicable"] = True
+    service["status"] = _status(service, True)
     return {"layers": [copy, pinned, service], "configs": coverage}

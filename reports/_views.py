@@ -94,7 +94,7 @@ LEFT JOIN (SELECT run_id, arg_max(status, seq) AS status
         "kv_blocks",
         f"""
 SELECT b.run_id, b.block_id, b.seq, b."index" AS position, b.arm, b.pair, b."order", b.gpu_swap,
-       b.config_sha256, f.status AS finish_status
+       b.config_sha256, f.status AS finish_status, f.error AS finish_error
 FROM ({
             _extract(
                 "block.started",
@@ -108,9 +108,9 @@ FROM ({
                 },
             )
         }) b
-LEFT JOIN (SELECT block_id, arg_max(status, seq) AS status
+LEFT JOIN (SELECT block_id, arg_max(status, seq) AS status, arg_max(error, seq) AS error
            FROM ({
-            _extract("block.finished", {"status": "VARCHAR"})
+            _extract("block.finished", {"status": "VARCHAR", "error": "VARCHAR"})
         }) GROUP BY block_id) f USING (block_id)
 -- Validation runs deploy an ON block too, but they are the service regression, not a comparison.
 WHERE b.run_id NOT IN (SELECT run_id FROM kv_runs WHERE experiment = 'validation')""",
@@ -200,10 +200,16 @@ FROM ({
 SELECT seq, run_id, block_id AS event_block, scope, target, reason
 FROM ({_extract("exclusion.declared", {"scope": "VARCHAR", "target": "VARCHAR", "reason": "VARCHAR"})})""",
     ),
-    # A cold measured request with any local or external hit excludes its whole block.
+    # Whole blocks kept out of every count, pair and median: a cold measured request with any
+    # local or external hit (namespace leak), a block that finished failed or aborted, and
+    # declared exclusions (block or run scope). A block may be listed once per source.
     (
         "kv_excluded_blocks",
         """
+SELECT run_id, block_id, 'block-' || finish_status AS source,
+       'block ' || finish_status || coalesce(': ' || finish_error, '') AS reason, seq
+FROM kv_blocks WHERE finish_status IN ('failed', 'aborted')
+UNION ALL
 SELECT run_id, block_id, 'namespace-leak' AS source,
        'cold request ' || request_id || ' saw ' || coalesce(local_hit_tokens, 0) || ' local and '
        || coalesce(external_hit_tokens, 0) || ' external hit tokens' AS reason, seq
@@ -227,12 +233,14 @@ SELECT r.*,
 FROM kv_requests r WHERE r.arm IS NOT NULL AND NOT r.warmup""",
     ),
     # ON matched to OFF: same run, block pair, workload, step, size, placement, chain/session/window, turn
-    # (and ordinal, for repeats of one key).
+    # (and ordinal, for repeats of one key). A block pair with an excluded block has no comparison:
+    # all its rows are 'excluded', including requests whose partner the excluded block never sent.
     (
         "kv_pairs",
         """
 WITH ons AS (SELECT * FROM kv_measured WHERE arm = 'ON'),
-     offs AS (SELECT * FROM kv_measured WHERE arm = 'OFF')
+     offs AS (SELECT * FROM kv_measured WHERE arm = 'OFF'),
+     joined AS (
 SELECT coalesce(ons.run_id, offs.run_id) AS run_id, coalesce(ons.pair, offs.pair) AS pair,
        coalesce(ons.workload, offs.workload) AS workload, coalesce(ons.step, offs.step) AS step,
        coalesce(ons.chain, offs.chain) AS chain, coalesce(ons.session, offs.session) AS session,
@@ -244,13 +252,12 @@ SELECT coalesce(ons.run_id, offs.run_id) AS run_id, coalesce(ons.pair, offs.pair
        ons.ttft_s AS on_ttft, offs.ttft_s AS off_ttft,
        ons.decode_rate AS on_decode, offs.decode_rate AS off_decode,
        ons.payload_sha256 = offs.payload_sha256 AS payload_match, ons.gpu = offs.gpu AS gpu_match,
-       coalesce(ons.excluded, false) OR coalesce(offs.excluded, false) AS excluded,
-       CASE WHEN coalesce(ons.excluded, false) OR coalesce(offs.excluded, false) THEN 'excluded'
-            WHEN offs.request_id IS NULL THEN 'unpaired-on'
+       coalesce(ons.excluded, false) OR coalesce(offs.excluded, false) AS side_excluded,
+       CASE WHEN offs.request_id IS NULL THEN 'unpaired-on'
             WHEN ons.request_id IS NULL THEN 'unpaired-off'
             WHEN ons.payload_sha256 IS DISTINCT FROM offs.payload_sha256 THEN 'payload-mismatch'
             WHEN ons.gpu IS DISTINCT FROM offs.gpu THEN 'gpu-mismatch'
-            ELSE 'matched' END AS status,
+            ELSE 'matched' END AS pair_status,
        coalesce(ons.seq, offs.seq) AS seq
 FROM ons FULL OUTER JOIN offs
   ON ons.run_id = offs.run_id AND ons.pair = offs.pair AND ons.workload = offs.workload
@@ -258,7 +265,13 @@ FROM ons FULL OUTER JOIN offs
  AND ons.nominal_tokens IS NOT DISTINCT FROM offs.nominal_tokens
  AND ons.placement IS NOT DISTINCT FROM offs.placement AND ons.chain IS NOT DISTINCT FROM offs.chain
  AND ons.session IS NOT DISTINCT FROM offs.session
- AND ons."window" IS NOT DISTINCT FROM offs."window" AND ons.turn IS NOT DISTINCT FROM offs.turn""",
+ AND ons."window" IS NOT DISTINCT FROM offs."window" AND ons.turn IS NOT DISTINCT FROM offs.turn),
+     excluded_pairs AS (SELECT DISTINCT b.run_id, b.pair FROM kv_blocks b
+                        JOIN kv_excluded_blocks x ON x.block_id = b.block_id)
+SELECT j.* EXCLUDE (side_excluded, pair_status),
+       j.side_excluded OR x.pair IS NOT NULL AS excluded,
+       CASE WHEN j.side_excluded OR x.pair IS NOT NULL THEN 'excluded' ELSE j.pair_status END AS status
+FROM joined j LEFT JOIN excluded_pairs x ON x.run_id = j.run_id AND x.pair = j.pair""",
     ),
     # Table 3's units: micro requests by locality (cold, first local reuse, cross-replica).
     (
@@ -305,14 +318,16 @@ SELECT o.run_id, o.pair, o.placement, o.nominal_tokens, o.session, o.wall_s AS o
 FROM kv_sessions o JOIN kv_sessions f
   ON o.run_id = f.run_id AND o.pair = f.pair AND o.session = f.session AND o.placement = f.placement
  AND o.nominal_tokens IS NOT DISTINCT FROM f.nominal_tokens
-WHERE o.arm = 'ON' AND f.arm = 'OFF' AND NOT o.excluded AND NOT f.excluded AND f.wall_s > 0""",
+WHERE o.arm = 'ON' AND f.arm = 'OFF' AND NOT o.excluded AND NOT f.excluded AND o.wall_s IS NOT NULL
+  AND f.wall_s > 0""",
     ),
     (
         "kv_decode_pairs",
         """
 SELECT run_id, pair, nominal_tokens, step, max_tokens, chain, on_decode, off_decode,
        100 * (on_decode / off_decode - 1) AS change_pct, seq
-FROM kv_pairs WHERE status = 'matched' AND workload = 'generation' AND off_decode > 0""",
+FROM kv_pairs WHERE status = 'matched' AND workload = 'generation' AND on_decode IS NOT NULL
+  AND off_decode > 0""",
     ),
     (
         "kv_windows",
@@ -343,7 +358,8 @@ SELECT o.run_id, o.pair, o.placement, o.sessions, o."window", o.tokens_per_s AS 
 FROM kv_windows o JOIN kv_windows f
   ON o.run_id = f.run_id AND o.pair = f.pair AND o."window" = f."window" AND o.placement = f.placement
  AND o.sessions = f.sessions
-WHERE o.arm = 'ON' AND f.arm = 'OFF' AND NOT o.excluded AND NOT f.excluded AND f.tokens_per_s > 0""",
+WHERE o.arm = 'ON' AND f.arm = 'OFF' AND NOT o.excluded AND NOT f.excluded AND o.tokens_per_s IS NOT NULL
+  AND f.tokens_per_s > 0""",
     ),
     # The service regression: validation runs by the ON config digest they validate.
     (

@@ -34,6 +34,9 @@ def excluded_blocks(events: list[Env]) -> set[str]:
     for e in of_kind(events, "exclusion.declared"):
         if e["data"]["scope"] == "block":
             out.add(e["data"]["target"])
+    for e in of_kind(events, "block.finished"):
+        if e["data"]["status"] in ("failed", "aborted"):
+            out.add(e["block_id"])
     return out
 
 

@@ -30,6 +30,7 @@ PLANTED: dict[str, tuple[str, str | None]] = {
     "order_unbalanced": ("order-unbalanced", None),
     "declared_exclusion": ("declared-exclusion", "target"),
     "probes_failing": ("validation-missing", None),
+    "block_failed": ("run-incomplete", None),  # the run finished failed; the block is excluded
 }
 GPU_SHAPE = Shape(target="vllm", transfer_path="gpu")
 
