@@ -17,6 +17,8 @@ from ..._params import ParamError
 
 __all__ = [
     "CONNECTOR",
+    "REPLICA_FIELDS",
+    "SERVICE_FIELDS",
     "SERVICE_TEMPLATE",
     "kv_transfer_config",
     "render",
@@ -40,12 +42,13 @@ SERVICE_TEMPLATE = [
 ]  # fmt: skip
 
 CONNECTOR = "LMCacheMPConnector"
+REPLICA_FIELDS = ("python", "model", "served_name", "host", "port", "dtype", "max_model_len", "block_size")
+SERVICE_FIELDS = ("python", "host", "port", "http_port", "chunk_size", "l1_size_gb")
 
 
 def replica_template(*, enforce_eager: bool, block_size: int | None,
-                     gpu_memory_utilization: float | None,
-                     extra_args: Sequence[str]) -> list[str]:  # fmt: skip
-    """The default replica argv template for these options."""
+                     gpu_memory_utilization: float | None) -> list[str]:  # fmt: skip
+    """The default replica argv template for these options (``extra_args`` go after rendering)."""
     argv = list(_REPLICA_BASE)
     if enforce_eager:  # 27 s to ready instead of 74 s on CPU (no torch.compile warm-up)
         argv.append("--enforce-eager")
@@ -53,7 +56,7 @@ def replica_template(*, enforce_eager: bool, block_size: int | None,
         argv += ["--block-size", "{block_size}"]
     if gpu_memory_utilization is not None:
         argv += ["--gpu-memory-utilization", str(gpu_memory_utilization)]
-    return argv + list(extra_args)
+    return argv
 
 
 def kv_transfer_config(host: str, port: int) -> dict[str, Any]:

@@ -55,6 +55,11 @@ class VllmTarget:
 
     name = "vllm"
     restarts_blocks = True
+    warmup_every_replica = True
+    """A fresh replica whose first request was an external hit died here (ENGINES-CPU.md)."""
+    health_settle_s = 1.0
+    """After a failed request, a second health look this much later (an engine can end the
+    stream before its API server reports the death)."""
 
     def __init__(self, settings: Settings, resolved: Resolved) -> None:
         self.s = settings
@@ -147,12 +152,13 @@ class VllmTarget:
     def _replica_argv(self, port: int, on: bool, service_port: int | None) -> list[str]:
         template = self.s.replica_command or cmds.replica_template(
             enforce_eager=self.s.enforce_eager, block_size=self.s.block_size,
-            gpu_memory_utilization=self.s.gpu_memory_utilization, extra_args=self.s.extra_args)  # fmt: skip
+            gpu_memory_utilization=self.s.gpu_memory_utilization)  # fmt: skip
         argv = cmds.render(template, {
             "python": self.r.vllm_python, "model": self.r.model_dir, "served_name": self.model_name,
             "host": self.s.host, "port": port, "dtype": self.s.dtype, "max_model_len": self.s.max_model_len,
             "block_size": self.s.block_size,
         })  # fmt: skip
+        argv += list(self.s.extra_args)  # verbatim: JSON braces are no placeholders
         if on and service_port is not None:
             argv = cmds.with_connector(argv, cmds.kv_transfer_config(self.s.host, service_port))
         return argv

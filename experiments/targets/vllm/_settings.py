@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from collectors._secrets import is_secret_name, redact_value
+from collectors._secrets import is_secret_name, redact_command, redact_value
 
 from ..._params import ParamError
 
@@ -98,6 +98,9 @@ def _check_env(env: Any, pass_env: Any) -> None:
 def _check_template(name: str, value: Any) -> None:
     if value is not None and (not isinstance(value, list) or not all(isinstance(a, str) for a in value)):
         raise ParamError(f"{name} must be a list of strings (an argv template)")
+    # Recorded verbatim in run.started: refuse secrets here as in env.
+    if value and redact_command(value) != list(value):
+        raise ParamError(f"{name}: an argument looks secret; pass it through pass_env instead")
 
 
 def check(params: Mapping[str, Any]) -> None:
@@ -111,9 +114,17 @@ def check(params: Mapping[str, Any]) -> None:
     if gpus is not None and len(gpus) < params["replicas"]:
         raise ParamError(f"gpus lists {len(gpus)} GPU(s) for {params['replicas']} replicas")
     parse_attach(params["attach"])
+    if params["attach"] is not None and redact_value(str(params["attach"])) != str(params["attach"]):
+        raise ParamError("attach: a URL carries credentials; attach to URLs without them")
     _check_env(params["env"], params["pass_env"])
     _check_template("replica_command", params["replica_command"])
     _check_template("service_command", params["service_command"])
+    from ._commands import REPLICA_FIELDS, SERVICE_FIELDS, render
+
+    # An unknown {placeholder} is a usage error now, not a failed block later.
+    for name, fields in (("replica_command", REPLICA_FIELDS), ("service_command", SERVICE_FIELDS)):
+        if params[name]:
+            render(params[name], dict.fromkeys(fields, "x"))
     _check_template("extra_args", params["extra_args"])
     for name in ("startup_timeout_s", "stop_grace_s"):
         if params[name] <= 0:

@@ -69,6 +69,8 @@ class AttachedTarget:
 
     name = "vllm"
     restarts_blocks = False
+    warmup_every_replica = True
+    health_settle_s = 1.0
 
     def __init__(self, settings: Settings) -> None:
         attach = settings.attach_urls

@@ -1,0 +1,136 @@
+"""The vllm target's options, command rendering and secret handling (no engines needed)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from collectors._secrets import REDACTED, redact_env
+from experiments._params import ParamError
+from experiments.targets.vllm import _commands as cmds
+from experiments.targets.vllm._engine import Resolved
+from experiments.targets.vllm._managed import VllmTarget
+from experiments.targets.vllm._settings import PARAMS, Settings, check, parse_attach, parse_gpus
+from experiments.targets.vllm.target import check_params
+from ledger import open_ledger
+
+HF = "hf_" + "AbCdEfGhIjKlMnOpQrSt"  # secret-shaped, not a real token
+SK = "sk-" + "live0123456789abcdefXYZ"
+
+
+def _cli(*args: str) -> Any:
+    from ledger._cli import cli
+
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+@pytest.mark.parametrize(("param", "message"), [
+    ("replicas=1", "at least 2"),
+    ("gpus=a,b", "gpus must be integers"),
+    ("gpus=0", "1 GPU(s) for 2 replicas"),
+    ("max_model_len=0", "positive integer"),
+    ("chunk_size=-256", "positive integer"),
+    (f'env={{"HF_TOKEN": "{HF}"}}', "pass_env"),
+    (f'env={{"MIRROR": "https://user:{SK}@mirror.example"}}', "pass_env"),
+    (f'env={{"NOTE": "{SK}"}}', "pass_env"),
+    ('env={"A": 1}', "JSON object of strings"),
+    ('pass_env="HF_TOKEN"', "must be list"),
+    (f'extra_args=["--api-key", "{SK}"]', "looks secret"),
+    ('replica_command=["{python}", "{nope}"]', "unknown placeholder"),
+    ('service_command="lmcache server"', "must be a list"),
+    ("attach=ftp://x", "http(s) URLs"),
+    (f"attach=http://u:{SK}@h:1,http://h:2", "credentials"),
+    ("model=/nonexistent/checkpoint", "not a directory"),
+    ("vllm_python=/nonexistent/python", "not found"),
+    ("stop_grace_s=0", "> 0"),
+    ("no_such_option=1", "unknown param"),
+])  # fmt: skip
+def test_bad_params_exit_2_and_write_nothing(tmp_path: Path, param: str, message: str) -> None:
+    db = tmp_path / "ledger.db"
+    result = _cli("run", "screening", "--target", "vllm", "--db", f"sqlite:///{db}", "--no-progress",
+                  "--param", param)  # fmt: skip
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    if db.exists():
+        led = open_ledger(f"sqlite:///{db}")
+        try:
+            assert list(led.events()) == []
+        finally:
+            led.close()
+
+
+def test_params_checked_directly() -> None:
+    good = dict(PARAMS)
+    check_params(good)  # the defaults are valid
+    with pytest.raises(ParamError, match="pass_env"):
+        check_params({**good, "env": {"WANDB_API_KEY": "x"}})
+    assert parse_gpus("0, 1") == (0, 1) and parse_gpus([2, 3]) == (2, 3) and parse_gpus(None) is None
+    assert parse_attach("http://a:1/,http://b:2,service=http://s:3/") == (("http://a:1", "http://b:2"),
+                                                                          "http://s:3")  # fmt: skip
+    with pytest.raises(ParamError):
+        check({**good, "gpus": [-1, 0]})
+
+
+def test_replica_command_renders_one_argument_per_item() -> None:
+    template = cmds.replica_template(enforce_eager=True, block_size=16, gpu_memory_utilization=0.8)
+    argv = cmds.render(template, {"python": "/envs/vllm/bin/python", "model": Path("/models/my model"),
+                                  "served_name": "m", "host": "127.0.0.1", "port": 8001,
+                                  "dtype": "bfloat16", "max_model_len": 4096, "block_size": 16})  # fmt: skip
+    assert argv[:3] == ["/envs/vllm/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
+    assert argv[argv.index("--model") + 1] == "/models/my model"  # a path with a space stays one arg
+    assert argv[argv.index("--port") + 1] == "8001" and "--enforce-eager" in argv
+    assert argv[argv.index("--block-size") + 1] == "16"
+    assert argv[argv.index("--gpu-memory-utilization") + 1] == "0.8"
+    on = cmds.with_connector(argv, cmds.kv_transfer_config("127.0.0.1", 5555))
+    assert on[-2] == "--kv-transfer-config"
+    assert json.loads(on[-1]) == {
+        "kv_connector": "LMCacheMPConnector", "kv_role": "kv_both",
+        "kv_connector_extra_config": {"lmcache.mp.host": "tcp://127.0.0.1", "lmcache.mp.port": 5555},
+    }  # fmt: skip
+    service = cmds.render(cmds.SERVICE_TEMPLATE, {"python": "py", "host": "h", "port": 1, "http_port": 2,
+                                                   "chunk_size": 256, "l1_size_gb": 1})  # fmt: skip
+    assert "--supported-transfer-mode" in service and service[service.index("--chunk-size") + 1] == "256"
+    with pytest.raises(ParamError, match="unknown placeholder"):
+        cmds.render(["{python}", "{gpu}"], {"python": "py"})
+
+
+def _target(tmp_path: Path, **params: Any) -> VllmTarget:
+    model = tmp_path / "model"
+    model.mkdir(exist_ok=True)
+    (model / "config.json").write_text("{}")
+    resolved = Resolved("/envs/vllm/bin/python", "/envs/lmcache/bin/python", model, None, "r1", "0.32.0",
+                        "0.5.6", tiny=True)  # fmt: skip
+    return VllmTarget(Settings({**PARAMS, **params}), resolved)
+
+
+def test_config_digest_is_stable_and_arm_specific(tmp_path: Path) -> None:
+    a, b = _target(tmp_path), _target(tmp_path)
+    assert a.config_sha256("ON") == b.config_sha256("ON") != a.config_sha256("OFF")
+    assert a.config("OFF")["kv_connector"] is None and a.config("ON")["service"]["chunk_size"] == 256
+    assert _target(tmp_path, chunk_size=512).config_sha256("ON") != a.config_sha256("ON")
+    assert not a.answers_meaningful  # the tiny random-weight model
+    assert _target(tmp_path, answers_meaningful=True).answers_meaningful
+    # ports and pids change per launch, never the digest
+    assert "port" not in json.dumps(a.config("ON"))
+
+
+def test_passed_secrets_reach_the_process_but_not_the_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HF_TOKEN", HF)
+    monkeypatch.setenv("KVL_MIRROR_URL", f"https://user:{SK}@mirror.example/simple")
+    t = _target(tmp_path, pass_env=["HF_TOKEN", "KVL_MIRROR_URL", "NOT_SET_ANYWHERE"],
+                env={"KVL_NOTE": "plain"})  # fmt: skip
+    env = t._env(None)
+    assert env["HF_TOKEN"] == HF and SK in env["KVL_MIRROR_URL"] and env["KVL_NOTE"] == "plain"
+    assert "NOT_SET_ANYWHERE" not in env and env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    recorded = json.dumps(redact_env(env))
+    assert HF not in recorded and SK not in recorded and "plain" in recorded
+    assert redact_env(env)["HF_TOKEN"] == REDACTED
+    assert redact_env(env)["KVL_MIRROR_URL"] == f"https://user:{REDACTED}@mirror.example/simple"
+    gpu_env = t._env(3)
+    assert gpu_env["CUDA_VISIBLE_DEVICES"] == "3" and "VLLM_CPU_KVCACHE_SPACE" not in gpu_env
