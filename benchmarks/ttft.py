@@ -31,7 +31,6 @@ import argparse
 import asyncio
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -123,14 +122,18 @@ async def measure_ours(url: str, concurrency: int, requests: int) -> dict[str, A
         await asyncio.gather(*(stream(True) for _ in range(concurrency)))
         log = await _server_log(client, url)
         await client.delete(url + "/sim/requests")
-    lags, errors = [], 0
+    lags, reads, errors = [], [], 0
     for o in outcomes:
         entry = log.get(o.request_id)
         if not o.ok or o.first_wall_ns is None or entry is None or entry["t_first_emit_unix"] is None:
             errors += 1
             continue
         lags.append((o.first_wall_ns / 1e9 - entry["t_first_emit_unix"]) * 1e3)
-    return _summary(lags, errors)
+        reads.append(((o.first_read_wall_ns or o.first_wall_ns) / 1e9 - entry["t_first_emit_unix"]) * 1e3)
+    out = _summary(lags, errors)
+    read = _summary(reads, errors)
+    out["read_p50_ms"], out["read_p99_ms"] = read["p50_ms"], read["p99_ms"]
+    return out
 
 
 def _summary(lags: list[float], errors: int) -> dict[str, Any]:
@@ -144,34 +147,76 @@ def _summary(lags: list[float], errors: int) -> dict[str, Any]:
 # --- GuideLLM ---------------------------------------------------------------
 
 
-def _guidellm_bin() -> Path | None:
+GUIDELLM_PIN = "guidellm==0.8.1"
+_TOKENIZER_DIR = PEER_VENV.parent / "guidellm-tokenizer"
+_BUILD_TOKENIZER = """
+import sys
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+tok = Tokenizer(models.BPE(unk_token=None))
+tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+tok.decoder = decoders.ByteLevel()
+trainer = trainers.BpeTrainer(vocab_size=2000, special_tokens=["<|endoftext|>"],
+                              initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+words = [f"w{i} value {i * 7919 % 1000003} of the file, line {i}." for i in range(20000)]
+tok.train_from_iterator(words, trainer)
+PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>").save_pretrained(sys.argv[1])
+"""
+
+
+def _tail(proc: subprocess.CompletedProcess[str] | subprocess.CalledProcessError) -> str:
+    lines = [ln for ln in ((proc.stderr or "") + (proc.stdout or "")).splitlines()
+             if ln.strip() and not ln.startswith("WARNING: Location")]  # fmt: skip
+    return " | ".join(lines[-3:])
+
+
+def ensure_guidellm() -> tuple[Path | None, str]:
+    """GuideLLM's executable, installing it (pinned) into its own venv on first use; else the reason."""
     exe = PEER_VENV / "bin" / "guidellm"
     if exe.exists():
-        return exe
-    found = shutil.which("guidellm")
-    return Path(found) if found else None
+        return exe, ""
+    print(f"installing {GUIDELLM_PIN} into {PEER_VENV} (first run only; it pulls torch, minutes)",
+          flush=True)  # fmt: skip
+    py = PEER_VENV / "bin" / "python"
+    steps = [[sys.executable, "-m", "venv", "--clear", str(PEER_VENV)],
+             [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", GUIDELLM_PIN]]
+    for cmd in steps:
+        try:
+            subprocess.run(cmd, capture_output=True, text=True, timeout=3600, check=True)
+        except subprocess.CalledProcessError as exc:
+            return None, f"could not install {GUIDELLM_PIN} into {PEER_VENV}: {_tail(exc)}"
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return None, f"could not install {GUIDELLM_PIN} into {PEER_VENV}: {exc}"
+    return (exe, "") if exe.exists() else (None, f"{GUIDELLM_PIN} installed no {exe}")
 
 
-def _local_processor() -> Path | None:
-    """A local Hugging Face tokenizer directory (offline), if there is one."""
+def _local_processor() -> tuple[Path | None, str]:
+    """A local Hugging Face tokenizer directory (GuideLLM runs offline), built here if need be."""
     env = os.environ.get("KVLEDGER_TOKENIZER")
     if env:
-        return Path(env)
+        return Path(env), ""
     models = Path.home() / ".cache" / "kvledger" / "models"
     for tok in sorted(models.glob("*/tokenizer.json")) if models.exists() else []:
-        return tok.parent
-    return None
+        return tok.parent, ""
+    if (_TOKENIZER_DIR / "tokenizer.json").exists():
+        return _TOKENIZER_DIR, ""
+    # A small byte-level BPE, trained here with the peer venv's own tokenizers/transformers.
+    proc = subprocess.run([str(PEER_VENV / "bin" / "python"), "-c", _BUILD_TOKENIZER, str(_TOKENIZER_DIR)],
+                          capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+    if proc.returncode != 0 or not (_TOKENIZER_DIR / "tokenizer.json").exists():
+        return None, f"no local tokenizer for guidellm and building one failed: {_tail(proc)}"
+    return _TOKENIZER_DIR, ""
 
 
 def measure_guidellm(url: str, concurrency: int, requests: int, work: Path
                      ) -> tuple[dict[str, Any] | None, str]:  # fmt: skip
     """GuideLLM's concurrent profile against the same server; lags matched by response id."""
-    exe = _guidellm_bin()
+    exe, why = ensure_guidellm()
     if exe is None:
-        return None, f"guidellm is not installed (expected {PEER_VENV}/bin/guidellm)"
-    processor = _local_processor()
+        return None, why
+    processor, why = _local_processor()
     if processor is None:
-        return None, "no local tokenizer for guidellm's synthetic data (set KVLEDGER_TOKENIZER)"
+        return None, why
     # GuideLLM loads the tokenizer named like the served model: a local directory of that name.
     link = work / "sim-27b"
     if not link.exists():

@@ -6,7 +6,11 @@ Timing rules (the seed's Section 4.3):
   before the request is handed to httpx, after ``request.sent`` is emitted.
 - Every read from the socket is stamped on arrival, *before* its bytes are
   split into SSE lines or parsed as JSON; a content chunk takes the stamp of
-  the read that delivered it. So parsing cost never shifts ``t_first``.
+  the read that delivered it. So parsing cost never shifts ``t_first``. On
+  the raw transport (:mod:`collectors._http`, used for a plain
+  ``httpx.AsyncClient``) under Linux the stamp is the kernel's receive time
+  of the read's bytes, so neither a busy event loop nor a descheduled client
+  process delays it; through httpx it is when httpx hands the read over.
 - ``t_first`` / ``ttft_s``: arrival of the first chunk whose text
   (``choices[0].text``, completions) or ``choices[0].delta.content`` (chat)
   is non-empty. Role-only, empty and usage chunks do not count, nor does
@@ -98,7 +102,10 @@ class Outcome:
     sent_wall_ns: int | None = None
     """CLOCK_REALTIME at the send (time.time_ns), for cross-process comparisons."""
     first_wall_ns: int | None = None
-    """CLOCK_REALTIME when the read carrying the first content chunk returned."""
+    """CLOCK_REALTIME at which the first content chunk arrived (the kernel's receive stamp
+    on the raw transport under Linux, else when the read returned)."""
+    first_read_wall_ns: int | None = None
+    """CLOCK_REALTIME when the client's read of that chunk returned (>= ``first_wall_ns``)."""
 
 
 def request_params(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -129,15 +136,17 @@ def _content(obj: Any) -> tuple[str | None, str | None]:
 class _Stream:
     """Incremental SSE parser state for one response (kept small: it is per chunk)."""
 
-    __slots__ = ("buf", "done", "error", "finish", "first", "first_wall", "last", "n_content",
-                 "pieces", "usage", "wall")  # fmt: skip
+    __slots__ = ("buf", "done", "error", "finish", "first", "first_read_wall", "first_wall", "last",
+                 "n_content", "pieces", "read_wall", "usage", "wall")  # fmt: skip
 
     def __init__(self) -> None:
         self.buf = b""
         self.pieces: list[str] = []
         self.first: float | None = None
         self.first_wall: int | None = None
-        self.wall = 0  # CLOCK_REALTIME of the current read, kept until the first content
+        self.wall = 0  # CLOCK_REALTIME of the current read's arrival, kept until the first content
+        self.read_wall = 0  # ... and of its return to the client (no kernel stamp)
+        self.first_read_wall: int | None = None
         self.last: float | None = None
         self.usage: dict[str, Any] | None = None
         self.finish: str | None = None
@@ -180,6 +189,7 @@ class _Stream:
             if self.first is None:
                 self.first = now
                 self.first_wall = self.wall
+                self.first_read_wall = self.read_wall or self.wall
             self.last = now
             self.n_content += 1
             self.pieces.append(text)
@@ -310,7 +320,7 @@ async def _via_raw(pool: _http.Pool, url: str, payload: bytes, headers: dict[str
                 error_body.extend(data[:_ERROR_SNIPPET])
             return False
         if st.first is None:
-            st.wall = wall
+            st.wall, st.read_wall = wall, resp.read_wall
         ex.received = True
         last[0] = now
         st.feed(data, now)
@@ -399,7 +409,7 @@ def _finish(spec: RequestSpec, sink: EventSink, st: _Stream, ex: _Exchange, want
         cached_tokens=cached_tokens, finish_reason=st.finish, error=error,
         ok=status == 200 and error is None, decode_rate=_decode_rate(output_tokens, t_first, t_last),
         text_sha256=text_sha, usage=st.usage, content_chunks=st.n_content, sent_wall_ns=sent_wall,
-        first_wall_ns=st.first_wall,
+        first_wall_ns=st.first_wall, first_read_wall_ns=st.first_read_wall,
     )  # fmt: skip
     sink.emit("response.received", response_data(outcome))
     return outcome

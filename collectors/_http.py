@@ -1,13 +1,23 @@
-"""A minimal HTTP/1.1 client for the streaming path: asyncio Protocol, keep-alive pool.
+"""A minimal HTTP/1.1 client for the streaming path: its own non-blocking sockets, keep-alive pool.
 
 Why not httpx here: its per-read cost (httpcore, h11, anyio, three async
 generator layers) is paid on the event loop between every SSE chunk, and
 with 64 streams in flight a first token waits behind other streams' chunks.
-This transport does the whole response in ``data_received``: it stamps the
-read (:func:`time.perf_counter`, and CLOCK_REALTIME until the first content
-token), decodes the framing (chunked, Content-Length or until close) and hands
-the body bytes to a callback, all synchronously. The waiting coroutine wakes
-once, when the response ends (or fails), not once per chunk.
+This transport reads each socket itself (``loop.add_reader``) and does the
+whole response synchronously per read: it stamps the read, decodes the
+framing (chunked, Content-Length or until close) and hands the body bytes to
+a callback. The waiting coroutine wakes once, when the response ends (or
+fails), not once per chunk.
+
+Stamps: on Linux every read carries the kernel's receive timestamp
+(``SO_TIMESTAMPNS``, CLOCK_REALTIME, of the last segment the read consumed),
+so a read is dated when its bytes reached this host's socket, not when a
+busy loop or a descheduled process got to it. The stamp is turned into the
+monotonic clock by subtracting its age, measured at the read, from
+:func:`time.perf_counter`; a stamp older than 5 s or in the future (a clock
+step) is ignored and the read's own time used, as it is where the kernel
+gives none. A read that coalesced several segments takes the last one's
+time: never earlier than its first byte arrived.
 
 Scope, deliberately small: ``http://`` only, one request at a time per
 connection (no pipelining), no redirects, no proxies, no compression
@@ -22,8 +32,9 @@ Exceptions mirror httpx's names, so recorded errors read the same:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import socket
+import struct
+import sys
 import time
 import weakref
 from collections.abc import Callable, Mapping
@@ -37,6 +48,7 @@ __all__ = [
     "ReadError",
     "RemoteProtocolError",
     "Response",
+    "WriteError",
     "pool_for",
 ]
 
@@ -68,11 +80,15 @@ class RemoteProtocolError(HTTPError):
     """The peer broke HTTP/1.1 (bad framing, closed mid-message)."""
 
 
+class WriteError(HTTPError):
+    """The request could not be written (the peer reset the connection)."""
+
+
 class Response:
     """One response's head and framing state, filled by the connection's ``data_received``."""
 
     __slots__ = ("bytes_seen", "chunk_left", "close", "done", "framing", "head_done",
-                 "headers", "remaining", "sink", "status")  # fmt: skip
+                 "headers", "read_wall", "remaining", "sink", "status")  # fmt: skip
 
     def __init__(self, sink: BodySink, head_done: asyncio.Future[None],
                  done: asyncio.Future[None]) -> None:  # fmt: skip
@@ -84,6 +100,8 @@ class Response:
         self.chunk_left = -1  # bytes left in the current chunk; -1: expecting a size line
         self.close = False  # the connection cannot be reused after this response
         self.bytes_seen = 0
+        self.read_wall = 0
+        """CLOCK_REALTIME (ns) at which the current read returned, before any kernel-stamp correction."""
         self.head_done = head_done
         self.done = done
 
@@ -96,32 +114,120 @@ def _resolve(fut: asyncio.Future[None], exc: BaseException | None = None) -> Non
             fut.set_exception(exc)
 
 
-class _Connection(asyncio.Protocol):
-    """One keep-alive HTTP/1.1 connection; the response state machine runs in data_received."""
+_READ_SIZE = 256 * 1024
+_SO_TIMESTAMPNS = 35  # Linux's SO_TIMESTAMPNS(_OLD); the cmsg type equals the option
+_STAMP = struct.Struct("@qq")  # struct timespec
+_ANC_SIZE = socket.CMSG_SPACE(_STAMP.size)
+_MAX_STAMP_AGE_NS = 5_000_000_000
 
-    def __init__(self, pool: Pool, key: tuple[str, int]) -> None:
+
+def _kernel_stamps(sock: socket.socket) -> bool:
+    """Ask the kernel to stamp each received segment (Linux); False where it cannot."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+    except OSError:
+        return False
+    return True
+
+
+class _Connection:
+    """One keep-alive HTTP/1.1 connection on a non-blocking socket it reads itself.
+
+    Reading the socket here (``loop.add_reader``) rather than through an
+    asyncio transport lets each read carry the kernel's receive timestamp
+    (``SO_TIMESTAMPNS``): the time the bytes reached this host's socket, not
+    the later time at which a busy event loop, or a descheduled process, got
+    round to reading them. The response state machine runs in
+    :meth:`data_received`, synchronously, for every read.
+    """
+
+    def __init__(self, pool: Pool, key: tuple[str, int], sock: socket.socket) -> None:
         self.pool = pool
         self.key = key
-        self.transport: asyncio.Transport | None = None
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.stamps = _kernel_stamps(sock)
         self.resp: Response | None = None
         self.buf = b""
         self.alive = True
+        self.closed = False
         self.idle_since = 0.0
         self.idle_timer: asyncio.TimerHandle | None = None
+        self.pending: memoryview | None = None  # request bytes the socket has not taken yet
+        pool.loop.add_reader(self.fd, self._readable)
 
-    # --- asyncio.Protocol -------------------------------------------------
+    # --- socket I/O -----------------------------------------------------------
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    def _readable(self) -> None:
+        try:
+            if self.stamps:
+                data, anc, _, _ = self.sock.recvmsg(_READ_SIZE, _ANC_SIZE)
+            else:
+                data, anc = self.sock.recv(_READ_SIZE), []
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._lost(exc)
+            return
+        now, wall = time.perf_counter(), time.time_ns()
+        if not data:
+            self._lost(None)
+            return
+        if self.resp is not None:
+            self.resp.read_wall = wall
+        for level, kind, raw in anc:
+            if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(raw) >= _STAMP.size:
+                sec, nsec = _STAMP.unpack_from(raw)
+                age = wall - (sec * 1_000_000_000 + nsec)
+                if 0 <= age < _MAX_STAMP_AGE_NS:  # else a clock step: keep the read's own time
+                    now, wall = now - age / 1e9, wall - age
+        self.data_received(data, now, wall)
 
-    def data_received(self, data: bytes) -> None:
-        now = time.perf_counter()  # first thing: the read's arrival
-        wall = time.time_ns()
+    def write(self, message: bytes) -> None:
+        """Send ``message``; what the socket does not take now goes when it is writable."""
+        try:
+            sent = self.sock.send(message)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError as exc:
+            self._fail(WriteError(f"{type(exc).__name__}: {exc}"))
+            return
+        if sent < len(message):
+            self.pending = memoryview(message)[sent:]
+            self.pool.loop.add_writer(self.fd, self._writable)
+
+    def _writable(self) -> None:
+        if self.pending is None or self.closed:
+            return
+        try:
+            sent = self.sock.send(self.pending)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._fail(WriteError(f"{type(exc).__name__}: {exc}"))
+            return
+        self.pending = self.pending[sent:] if sent < len(self.pending) else None
+        if self.pending is None:
+            self.pool.loop.remove_writer(self.fd)
+
+    def close(self) -> None:
+        """Close the socket (idempotent)."""
+        self.alive = False
+        if self.closed:
+            return
+        self.closed = True
+        self.pending = None
+        if not self.pool.loop.is_closed():
+            self.pool.loop.remove_reader(self.fd)
+            self.pool.loop.remove_writer(self.fd)
+        self.sock.close()
+
+    # --- the response -----------------------------------------------------------
+
+    def data_received(self, data: bytes, now: float, wall: int) -> None:
+        """One read that arrived at ``now`` (perf_counter) / ``wall`` (ns since the epoch)."""
         resp = self.resp
         if resp is None:  # bytes on an idle connection: it is not ours to reuse
             self._fail(RemoteProtocolError("unexpected bytes on an idle connection"))
@@ -145,13 +251,6 @@ class _Connection(asyncio.Protocol):
             self._body(resp, data, now, wall)
         except RemoteProtocolError as exc:
             self._fail(exc)
-
-    def eof_received(self) -> bool | None:
-        self._lost(None)
-        return None
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._lost(exc)
 
     # --- parsing ------------------------------------------------------------
 
@@ -263,16 +362,12 @@ class _Connection(asyncio.Protocol):
     def _complete(self, resp: Response) -> None:
         self.resp = None
         if resp.close:
-            self.alive = False
-            if self.transport is not None:
-                self.transport.close()
+            self.close()
         _resolve(resp.done)
 
     def _fail(self, exc: BaseException) -> None:
-        self.alive = False
         resp, self.resp = self.resp, None
-        if self.transport is not None:
-            self.transport.close()
+        self.close()
         if resp is None:
             return
         if isinstance(exc, HTTPError):
@@ -284,11 +379,13 @@ class _Connection(asyncio.Protocol):
             _resolve(resp.done, exc)
 
     def _lost(self, exc: Exception | None) -> None:
-        self.alive = False
+        """The peer closed (``exc`` None) or the connection failed."""
         resp = self.resp
         if resp is None:
+            self.close()
             return
         if exc is None and resp.status is not None and resp.framing == "close":
+            self.close()
             self._complete(resp)
             return
         if exc is not None:
@@ -301,13 +398,11 @@ class _Connection(asyncio.Protocol):
 
     def abort(self) -> None:
         """Drop the connection (a cancelled or failed request, or idle too long)."""
-        self.alive = False
         self.resp = None
         if self.idle_timer is not None:
             self.idle_timer.cancel()
             self.idle_timer = None
-        if self.transport is not None and not self.pool.loop.is_closed():
-            self.transport.abort()
+        self.close()
 
 
 class Pool:
@@ -320,10 +415,25 @@ class Pool:
 
     async def _connect(self, key: tuple[str, int]) -> _Connection:
         try:
-            _, proto = await self.loop.create_connection(lambda: _Connection(self, key), key[0], key[1])
+            infos = await self.loop.getaddrinfo(key[0], key[1], type=socket.SOCK_STREAM)
         except OSError as exc:
             raise ConnectError(str(exc) or type(exc).__name__) from exc
-        return proto
+        error: OSError = OSError(f"no address for {key[0]}")
+        for family, kind, proto, _, address in infos:
+            sock = socket.socket(family, kind, proto)
+            try:
+                sock.setblocking(False)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                await self.loop.sock_connect(sock, address)
+            except OSError as exc:
+                sock.close()
+                error = exc
+                continue
+            except BaseException:
+                sock.close()
+                raise
+            return _Connection(self, key, sock)
+        raise ConnectError(str(error) or type(error).__name__) from error
 
     def _take_idle(self, key: tuple[str, int]) -> _Connection | None:
         stack = self.idle.get(key)
@@ -333,15 +443,13 @@ class Pool:
             if conn.idle_timer is not None:
                 conn.idle_timer.cancel()
                 conn.idle_timer = None
-            if conn.alive and conn.idle_since >= expiry and conn.transport is not None \
-                    and not conn.transport.is_closing():  # fmt: skip
+            if conn.alive and not conn.closed and conn.idle_since >= expiry:
                 return conn
             conn.abort()
         return None
 
     def _release(self, conn: _Connection) -> None:
-        if conn.alive and conn.resp is None and conn.transport is not None \
-                and not conn.transport.is_closing():  # fmt: skip
+        if conn.alive and conn.resp is None and not conn.closed:
             conn.idle_since = time.monotonic()
             self.idle.setdefault(conn.key, []).append(conn)
             # An idle connection is closed when it expires, so none outlives its use for long.
@@ -395,13 +503,12 @@ class Pool:
                 resp = Response(sink, self.loop.create_future(), self.loop.create_future())
                 conn.resp = resp
                 try:
-                    assert conn.transport is not None
-                    conn.transport.write(message)
+                    conn.write(message)
                     await resp.head_done
                     if on_head is not None:
                         on_head(resp)
                     await resp.done
-                except RemoteProtocolError:
+                except (RemoteProtocolError, WriteError):
                     if reused and resp.bytes_seen == 0:
                         continue  # the server had closed this idle connection: once more, fresh
                     raise
