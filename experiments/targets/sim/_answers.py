@@ -60,6 +60,7 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Final
 
 from ._tokenizer import piece_starts, split
@@ -169,6 +170,12 @@ def _answer_values(
     return {n: needles[n].value if n in needles else None for n in names}
 
 
+@lru_cache(maxsize=64)
+def _answer_values_memo(prompt_text: str, question_text: str | None) -> dict[str, int | None] | None:
+    # Shared between calls: callers must not mutate the result (compose_output copies on taint).
+    return _answer_values(prompt_text, question_text)
+
+
 def _token_index(starts: list[int], char_offset: int) -> int:
     return max(0, bisect.bisect_right(starts, char_offset) - 1)
 
@@ -221,7 +228,7 @@ def compose_output(
     thinking: bool = False,
 ) -> Output:
     """The completion for one request (see the module docstring)."""
-    values = None if prompt_text is None else _answer_values(prompt_text, question_text)
+    values = None if prompt_text is None else _answer_values_memo(prompt_text, question_text)
     taint_key = ",".join(sorted({t.taint.kind for t in taints})).encode()
     key = prompt_digest + str(seed).encode() + b"|" + taint_key
     if values is not None and prompt_text is not None:

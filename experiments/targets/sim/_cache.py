@@ -13,10 +13,12 @@ import hashlib
 from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
+from functools import lru_cache
 
 from ._answers import Taint
+from ._tokenizer import encode_cached
 
-__all__ = ["BlockCache", "chain_hashes"]
+__all__ = ["BlockCache", "chain_hashes", "prompt_hashes"]
 
 
 def chain_hashes(
@@ -36,6 +38,20 @@ def chain_hashes(
         parent = h.digest()
         hashes.append(parent)
     return hashes
+
+
+def prompt_hashes(
+    token_ids: Sequence[int], unit: int, salt: str | None, root: bytes = b"", *, text: str | None = None
+) -> Sequence[bytes]:
+    """:func:`chain_hashes` of a prompt; memoised by its text when ``token_ids`` is ``encode(text)``."""
+    if text is None:
+        return chain_hashes(token_ids, unit, salt, root)
+    return _text_hashes(text, unit, salt, root)
+
+
+@lru_cache(maxsize=64)
+def _text_hashes(text: str, unit: int, salt: str | None, root: bytes) -> tuple[bytes, ...]:
+    return tuple(chain_hashes(encode_cached(text), unit, salt, root))
 
 
 class BlockCache:

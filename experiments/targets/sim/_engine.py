@@ -19,10 +19,11 @@ after it in the same request (later tokens attend to the wrong state).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ._answers import Taint, TaintRange
-from ._cache import BlockCache, chain_hashes
+from ._cache import BlockCache, prompt_hashes
 from ._config import SimConfig
 from ._faults import FaultSet
 from ._metrics import ReplicaMetrics
@@ -40,7 +41,7 @@ class Prefill:
     local_hits: int
     external_hits: int
     taints: list[TaintRange]
-    local_hashes: list[bytes]
+    local_hashes: Sequence[bytes]
 
     @property
     def cached(self) -> int:
@@ -72,7 +73,7 @@ class ReplicaEngine:
         self.metrics.frozen = stale is not None and self.finished >= stale.int_param("after")
         ids, n, block = req.token_ids, len(req.token_ids), self.config.block_size
         leak = self.faults.replica(self.index, "namespace-leak") is not None
-        hashes = chain_hashes(ids, block, None if leak else req.cache_salt)
+        hashes = prompt_hashes(ids, block, None if leak else req.cache_salt, text=req.prompt_text)
         found = self.cache.lookup(hashes[: (n - 1) // block])
         local = len(found) * block
         taints = [TaintRange(j * block, (j + 1) * block, t) for j, t in enumerate(found) if t]
@@ -87,7 +88,7 @@ class ReplicaEngine:
 
     def _external(self, req: CompletionRequest, local: int, taints: list[TaintRange]) -> int:
         n, chunk = len(req.token_ids), self.config.chunk_size
-        found = self.tier.lookup(self.config.model_name, req.token_ids, req.cache_salt)
+        found = self.tier.lookup(self.config.model_name, req.token_ids, req.cache_salt, req.prompt_text)
         external = max(0, min(len(found) * chunk, n - 1) - local)
         if external:
             load = self.faults.load_taint(self.index)
@@ -102,15 +103,17 @@ class ReplicaEngine:
     def store(self, req: CompletionRequest, pre: Prefill) -> None:
         """Cache the prompt's full blocks locally and its full chunks in the tier."""
         block = self.config.block_size
-        blocks = [_taint_from(pre.taints, j * block, (j + 1) * block)
-                  for j in range(len(pre.local_hashes))]  # fmt: skip
+        blocks: Sequence[Taint | None] = [
+            _taint_from(pre.taints, j * block, (j + 1) * block) for j in range(len(pre.local_hashes))
+        ] if pre.taints else [None] * len(pre.local_hashes)  # fmt: skip
         self.cache.insert(pre.local_hashes, blocks)
         self.metrics.gauge(self.metrics.kv_usage, self.cache.usage())
         if self.shared:
             chunk = self.config.chunk_size
             chunks = [_taint_from(pre.taints, j * chunk, (j + 1) * chunk)
                       for j in range(pre.prompt_tokens // chunk)]  # fmt: skip
-            self.tier.store(self.config.model_name, req.token_ids, req.cache_salt, chunks)
+            self.tier.store(self.config.model_name, req.token_ids, req.cache_salt, chunks,
+                            req.prompt_text)  # fmt: skip
 
     def count_prefill(self, pre: Prefill, ttft_s: float) -> None:
         """Prompt-token counters, recorded when the first token is out."""

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 from aiohttp import web
 
-from ._tokenizer import SPECIAL_TOKENS, VOCAB_SIZE, encode, render_chat
+from ._tokenizer import SPECIAL_TOKENS, VOCAB_SIZE, encode_cached, render_chat
 
 __all__ = [
     "ApiError",
@@ -56,7 +56,7 @@ class CompletionRequest:
 
     chat: bool
     prompt_text: str | None  # None when the prompt came as token ids
-    token_ids: list[int]
+    token_ids: Sequence[int]  # memoised for text prompts (see encode_cached): never mutate
     question_text: str | None  # chat: the last user message; else the prompt
     max_tokens: int | None
     ignore_eos: bool
@@ -114,12 +114,12 @@ def _chat_prompt(body: Mapping[str, Any], thinking: bool) -> tuple[str, str | No
     return text, question
 
 
-def _completion_prompt(body: Mapping[str, Any]) -> tuple[str | None, list[int]]:
+def _completion_prompt(body: Mapping[str, Any]) -> tuple[str | None, Sequence[int]]:
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]  # a batch of one is accepted; larger batches are not simulated
     if isinstance(prompt, str) and prompt:
-        return prompt, encode(prompt)
+        return prompt, encode_cached(prompt)
     if isinstance(prompt, list) and prompt and all(
         isinstance(t, int) and not isinstance(t, bool) for t in prompt
     ):
@@ -142,7 +142,7 @@ def parse_completion(
     thinking = _thinking(body)
     if chat:
         text, question = _chat_prompt(body, thinking)
-        ids: list[int] = encode(text)
+        ids: Sequence[int] = encode_cached(text)
         prompt_text: str | None = text
     else:
         prompt_text, ids = _completion_prompt(body)
@@ -175,17 +175,17 @@ def _check_length(prompt_tokens: int, max_tokens: int | None, max_model_len: int
         )
 
 
-def parse_tokenize(body: Any) -> list[int]:
+def parse_tokenize(body: Any) -> Sequence[int]:
     """Token ids for a /tokenize body (``prompt`` or ``messages``)."""
     if not isinstance(body, Mapping):
         raise ApiError(400, "The request body must be a JSON object.")
     if "messages" in body:
         text, _ = _chat_prompt(body, _thinking(body))
-        return encode(text)
+        return encode_cached(text)
     prompt = body.get("prompt")
     if not isinstance(prompt, str):
         raise ApiError(400, "Parameter 'prompt' must be a string.", "prompt")
-    return encode(prompt)
+    return encode_cached(prompt)
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached: int | None) -> dict[str, Any]:

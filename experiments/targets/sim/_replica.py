@@ -8,6 +8,7 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import orjson
@@ -61,6 +62,7 @@ class SimReplica:
         self.dead = False
         self._gpu = asyncio.Lock()  # one prefill at a time, as one GPU
         self._ordinal = 0
+        self._gpu_free_at = 0.0  # monotonic end of the last modelled prefill
         self._waiting = 0
         self._running = 0
 
@@ -108,7 +110,7 @@ class SimReplica:
             ids = parse_tokenize(await _json(request))
         except ApiError as e:
             return e.response()
-        body = {"count": len(ids), "max_model_len": self.config.max_model_len, "tokens": ids,
+        body = {"count": len(ids), "max_model_len": self.config.max_model_len, "tokens": list(ids),
                 "token_strs": None}  # fmt: skip
         return web.Response(body=orjson.dumps(body), content_type="application/json")
 
@@ -171,7 +173,14 @@ class SimReplica:
             await asyncio.sleep(delay)
 
     async def _prefill(self, call: _Call) -> Output:
-        """Wait for the GPU, look up hits, spend the prefill time, store state."""
+        """Wait for the GPU, look up hits, spend the prefill time, store state.
+
+        The modelled time runs from the request's arrival, or from the end of
+        the previous request's modelled prefill if the GPU was still busy, to
+        a deadline; the server's own work (parsing, tokenizing, hashing) is
+        spent inside it, so the first token goes out at the deadline, not at
+        the deadline plus that work (unless the work alone takes longer).
+        """
         self._waiting += 1
         async with self._gpu:
             self._waiting -= 1
@@ -181,9 +190,16 @@ class SimReplica:
                               tainted=bool(pre.taints))  # fmt: skip
             delay = self.config.latency.prefill_s(pre.prompt_tokens, pre.local_hits,
                                                   pre.external_hits)  # fmt: skip
-            await self._sleep(delay + self._slow_start_s())
+            start = max(call.t_arrival, self._gpu_free_at)
+            deadline = start + (delay + self._slow_start_s()) * self.config.time_scale
+            self._gpu_free_at = deadline
+            call.entry["t_modelled_first_monotonic"] = deadline
             self.engine.store(call.req, pre)
-        return self._output(call.req, pre)
+            output = self._output(call.req, pre)
+            wait = deadline - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+        return output
 
     def _slow_start_s(self) -> float:
         fault = self.faults.replica(self.index, "slow-start")
@@ -192,9 +208,8 @@ class SimReplica:
         return fault.float_param("delay")
 
     def _output(self, req: CompletionRequest, pre: Prefill) -> Output:
-        digest = hashlib.sha256(
-            req.prompt_text.encode() if req.prompt_text is not None else orjson.dumps(req.token_ids)
-        ).digest()
+        digest = _text_digest(req.prompt_text) if req.prompt_text is not None else \
+            hashlib.sha256(orjson.dumps(req.token_ids)).digest()  # fmt: skip
         max_tokens = req.max_tokens or self.config.max_model_len - pre.prompt_tokens
         return compose_output(prompt_text=req.prompt_text, question_text=req.question_text,
                               prompt_digest=digest, seed=req.seed, taints=pre.taints,
@@ -304,6 +319,11 @@ class SimReplica:
         await resp.write(bytes(buf))
         await resp.write_eof()
         self._finish(call, len(output.pieces), output.finish_reason, truncated=False)
+
+
+@lru_cache(maxsize=64)
+def _text_digest(text: str) -> bytes:
+    return hashlib.sha256(text.encode()).digest()
 
 
 async def _json(request: web.Request) -> Any:

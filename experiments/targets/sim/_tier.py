@@ -14,7 +14,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from ._answers import Taint
-from ._cache import BlockCache, chain_hashes
+from ._cache import BlockCache, prompt_hashes
 from ._faults import FaultSet
 from ._metrics import TierMetrics
 
@@ -41,24 +41,26 @@ class SharedTier:
         self.metrics = TierMetrics()
         self.lookups = 0
 
-    def _hashes(self, model: str, token_ids: Sequence[int], salt: str | None) -> list[bytes]:
+    def _hashes(self, model: str, token_ids: Sequence[int], salt: str | None,
+                text: str | None) -> Sequence[bytes]:  # fmt: skip
         if self.faults.tier("namespace-leak") is not None:
             salt = None  # the fault: every salt lands in one namespace
-        return chain_hashes(token_ids, self.chunk_size, salt, root=b"lmcache|" + model.encode())
+        return prompt_hashes(token_ids, self.chunk_size, salt, b"lmcache|" + model.encode(), text=text)
 
-    def lookup(self, model: str, token_ids: Sequence[int], salt: str | None) -> list[Taint | None]:
+    def lookup(self, model: str, token_ids: Sequence[int], salt: str | None,
+               text: str | None = None) -> list[Taint | None]:  # fmt: skip
         """Stored state of the longest chunk-aligned prefix (one entry per chunk)."""
         stale = self.faults.tier("stale-counters")
         self.metrics.frozen = stale is not None and self.lookups >= stale.int_param("after")
         self.lookups += 1
-        found = self.chunks.lookup(self._hashes(model, token_ids, salt))
+        found = self.chunks.lookup(self._hashes(model, token_ids, salt, text))
         self.metrics.record_lookup(model, salt, len(token_ids), len(found) * self.chunk_size)
         return found
 
     def store(self, model: str, token_ids: Sequence[int], salt: str | None,
-              taints: Sequence[Taint | None]) -> None:  # fmt: skip
-        """Store the full chunks; ``taints`` gives each chunk's state."""
-        hashes = self._hashes(model, token_ids, salt)
+              taints: Sequence[Taint | None], text: str | None = None) -> None:  # fmt: skip
+        """Store the full chunks; ``taints`` gives each chunk's state (``text``: the prompt, for the memo)."""
+        hashes = self._hashes(model, token_ids, salt, text)
         self.chunks.insert(hashes, list(taints)[: len(hashes)])
 
     def status(self) -> dict[str, Any]:

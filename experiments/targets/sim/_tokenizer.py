@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from array import array
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Any
@@ -31,6 +32,7 @@ __all__ = [
     "VOCAB_SIZE",
     "count_tokens",
     "encode",
+    "encode_cached",
     "piece_starts",
     "render_chat",
     "split",
@@ -74,6 +76,19 @@ def _piece_id(piece: str) -> int:
 def encode(text: str) -> list[int]:
     """Token ids of ``text``."""
     return [_piece_id(p) for p in split(text)]
+
+
+@lru_cache(maxsize=32)
+def encode_cached(text: str) -> Sequence[int]:
+    """:func:`encode`, memoised (as a compact ``array('I')``) for the last prompts seen.
+
+    The screening sends the same long prompts several times (cold, local and
+    cross-replica steps, and the same payloads in every block); tokenizing a
+    128k-token prompt again each time would cost the server more than the
+    latency model grants it. A str caches its own hash, so a repeated lookup
+    with the same object is cheap; a new object of equal text is hashed once.
+    """
+    return array("I", encode(text))
 
 
 def count_tokens(text: str) -> int:
