@@ -367,22 +367,19 @@ def validation_missing(src: Source, run: str | None) -> list[Finding]:
     copy, pinned, service = copy_probes(src), pinned_probes(src), service_regression(src)
     services_ok = set(service["configs_passed"])
     out = []
-    for run_row in src.rows(
-        f"SELECT DISTINCT run_id FROM kv_on_configs WHERE {SCOPE} ORDER BY run_id", {"run": run}
-    ):
-        for cfg in config_coverage(src, run_row["run_id"], copy["passed"], pinned["passed"], services_ok):
-            if cfg["passed"]:
-                continue
-            missing = cfg["missing"]
-            out.append(
-                finding(
-                    "validation-missing",
-                    run_row,
-                    cfg["config_sha256"],
-                    f"ON config ({'/'.join(cfg['transfer_paths'])} path) has performance results "
-                    f"but no passing {', '.join(missing)}",
-                )
+    for cfg in config_coverage(src, run, copy["passed"], pinned["passed"], services_ok, per_run=True):
+        if cfg["passed"]:
+            continue
+        missing = cfg["missing"]
+        out.append(
+            finding(
+                "validation-missing",
+                {"run_id": cfg["runs"][0]},
+                cfg["config_sha256"],
+                f"ON config ({'/'.join(cfg['transfer_paths'])} path) has performance results "
+                f"but no passing {', '.join(missing)}",
             )
+        )
     return out
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import io
+import math
 from collections import defaultdict
 from typing import Any
 
@@ -17,7 +18,12 @@ from ._render import sections, size
 from ._stats import median
 
 _ARM_COLOUR = {"OFF": "#4c72b0", "ON": "#dd8452"}
+_ARMS = ("OFF", "ON")
+_ROUTINGS = ("fixed", "alternating")
 _LOCALITIES = ("cold", "local1", "cross")
+LOCALITY_NAMES = {"cold": "cold", "local1": "first local reuse", "cross": "cross-replica reuse"}
+_LOCALITY_TICK = {"cold": "cold", "local1": "first local\nreuse", "cross": "cross-replica\nreuse"}
+_PAIR_COLOURS = ("#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#e6ab02", "#a6761d", "#666666")
 
 
 def _pyplot() -> Any:
@@ -28,6 +34,7 @@ def _pyplot() -> Any:
 
     plt.rcParams["svg.hashsalt"] = "kvledger"  # stable element ids
     plt.rcParams["svg.fonttype"] = "none"
+    plt.rcParams["font.size"] = 8
     return plt
 
 
@@ -40,22 +47,42 @@ def _svg(fig: Any) -> str:
     return text[text.index("<svg") :]
 
 
-def _strip(ax: Any, cells: list[tuple[str, dict[str, Any]]], ylabel: str) -> None:
-    """Every observation as a dot per (label, arm), with the median as a bar."""
+def _seconds(value: float, _pos: Any = None) -> str:
+    """Tick text for seconds on a log axis: 0.02, 0.5, 3, 40 (never 2×10⁻²)."""
+    if value <= 0:
+        return ""
+    return f"{value:.{max(0, -math.floor(math.log10(value)))}f}"
+
+
+def _arm_legend(fig: Any) -> None:
+    """One legend for the figure: the two arms and the median bar, each once."""
+    from matplotlib.lines import Line2D
+
+    handles = [
+        Line2D([], [], linestyle="none", marker="o", markersize=5, color=_ARM_COLOUR[arm], label=arm)
+        for arm in _ARMS
+    ] + [Line2D([], [], color="black", linewidth=1.2, label="median")]
+    fig.legend(handles=handles, loc="outside upper center", ncol=3, frameon=False)
+
+
+def _strip(ax: Any, cells: list[tuple[str, dict[str, Any]]]) -> None:
+    """Every observation as a dot per (label, arm), side by side, with the median as a bar."""
     ticks, labels = [], []
     for i, (label, arms) in enumerate(cells):
-        for j, arm in enumerate(("OFF", "ON")):
+        for j, arm in enumerate(_ARMS):
             x = i * 3 + j
             obs = arms[arm]["observations"]
-            jitter = [x + (k - (len(obs) - 1) / 2) * 0.06 for k in range(len(obs))]
-            ax.scatter(jitter, obs, s=14, color=_ARM_COLOUR[arm], label=arm if i == 0 else None, zorder=3)
+            spread = min(0.5, 0.12 * max(1, len(obs) - 1))
+            step = 1 / max(1, len(obs) - 1)
+            xs = [x + (k * step - 0.5) * spread if len(obs) > 1 else x for k in range(len(obs))]
+            ax.scatter(xs, obs, s=16, color=_ARM_COLOUR[arm], edgecolors="white", linewidths=0.4, zorder=3)
             if arms[arm]["median"] is not None:
-                ax.hlines(arms[arm]["median"], x - 0.3, x + 0.3, color="black", linewidth=1)
+                ax.hlines(arms[arm]["median"], x - 0.38, x + 0.38, color="black", linewidth=1.2, zorder=2)
         ticks.append(i * 3 + 0.5)
         labels.append(label)
-    ax.set_xticks(ticks, labels, fontsize=8)
-    ax.set_ylabel(ylabel)
-    ax.grid(axis="y", alpha=0.3)
+    ax.set_xticks(ticks, labels)
+    ax.set_xlim(-0.8, max(1, len(cells)) * 3 - 1.2)
+    ax.grid(axis="y", which="major", alpha=0.3)
 
 
 def _by_run(table: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
@@ -65,37 +92,65 @@ def _by_run(table: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     return dict(sorted(out.items()))
 
 
+def _sizes(rows: list[dict[str, Any]]) -> list[int]:
+    return sorted({int(r["nominal_tokens"]) for r in rows if r["nominal_tokens"] is not None})
+
+
 def figure_ttft(rows: list[dict[str, Any]]) -> str:
+    """The seed's Figure 3: one panel per nominal size, cold / first local / cross-replica × arm.
+
+    A shared log axis (TTFT spans two orders of magnitude between cold and
+    reused prefixes), labelled only on the left, in plain seconds.
+    """
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
     plt = _pyplot()
-    sizes = sorted({r["nominal_tokens"] for r in rows})
-    fig, axes = plt.subplots(1, len(sizes), figsize=(3.2 * len(sizes), 3.2), squeeze=False)
+    sizes = _sizes(rows)
+    fig, axes = plt.subplots(
+        1, len(sizes), figsize=(2.6 * len(sizes) + 0.6, 3.4), squeeze=False, sharey=True, layout="constrained"
+    )
     for ax, n in zip(axes[0], sizes, strict=True):
         cells = [
-            (r["locality"], r["arms"])
+            (_LOCALITY_TICK[loc], r["arms"])
             for loc in _LOCALITIES
             for r in rows
             if r["nominal_tokens"] == n and r["locality"] == loc
         ]
-        _strip(ax, cells, "TTFT (s)")
+        _strip(ax, cells)
         ax.set_yscale("log")
-        ax.set_title(f"{size(n)} tokens", fontsize=9)
-    axes[0][0].legend(fontsize=8)
+        ax.set_title(f"{size(n)} tokens")
+        ax.tick_params(axis="x", labelsize=7)
+    ax0 = axes[0][0]
+    ax0.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax0.yaxis.set_major_formatter(FuncFormatter(_seconds))
+    ax0.yaxis.set_minor_formatter(NullFormatter())
+    ax0.set_ylabel("TTFT (s, log scale)")
+    _arm_legend(fig)
     return _svg(fig)
 
 
 def figure_sessions(rows: list[dict[str, Any]]) -> str:
+    """The seed's Figure 4: session wall time by routing, one panel per starting size."""
     plt = _pyplot()
-    sizes = sorted({r["nominal_tokens"] for r in rows})
-    fig, axes = plt.subplots(1, len(sizes), figsize=(3.6 * len(sizes), 3.2), squeeze=False)
+    sizes = _sizes(rows)
+    fig, axes = plt.subplots(
+        1, len(sizes), figsize=(3.0 * len(sizes) + 0.6, 3.4), squeeze=False, layout="constrained"
+    )
     for ax, n in zip(axes[0], sizes, strict=True):
-        _strip(
-            ax,
-            [(r["placement"], r["arms"]) for r in rows if r["nominal_tokens"] == n],
-            "session wall time (s)",
-        )
-        ax.set_title(f"{size(n)}-token sessions", fontsize=9)
-    axes[0][0].legend(fontsize=8)
+        mine = [r for r in rows if r["nominal_tokens"] == n]
+        cells = [r for placement in _ROUTINGS for r in mine if r["placement"] == placement]
+        cells += [r for r in mine if r["placement"] not in _ROUTINGS]
+        _strip(ax, [(_routing_tick(r), r["arms"]) for r in cells])
+        ax.set_ylim(bottom=0)
+        ax.set_title(f"{size(n)}-token start")
+        ax.set_ylabel("session wall time (s)" if n == sizes[0] else None)
+    _arm_legend(fig)
     return _svg(fig)
+
+
+def _routing_tick(row: dict[str, Any]) -> str:
+    change = row["mean_change_pct"]
+    return str(row["placement"]) + ("" if change is None else f"\nON vs OFF {change:+.1f}%")
 
 
 def _pair_medians(arm: dict[str, Any]) -> dict[int, float]:
@@ -106,22 +161,44 @@ def _pair_medians(arm: dict[str, Any]) -> dict[int, float]:
 
 
 def figure_paired(rows: list[dict[str, Any]]) -> str:
-    """Per block pair: OFF median → ON median, one line per pair, one panel per cell."""
+    """Per block pair: its OFF median joined to its ON median; rows = locality, columns = size."""
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import MaxNLocator
+
     plt = _pyplot()
-    cells = [r for r in rows if r["locality"] in _LOCALITIES]
-    cols = max(1, min(6, len(cells)))
-    nrows = max(1, -(-len(cells) // cols))
-    fig, axes = plt.subplots(nrows, cols, figsize=(1.9 * cols, 2.2 * nrows), squeeze=False)
-    for ax in axes.flat[len(cells) :]:
-        ax.axis("off")
-    for ax, row in zip(axes.flat, cells, strict=False):
-        off, on = _pair_medians(row["arms"]["OFF"]), _pair_medians(row["arms"]["ON"])
-        for p in sorted(set(off) & set(on)):
-            ax.plot([0, 1], [off[p], on[p]], marker="o", markersize=4, linewidth=1, label=f"pair {p}")
-        ax.set_xticks([0, 1], ["OFF", "ON"], fontsize=7)
-        ax.set_xlim(-0.4, 1.4)
-        ax.tick_params(axis="y", labelsize=7)
-        ax.set_title(f"{size(row['nominal_tokens'])} {row['locality']}", fontsize=8)
+    sizes = _sizes(rows)
+    localities = [loc for loc in _LOCALITIES if any(r["locality"] == loc for r in rows)]
+    fig, axes = plt.subplots(
+        len(localities), len(sizes), figsize=(1.9 * len(sizes) + 0.8, 1.9 * len(localities) + 0.6),
+        squeeze=False, layout="constrained",
+    )
+    pairs_seen: set[int] = set()
+    for i, loc in enumerate(localities):
+        for j, n in enumerate(sizes):
+            ax = axes[i][j]
+            row = next((r for r in rows if r["locality"] == loc and r["nominal_tokens"] == n), None)
+            if row is None:
+                ax.axis("off")
+                continue
+            off, on = _pair_medians(row["arms"]["OFF"]), _pair_medians(row["arms"]["ON"])
+            for p in sorted(set(off) & set(on)):
+                pairs_seen.add(p)
+                colour = _PAIR_COLOURS[p % len(_PAIR_COLOURS)]
+                ax.plot([0, 1], [off[p], on[p]], marker="o", markersize=4, linewidth=1.2, color=colour)
+            ax.set_xticks([0, 1], list(_ARMS))
+            ax.set_xlim(-0.35, 1.35)
+            ax.yaxis.set_major_locator(MaxNLocator(nbins=4))
+            ax.tick_params(labelsize=7)
+            if row["mean_change_pct"] is not None:
+                ax.set_title(f"{size(n)}: {row['mean_change_pct']:+.1f}%", fontsize=8)
+            else:
+                ax.set_title(size(n), fontsize=8)
+            if j == 0:
+                ax.set_ylabel(f"{LOCALITY_NAMES[loc]}\nTTFT (s)", fontsize=8)
+    handles = [Line2D([], [], marker="o", markersize=4, color=_PAIR_COLOURS[p % len(_PAIR_COLOURS)],
+                      label=f"block pair {p}") for p in sorted(pairs_seen)]
+    if handles:
+        fig.legend(handles=handles, loc="outside upper center", ncol=min(6, len(handles)), frameon=False)
     return _svg(fig)
 
 
@@ -141,24 +218,27 @@ def _figures(report: dict[str, Any]) -> list[str]:
     out = []
     sessions = _by_run(report["tables"]["sessions"])
     for run_id, rows in _by_run(report["tables"]["ttft"]).items():
+        tag = html.escape(run_id[:13])
         out.append(f"<h2>Figures for run {html.escape(run_id)}</h2>")
         out.append(
-            "<figure class='fig' id='fig-ttft'>"
+            f"<figure class='fig' id='fig-ttft-{tag}'>"
             + figure_ttft(rows)
-            + "<figcaption>Figure 3: TTFT by locality per size; every observation, bar = median."
-            "</figcaption></figure>"
+            + "<figcaption>Figure 3: TTFT by locality per nominal size (log scale); every observation "
+            "is a dot, the bar is the arm's median.</figcaption></figure>"
         )
         if run_id in sessions:
             out.append(
-                "<figure class='fig' id='fig-sessions'>"
+                f"<figure class='fig' id='fig-sessions-{tag}'>"
                 + figure_sessions(sessions[run_id])
-                + "<figcaption>Figure 4: six-turn session wall time by routing.</figcaption></figure>"
+                + "<figcaption>Figure 4: session wall time by routing (fixed or alternating replica); "
+                "every session is a dot, the bar is the median; under each routing, the mean paired change "
+                "100 × (ON/OFF − 1).</figcaption></figure>"
             )
         out.append(
-            "<figure class='fig' id='fig-paired'>"
+            f"<figure class='fig' id='fig-paired-{tag}'>"
             + figure_paired(rows)
-            + "<figcaption>Per-block paired dot plot: each block pair's OFF and ON median TTFT."
-            "</figcaption></figure>"
+            + "<figcaption>Per-block paired dot plot: each block pair's OFF and ON median TTFT joined by "
+            "a line; panel titles give the mean paired change over matched chains.</figcaption></figure>"
         )
     return out
 

@@ -85,14 +85,24 @@ def service_regression(src: Source) -> dict[str, Any]:
 
 
 def config_coverage(
-    src: Source, run: str | None, probes_ok: bool, pinned_ok: bool, services_ok: set[str]
+    src: Source,
+    run: str | None,
+    probes_ok: bool,
+    pinned_ok: bool,
+    services_ok: set[str],
+    per_run: bool = False,
 ) -> list[dict[str, Any]]:
-    """Per ON config in scope: each layer ``pass``, ``missing`` or ``not applicable``."""
+    """Per ON config in scope: each layer ``pass``, ``missing`` or ``not applicable``.
+
+    ``per_run``: one entry per (run, config) with the paths that run launched it on
+    (the audit's findings are per run), in one query however many runs there are.
+    """
+    group = "run_id, config_sha256" if per_run else "config_sha256"
     rows = src.rows(
-        """SELECT config_sha256, list(DISTINCT transfer_path ORDER BY transfer_path) AS paths,
+        f"""SELECT {group}, list(DISTINCT transfer_path ORDER BY transfer_path) AS paths,
                               list(DISTINCT run_id ORDER BY run_id) AS runs
                        FROM kv_on_configs WHERE ($run IS NULL OR run_id = $run)
-                       GROUP BY config_sha256 ORDER BY config_sha256""",
+                       GROUP BY {group} ORDER BY {group}""",
         {"run": run},
     )
     out = []

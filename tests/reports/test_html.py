@@ -35,3 +35,4 @@ def test_the_checker_sees_console_errors(tmp_path: Path) -> None:
     page.write_text("<!DOCTYPE html><title>bad</title><script>console.error('boom')</script>",
                     encoding="utf-8")
     assert inspect_page(page, "svg")["errors"]
+
