@@ -35,6 +35,7 @@ __all__ = [
     "encode_cached",
     "piece_starts",
     "render_chat",
+    "segments",
     "split",
 ]
 
@@ -78,17 +79,49 @@ def encode(text: str) -> list[int]:
     return [_piece_id(p) for p in split(text)]
 
 
-@lru_cache(maxsize=32)
+_SEGMENT_CHARS = 4096
+
+
+def segments(text: str, size: int = _SEGMENT_CHARS) -> list[str]:
+    """``text`` cut into pieces of about ``size`` characters that tokenize independently.
+
+    A cut falls just after a newline whose neighbours are both non-space: that
+    newline is a token of its own, no token pattern reaches across it, and the
+    next piece begins a new token, so ``encode(text)`` equals the concatenated
+    ``encode`` of the pieces.
+    """
+    out: list[str] = []
+    start, n = 0, len(text)
+    while n - start > size:
+        cut = text.find("\n", start + size)
+        while cut != -1 and (cut + 1 >= n or text[cut - 1].isspace() or text[cut + 1].isspace()):
+            cut = text.find("\n", cut + 1)
+        if cut == -1:
+            break
+        out.append(text[start:cut + 1])
+        start = cut + 1
+    out.append(text[start:])
+    return out
+
+
+@lru_cache(maxsize=8192)
+def _encode_segment(piece: str) -> array[int]:
+    return array("I", encode(piece))
+
+
+@lru_cache(maxsize=64)
 def encode_cached(text: str) -> Sequence[int]:
-    """:func:`encode`, memoised (as a compact ``array('I')``) for the last prompts seen.
+    """:func:`encode`, memoised (as a compact ``array('I')``), by whole text and by :func:`segments`.
 
     The screening sends the same long prompts several times (cold, local and
-    cross-replica steps, and the same payloads in every block); tokenizing a
-    128k-token prompt again each time would cost the server more than the
-    latency model grants it. A str caches its own hash, so a repeated lookup
-    with the same object is cheap; a new object of equal text is hashed once.
+    cross-replica steps; the same payloads in every block), and each session
+    turn extends the previous one; tokenizing a 128k-token prompt from scratch
+    each time would cost the server more than the latency model grants it.
     """
-    return array("I", encode(text))
+    ids: array[int] = array("I")
+    for piece in segments(text):
+        ids.extend(_encode_segment(piece))
+    return ids
 
 
 def count_tokens(text: str) -> int:
