@@ -16,6 +16,7 @@ from ledger.cli_options import db_option
 
 from ._loader import ExperimentError, load
 from ._params import ParamError, parse_params
+from .targets._base import TargetError
 from .targets._registry import TARGETS
 
 __all__ = ["COMMANDS", "replay_command", "run_command"]
@@ -74,6 +75,8 @@ def run_command(experiment: str, target: str, params: tuple[str, ...], seed: int
     try:
         result = run_sync(ledger, exp, resolved, target_name=target, seed=seed,
                           progress=not no_progress and sys.stderr.isatty())  # fmt: skip
+    except TargetError as exc:  # the target could not be made (engines, model): nothing was recorded
+        _usage(f"target {target}: {exc}")
     finally:
         ledger.close()
     _summary(result)

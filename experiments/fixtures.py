@@ -253,6 +253,9 @@ class FixtureFactory:
     async def _largest_fitting(self, key: str, nominal: int, k: int, count: int) -> tuple[int, int]:
         """The largest line count whose text fits ``nominal``: the fixture must not depend
         on where the search started (earlier fixtures tune the first guess)."""
+        while count > nominal and k > _FIRST_MARK + 1:  # the estimate overshot: walk down first
+            k -= 1
+            count = await self._measure(key, nominal, k, 0)
         while True:
             above = await self._measure(key, nominal, k + 1, 0)
             if above > nominal:

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import json
 import random
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
+from click.testing import CliRunner
 
 from experiments.targets.vllm._process import Process
 from experiments.targets.vllm.engines import Engines
+from ledger import Event, open_ledger
 
 from ._stack import LMCACHE_CHUNK, SERVED, Replica, metric_sum, shared_stack, stream_completion
 
@@ -72,3 +79,136 @@ def test_cache_salt_isolates_the_shared_cache(stack: Stack) -> None:
     assert salted["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     same = stream_completion(b.url, {**body, "cache_salt": "s1"})
     assert same["usage"]["prompt_tokens_details"]["cached_tokens"] == 512
+
+
+# --- Attach mode, and a replica dying mid-stream (keep these last: they kill replica B's engine) ---
+#
+# ENGINES-CPU.md saw a fresh replica whose first request was a cross-replica hit die with
+# SIGILL after HTTP 200. It did not reproduce here (NOTES.md), so `_sigill_experiment.py`
+# injects it: SIGILL to replica B's engine worker (found under B's API server through /proc)
+# while B streams. No test double: the real stack above, the real runner, kvledger attached
+# to the stack with `--param attach=...` (which also tests attach mode for real). kvledger
+# must record the truncated stream as a response with an error, the unhealthy replica and
+# the failed block, and the report must count nothing from it.
+
+EXPERIMENT = Path(__file__).with_name("_sigill_experiment.py")
+
+
+def _cli(*args: str) -> Any:
+    from ledger._cli import cli
+
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+@dataclass
+class FaultRun:
+    url: str
+    exit_code: int
+    output: str
+    run_id: str
+    events: list[Event]
+
+    def of(self, kind: str) -> list[Event]:
+        return [e for e in self.events if e.kind == kind]
+
+
+@pytest.fixture(scope="module")
+def fault_run(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> FaultRun:
+    _svc, svc_http, a, b = stack
+    url = f"sqlite:///{tmp_path_factory.mktemp('fault') / 'ledger.db'}"
+    t0 = time.monotonic()
+    result = _cli("run", str(EXPERIMENT), "--target", "vllm", "--db", url, "--no-progress",
+                  "--param", f"attach={a.url},{b.url},service={svc_http}",
+                  "--param", "answers_meaningful=false", "--param", f"victim_pid={b.proc.pid}")  # fmt: skip
+    print(f"\nSIGILL run (attached): {time.monotonic() - t0:.0f} s, exit {result.exit_code}\n{result.output}")
+    led = open_ledger(url)
+    try:
+        events = list(led.events())
+    finally:
+        led.close()
+    (started,) = [e for e in events if e.kind == "run.started"]
+    assert started.run_id is not None
+    return FaultRun(url, result.exit_code, result.output, started.run_id, events)
+
+
+def _cross(run: FaultRun) -> tuple[dict[str, Any], dict[str, Any]]:
+    (sent,) = [e.data for e in run.of("request.sent") if e.data["step"] == "cross"]
+    (resp,) = [e.data for e in run.of("response.received") if e.data["request_id"] == sent["request_id"]]
+    return sent, resp
+
+
+def test_attach_mode_records_what_the_endpoints_say(fault_run: FaultRun, stack: Stack) -> None:
+    _svc, svc_http, a, b = stack
+    (started,) = fault_run.of("run.started")
+    assert started.data["params"]["target"] == "vllm" and started.data["target"]["mode"] == "attach"
+    (block,) = fault_run.of("block.started")
+    assert block.data["restarted"] is False  # caches were not restarted for this block
+    launched = fault_run.of("deployment.launched")
+    assert [e.data["endpoint"] for e in launched] == [a.url, b.url]
+    for e in launched:
+        d = e.data
+        assert d["attached"] is True and d["restarted"] is False and d["engine_version"] == "0.32.0"
+        assert d["model"]["served_name"] == SERVED and d["cache_config"]["block_size"] == "128"
+        assert d["config_sha256"] == block.data["config_sha256"] and d["transfer_path"] == "cpu"
+        assert any(k.startswith("vllm:prefix_cache_queries") for k in d["metrics"])
+    (service,) = fault_run.of("service.launched")
+    assert service.data["attached"] is True and service.data["endpoint"] == svc_http
+    (ckpt,) = fault_run.of("checkpoint.audited")  # the served root is a local directory: audited
+    assert ckpt.block_id is None and len(ckpt.data["files"]) >= 6
+    # attached endpoints are never stopped by kvledger
+    assert all(e.data["stopped"] is False for e in fault_run.of("deployment.stopped"))
+
+
+def test_the_truncated_stream_is_recorded_with_its_error(fault_run: FaultRun) -> None:
+    sent, resp = _cross(fault_run)
+    assert sent["replica"] == 1 and not sent["warmup"]
+    print(f"cross response: status {resp['status']}, error {resp['error']!r}, "
+          f"output tokens {resp['output_tokens']} of {sent['params']['max_tokens']}")
+    (note,) = [e.data for e in fault_run.of("note.added") if e.data.get("topic") == "fault-injection"]
+    print(note["text"])
+    assert resp["status"] == 200  # HTTP said yes, as in the real fault
+    assert resp["error"] is not None and resp["error"].startswith(("truncated stream", "stream error"))
+    (complete,) = [a.data for a in fault_run.of("assertion.evaluated")
+                   if a.data["check"] == "stream_complete"
+                   and a.data["request_id"] == sent["request_id"]]  # fmt: skip
+    assert complete["passed"] is False
+    # The block stopped at the failure: the request after it was never sent.
+    assert not [e for e in fault_run.of("request.sent") if e.data["step"] == "receiver_local"]
+
+
+def test_the_unhealthy_replica_fails_the_block_and_the_run(fault_run: FaultRun, stack: Stack) -> None:
+    assert fault_run.exit_code == 1, fault_run.output
+    (block,) = fault_run.of("block.finished")
+    assert block.data["status"] == "failed" and block.data["unhealthy_replica"] == 1
+    assert "replica 1 unhealthy" in block.data["error"]
+    (finished,) = fault_run.of("run.finished")
+    assert finished.data["status"] == "failed" and finished.data["failed_blocks"] == [0]
+    stops = {e.data["replica"]: e.data for e in fault_run.of("deployment.stopped")}
+    assert stops[1]["health_at_stop"] != 200 and stops[0]["health_at_stop"] == 200
+    (excluded,) = fault_run.of("exclusion.declared")
+    assert excluded.data["scope"] == "block" and excluded.data["target"] == block.block_id
+    _svc, _, a, _b = stack
+    assert httpx.get(f"{a.url}/health", timeout=10).status_code == 200  # A is untouched
+
+
+def test_warmups_reached_every_replica_first(fault_run: FaultRun) -> None:
+    first: dict[int, bool] = {}
+    for e in fault_run.of("request.sent"):
+        first.setdefault(e.data["replica"], e.data["warmup"])
+    assert first == {0: True, 1: True}
+
+
+def test_the_report_counts_nothing_from_the_failed_block(fault_run: FaultRun) -> None:
+    report = _cli("report", "--db", fault_run.url, "--run", fault_run.run_id, "--json")
+    assert report.exit_code == 0, report.output
+    acc = json.loads(report.output)["accounting"]
+    (block,) = fault_run.of("block.finished")
+    assert acc["excluded_blocks"] == [block.block_id]
+    assert acc["measured"] == 0 and acc["warmups"] == 0 and acc["pairs"] == 0
+    audit = _cli("audit", "--db", fault_run.url, "--run", fault_run.run_id, "--json")
+    findings = json.loads(audit.output)["findings"]
+    severities = {f["code"]: f["severity"] for f in findings}
+    assert severities["run-incomplete"] == "blocking"  # the failed run blocks publication
+    assert severities["declared-exclusion"] == "info"
+    # the failed stream_complete check is acknowledged through the block's exclusion
+    assert all(f["severity"] != "blocking" for f in findings if f["code"] == "assertion-failed")

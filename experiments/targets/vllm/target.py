@@ -212,3 +212,6 @@ class AttachedTarget:
 
     async def close(self) -> None:
         await self._client.aclose()
+
+    def endpoint(self, replica: int) -> str:
+        return self.urls[replica]

@@ -1,0 +1,105 @@
+"""An experiment for the fault test: the worker of one replica dies by SIGILL mid-stream.
+
+ENGINES-CPU.md saw a fresh replica whose first request was a cross-replica hit
+die with SIGILL after answering HTTP 200. That did not reproduce here
+(NOTES.md), so the death is injected: while the cross-replica request streams
+from replica ``victim``, SIGILL goes to that replica's engine worker process
+(a descendant of its API server, found through /proc). Everything else is the
+ordinary runner path: warmups on every replica, single-request windows, checks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+PARAMS: dict[str, Any] = {
+    "namespace_tag": None,
+    "size": 1000,
+    "victim": 1,
+    "victim_pid": None,  # the victim's API server pid; None: the managed target's own process
+    "stream_tokens": 2500,
+    "kill_after_s": 0.5,
+    "warmup_tokens": 300,
+    "stop_on_block_failure": True,
+}
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat[stat.rindex(")") + 2 :].split()[1]) == pid:
+                out.append(int(entry.name))
+    return out
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def engine_worker(api_pid: int) -> tuple[int, str]:
+    """The replica's worker (``VLLM::Worker``), else its engine core: (pid, title)."""
+    seen, todo = [], [api_pid]
+    while todo:
+        kids = _children(todo.pop())
+        seen += kids
+        todo += kids
+    for title in ("VLLM::Worker", "VLLM::EngineCore"):
+        for pid in seen:
+            if _cmdline(pid).startswith(title):
+                return pid, title
+    raise RuntimeError(f"no engine process under {api_pid}: {[(p, _cmdline(p)) for p in seen]}")
+
+
+async def _kill_when_streaming(ctx: Any, replica: int, delay: float) -> None:
+    url = ctx.target.endpoint(replica)
+    while True:  # until the victim runs a request
+        text = (await ctx.client.get(url + "/metrics")).text
+        if any(line.startswith("vllm:num_requests_running") and not line.rstrip().endswith(" 0.0")
+               for line in text.splitlines()):  # fmt: skip
+            break
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(delay)
+    api_pid = ctx.params["victim_pid"] or ctx.target.process(replica).pid
+    pid, title = engine_worker(api_pid)
+    os.kill(pid, signal.SIGILL)
+    # The ledger says what was injected: this death is the test's doing, not the engine's.
+    ctx.sink.emit_run("note.added", {"text": f"fault injected: SIGILL to {title} pid {pid} of replica "
+                                             f"{replica} while it streamed", "topic": "fault-injection",
+                                     "replica": replica, "process": title})  # fmt: skip
+
+
+async def run(ctx: Any) -> None:
+    p = ctx.params
+    (spec,) = ctx.block_plan(1, ["ON"], gpu_swap=False)
+
+    async def block(b: Any) -> None:
+        await b.warmups(0, p["warmup_tokens"])  # real engines: every replica still gets one
+        victim, other = p["victim"], 1 - p["victim"]
+        ns = ctx.namespace("micro", p["size"], "c0")
+        fx = await ctx.fixture(ctx.fixture_key("micro", 0), p["size"], ns)
+        await b.request(fx.messages, replica=other, namespace=ns, workload="micro", step="cold",
+                        key="micro/cold", fixture=fx, prompt_tokens=fx.prompt_tokens)  # fmt: skip
+        killer = asyncio.create_task(_kill_when_streaming(ctx, victim, p["kill_after_s"]))
+        try:
+            await b.request(fx.messages, replica=victim, namespace=ns, workload="micro", step="cross",
+                            key="micro/cross", fixture=fx, prompt_tokens=fx.prompt_tokens,
+                            max_tokens=p["stream_tokens"], ignore_eos=True)  # fmt: skip
+        finally:
+            killer.cancel()
+        # Not reached when the replica died: the block has failed.
+        await b.request(fx.messages, replica=victim, namespace=ns, workload="micro",
+                        step="receiver_local", key="micro/receiver_local", fixture=fx)  # fmt: skip
+
+    await ctx.run_blocks([spec], block)
