@@ -232,13 +232,20 @@ def window_table(src: Source, run: str | None) -> list[dict[str, Any]]:
 
 
 def _clean(value: Any) -> Any:
-    """Floats rounded everywhere, so every renderer prints the same digits."""
-    if isinstance(value, float):
+    """Floats rounded everywhere, so every renderer prints the same digits.
+
+    Exact type checks (not isinstance) keep this cheap on reports of a million
+    events; bool is not float, and no other float subclass reaches here.
+    """
+    kind = type(value)
+    if kind is float:
         return fmt(value)
-    if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
+    if kind is dict:
+        return {k if type(k) is str else str(k): _clean(v) for k, v in value.items()}
+    if kind is list or kind is tuple:
         return [_clean(v) for v in value]
+    if isinstance(value, float):
+        return fmt(float(value))
     return value
 
 

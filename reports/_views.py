@@ -132,6 +132,15 @@ FROM ({
             )
         })""",
     ),
+    # Every hits.observed (single-request and window-level) with its block's arm (parsed once).
+    (
+        "kv_hits",
+        f"""
+SELECT h.seq, h.run_id, h.block_id, b.arm, h.request_id, h."window", h.replica, h.prefix_queries,
+       h.local_hit_tokens, h.external_hit_tokens, h.prompt_tokens
+FROM ({_extract("hits.observed", _HITS_FIELDS)}) h LEFT JOIN kv_blocks b USING (block_id)""",
+    ),
+    # Each request with its first response and first single-request hits (by seq).
     (
         "kv_requests",
         f"""
@@ -144,18 +153,10 @@ SELECT q.seq, q.run_id, q.block_id, b.arm, b.pair, q.request_id, q.replica, CAST
        h.request_id IS NOT NULL AS has_hits, h.prefix_queries, h.local_hit_tokens, h.external_hit_tokens
 FROM ({_extract("request.sent", _REQUEST_FIELDS)}) q
 LEFT JOIN kv_blocks b ON b.block_id = q.block_id
-LEFT JOIN (SELECT * FROM ({_extract("response.received", _RESPONSE_FIELDS)})
-           QUALIFY row_number() OVER (PARTITION BY request_id ORDER BY seq) = 1) r USING (request_id)
-LEFT JOIN (SELECT * FROM ({_extract("hits.observed", _HITS_FIELDS)}) WHERE request_id IS NOT NULL
-           QUALIFY row_number() OVER (PARTITION BY request_id ORDER BY seq) = 1) h USING (request_id)""",
-    ),
-    # Every hits.observed (single-request and window-level) with its block's arm.
-    (
-        "kv_hits",
-        f"""
-SELECT h.seq, h.run_id, h.block_id, b.arm, h.request_id, h."window", h.replica, h.prefix_queries,
-       h.local_hit_tokens, h.external_hit_tokens
-FROM ({_extract("hits.observed", _HITS_FIELDS)}) h LEFT JOIN kv_blocks b USING (block_id)""",
+LEFT JOIN (WITH r AS ({_extract("response.received", _RESPONSE_FIELDS)})
+           SELECT * FROM r WHERE seq IN (SELECT min(seq) FROM r GROUP BY request_id)) r USING (request_id)
+LEFT JOIN (SELECT * FROM kv_hits WHERE seq IN (SELECT min(seq) FROM kv_hits WHERE request_id IS NOT NULL
+                                                GROUP BY request_id)) h USING (request_id)""",
     ),
     (
         "kv_assertions",
