@@ -148,6 +148,12 @@ def open_envelope(doc: dict[str, Any], pubkey_pem: bytes | None) -> tuple[dict[s
     return statement, ["no signature verifies with the given public key"]
 
 
+def _stored_chain(src: Source, seq: int) -> str | None:
+    """The chain the database itself holds at ``seq`` (not the snapshot's copy)."""
+    rows = list(src.ledger.raw_rows(after_seq=seq - 1, until_seq=seq))
+    return str(rows[0][8]) if rows else None
+
+
 def check_statement(statement: dict[str, Any], src: Source, report_dir: Path | None = None) -> list[str]:
     """Problems found re-deriving ``statement`` from ``src`` (opened at the attested head)."""
     problems = []
@@ -156,7 +162,8 @@ def check_statement(statement: dict[str, Any], src: Source, report_dir: Path | N
         return problems
     pred = statement["predicate"]
     head = pred["ledger"]["head"]
-    if head and (src.head is None or src.head.seq != head["seq"] or src.head.chain != head["chain"]):
+    if head and (src.head is None or src.head.seq != head["seq"] or src.head.chain != head["chain"]
+                 or _stored_chain(src, int(head["seq"])) != head["chain"]):
         problems.append(f"the ledger has no event seq {head['seq']} with chain {head['chain']}")
         return problems
     files = report_files(src, pred["scope"]["run"])
@@ -170,6 +177,9 @@ def check_statement(statement: dict[str, Any], src: Source, report_dir: Path | N
             if on_disk != want:
                 problems.append(f"{report_dir / name}: file digest {on_disk} differs from attested {want}")
     fresh = build_statement(src, pred["scope"]["run"], files)["predicate"]
+    broken = [code for code in fresh["audit"]["findings"] if code.startswith("chain-broken")]
+    if broken:
+        problems.append("the ledger's hash chain does not verify (ledger verify names the first bad seq)")
     for key in ("run_ids", "configs", "checkpoints", "packages", "audit"):
         if fresh.get(key) != pred.get(key):
             problems.append(f"predicate.{key} does not match the ledger")

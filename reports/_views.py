@@ -230,12 +230,14 @@ SELECT r.*,
        r.block_id IN (SELECT block_id FROM kv_excluded_blocks)
        OR r.request_id IN (SELECT target FROM kv_declared WHERE scope = 'request') AS excluded,
        row_number() OVER (PARTITION BY r.run_id, r.pair, r.arm, r.workload, r.step, r.nominal_tokens,
-                          r.placement, r.chain, r.session, r."window", r.turn ORDER BY r.seq) AS ordinal
+                          r.max_tokens, r.placement, r.chain, r.session, r."window", r.turn
+                          ORDER BY r.seq) AS ordinal
 FROM kv_requests r WHERE r.arm IS NOT NULL AND NOT r.warmup""",
     ),
-    # ON matched to OFF: same run, block pair, workload, step, size, placement, chain/session/window, turn
-    # (and ordinal, for repeats of one key). A block pair with an excluded block has no comparison:
-    # all its rows are 'excluded', including requests whose partner the excluded block never sent.
+    # ON matched to OFF: same run, block pair, workload, step, size, output length (max_tokens),
+    # placement, chain/session/window, turn (and ordinal, for repeats of one key). A block pair
+    # with an excluded block has no comparison: all its rows are 'excluded', including requests
+    # whose partner the excluded block never sent.
     (
         "kv_pairs",
         """
@@ -264,6 +266,7 @@ FROM ons FULL OUTER JOIN offs
   ON ons.run_id = offs.run_id AND ons.pair = offs.pair AND ons.workload = offs.workload
  AND ons.step = offs.step AND ons.ordinal = offs.ordinal
  AND ons.nominal_tokens IS NOT DISTINCT FROM offs.nominal_tokens
+ AND ons.max_tokens IS NOT DISTINCT FROM offs.max_tokens
  AND ons.placement IS NOT DISTINCT FROM offs.placement AND ons.chain IS NOT DISTINCT FROM offs.chain
  AND ons.session IS NOT DISTINCT FROM offs.session
  AND ons."window" IS NOT DISTINCT FROM offs."window" AND ons.turn IS NOT DISTINCT FROM offs.turn),
@@ -481,9 +484,10 @@ def views_markdown() -> str:
         "here are computed by DuckDB; the report computes them in Python from the same rows with exact",
         "summation and rounds to 6 decimals, so the two agree to that precision.",
         "",
-        "Pairing key: run, block pair, workload, step, nominal size, placement, chain / session / window,",
-        "turn, and an ordinal for repeats of one key. Session and window labels must be the same in both",
-        "arms (they name positions in the plan, not blocks). Payload and GPU are compared after matching:",
+        "Pairing key: run, block pair, workload, step, nominal size, output length (`max_tokens`),",
+        "placement, chain / session / window, turn, and an ordinal for repeats of one key. Session and",
+        "window labels must be the same in both arms (they name positions in the plan, not blocks).",
+        "Payload and GPU are compared after matching:",
         "a difference is `payload-mismatch` / `gpu-mismatch`, never a silent drop.",
         "",
         "## Example queries",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from dataclasses import fields
 from pathlib import Path
@@ -127,3 +128,9 @@ def test_run_scope(build: Any) -> None:
     assert not any(f.code == "assertion-failed" for f in audit(src, validation))
 
 
+
+
+def test_audit_md_documents_every_code_with_its_severity() -> None:
+    text = (Path(__file__).parents[2] / "reports" / "AUDIT.md").read_text(encoding="utf-8")
+    rows = re.findall(r"^\| `([a-z-]+)` \| (blocking|warning|info) \|", text, re.M)
+    assert dict(rows) == SEVERITY and len(rows) == len(SEVERITY)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -128,3 +129,23 @@ def test_attest_unsigned_detects_a_different_ledger(sqlite_url: str, tmp_path: P
 def test_help_has_an_example(command: str) -> None:
     result = _run(command, "--help")
     assert result.exit_code == 0 and "Example" in result.output
+
+
+def test_attest_verify_fails_on_a_tampered_ledger(sqlite_url: str, tmp_path: Path) -> None:
+    url, events = _ledger(sqlite_url)
+    run_id = next(e["run_id"] for e in events if e["kind"] == "run.started"
+                  and e["data"]["experiment"] == "screening")
+    out = tmp_path / "s.json"
+    assert _run("attest", "--db", url, "--run", run_id, "--out", str(out)).exit_code == 0
+    assert _run("attest", "--db", url, "--verify", str(out)).exit_code == 0  # the snapshot is now warm
+    # Edit one stored note-like event the report does not read: only the chain can tell.
+    con = sqlite3.connect(Path(url.removeprefix("sqlite:///")))
+    con.execute("DROP TRIGGER IF EXISTS events_refuse_update")
+    seq = con.execute("SELECT min(seq) FROM events WHERE kind = 'metrics.scraped'").fetchone()[0]
+    con.execute("UPDATE events SET data = replace(data, '\"phase\":\"before\"', '\"phase\":\"after\"') "
+                "WHERE seq = ?", (seq,))
+    con.commit()
+    con.close()
+    result = _run("attest", "--db", url, "--verify", str(out))
+    assert result.exit_code == 1
+    assert "hash chain does not verify" in result.output

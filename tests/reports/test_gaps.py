@@ -160,3 +160,18 @@ def test_decode_pair_without_on_rate_is_skipped(build_lite: Any) -> None:
     report = derive_report(build_lite(events))
     units = sum(r["matched_units"] for r in report["tables"]["decode"])
     assert units == 16 - 1
+
+
+def test_generation_pairs_by_output_length_not_by_send_order(build_lite: Any) -> None:
+    events, _ = generate()
+    events = copy.deepcopy(events)
+    on_block = next(e["block_id"] for e in events
+                    if e["kind"] == "block.started" and e["data"]["arm"] == "ON")
+    idx = [i for i, e in enumerate(events) if e["kind"] == "request.sent" and e["block_id"] == on_block
+           and e["data"]["workload"] == "generation" and e["data"]["nominal_tokens"] == 8192
+           and e["data"]["step"] == "cold"]
+    assert [events[i]["data"]["params"]["max_tokens"] for i in idx] == [512, 2048]
+    events[idx[0]], events[idx[1]] = events[idx[1]], events[idx[0]]  # this block sent 2048 first
+    report = derive_report(build_lite(events))
+    assert report["pairing"]["counts"] == {"matched": 384}
+    assert report["accounting"]["matched_pairs"] == 384
