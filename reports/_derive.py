@@ -16,7 +16,7 @@ from ._stats import fmt, mean, median, paired_summary
 from ._validation import validation_layers
 
 SCOPE = "($run IS NULL OR run_id = $run)"
-LOCALITY_LABELS = {"cold": "step cold", "local1": "first local reuse", "cross": "cross-replica reuse"}
+LOCALITY_LABELS = {"cold": "cold", "local1": "first local reuse", "cross": "cross-replica reuse"}
 
 
 def head_dict(src: Source) -> dict[str, Any] | None:
@@ -145,6 +145,14 @@ def _paired(units: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _cell_order(cell: tuple[Any, ...]) -> tuple[tuple[bool, bool, float, str], ...]:
+    """Numbers numerically (8k before 32k before 128k; 512 before 2048), text alphabetically, None last."""
+    return tuple(
+        (v is None, not isinstance(v, int | float), float(v) if isinstance(v, int | float) else 0.0, str(v))
+        for v in cell
+    )
+
+
 def _table(
     obs: list[dict[str, Any]], units: list[dict[str, Any]], dims: tuple[str, ...], value: str
 ) -> list[dict[str, Any]]:
@@ -155,7 +163,7 @@ def _table(
 
     obs_cells, unit_cells = _cells(obs, key), _cells(units, key)
     out = []
-    for cell in sorted(set(obs_cells) | set(unit_cells), key=lambda k: tuple((v is None, str(v)) for v in k)):
+    for cell in sorted(set(obs_cells) | set(unit_cells), key=_cell_order):
         rows = obs_cells.get(cell, [])
         arms = {arm: _arm_summary([r for r in rows if r["arm"] == arm], value) for arm in ("OFF", "ON")}
         out.append({**dict(zip(dims, cell, strict=True)), "arms": arms, **_paired(unit_cells.get(cell, []))})

@@ -257,6 +257,24 @@ def to_markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+# Below this width the terminal leaves out the per-observation column (it would wrap every row).
+WIDE_TERMINAL = 160
+
+
+def terminal_sections(report: dict[str, Any], width: int) -> list[Section]:
+    """The sections for a terminal ``width`` columns wide: the observations column only when it fits."""
+    out = sections(report)
+    if width >= WIDE_TERMINAL:
+        return out
+    for s in out:
+        if s.headers and s.headers[-1] == "observations":
+            s.headers = s.headers[:-1]
+            s.rows = [row[:-1] for row in s.rows]
+            if s.rows:
+                s.notes.insert(0, "every observation: ledger report --markdown, --json or --html")
+    return out
+
+
 def print_terminal(report: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -264,7 +282,7 @@ def print_terminal(report: dict[str, Any]) -> None:
     console = Console()
     head = report["head"] or {"seq": 0, "chain": None}
     console.print(f"[bold]kvledger report[/bold] — ledger head seq {head['seq']} chain {head['chain']}")
-    for s in sections(report):
+    for s in terminal_sections(report, console.width):
         table = Table(*s.headers, title=s.title, title_justify="left", show_lines=False)
         for row in s.rows:
             table.add_row(*row)

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from reports import audit, derive_report, to_markdown
-from reports._render import size
+from reports._render import size, terminal_sections
 from reports._synthetic import Flaws, Shape, generate
 
 from . import _oracle
@@ -30,7 +30,7 @@ def test_markdown_labels_the_screening_sizes_in_thousands(build_lite: Any) -> No
         if e["kind"] == "request.sent" and e["data"]["workload"] == "micro" and not e["data"]["warmup"]:
             e["data"]["nominal_tokens"] = {8192: 8000, 131072: 128000}[e["data"]["nominal_tokens"]]
     md = to_markdown(derive_report(build_lite(events)))
-    assert "| 128k | step cold |" in md and "| 8k | step cold |" in md
+    assert "| 128k | cold |" in md and "| 8k | cold |" in md
     assert "125k" not in md and "128000" not in md
 
 
@@ -175,3 +175,23 @@ def test_generation_pairs_by_output_length_not_by_send_order(build_lite: Any) ->
     report = derive_report(build_lite(events))
     assert report["pairing"]["counts"] == {"matched": 384}
     assert report["accounting"]["matched_pairs"] == 384
+
+
+def test_narrow_terminal_leaves_out_observations_but_says_where_they_are(build_lite: Any) -> None:
+    events, _ = generate()
+    report = derive_report(build_lite(events))
+    narrow = {s.title: s for s in terminal_sections(report, 80)}
+    wide = {s.title: s for s in terminal_sections(report, 200)}
+    table3 = next(t for t in narrow if t.startswith("Table 3"))
+    assert "observations" not in narrow[table3].headers and "observations" in wide[table3].headers
+    assert all(len(r) == len(narrow[table3].headers) for r in narrow[table3].rows)
+    assert "every observation" in narrow[table3].notes[0]
+    assert "| 8k |" in to_markdown(report)  # Markdown keeps every column
+
+
+def test_tables_sort_sizes_and_lengths_numerically(build_lite: Any) -> None:
+    events, _ = generate()
+    tables = derive_report(build_lite(events))["tables"]
+    assert [r["nominal_tokens"] for r in tables["sessions"]] == [32768, 32768, 131072, 131072]
+    decode = [(r["nominal_tokens"], r["step"], r["max_tokens"]) for r in tables["decode"]]
+    assert decode == sorted(decode, key=lambda k: (k[0], k[1], k[2]))
