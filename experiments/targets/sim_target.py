@@ -49,7 +49,7 @@ class SimTarget:
 
     name = "sim"
 
-    def __init__(self, *, replicas: int = 2, time_scale: float = 0.001,
+    def __init__(self, *, replicas: int = 2, time_scale: float = 0.005,
                  fault: str | None = None) -> None:  # fmt: skip
         if replicas < 2:
             raise ValueError("the sim target needs at least two replicas (cross-replica steps)")
