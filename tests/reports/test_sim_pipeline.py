@@ -84,3 +84,29 @@ def test_sim_faults_are_found(url: str, fault: str, code: str) -> None:
     _run(url, "validation", *VALIDATION)
     _run(url, "screening", *SMALL, "--param", f"sim_fault={fault}")
     assert "blocking" in _codes(url).get(code, set())
+
+
+def test_unordered_copy_fault_is_found(url: str) -> None:
+    _run(url, "validation", *VALIDATION)
+    _run(url, "screening", *SMALL, "--param", "sim_fault=unordered-copy")
+    assert "blocking" in _codes(url).get("assertion-failed", set())
+
+
+def test_a_dying_replica_fails_its_block_and_the_report_excludes_it(url: str) -> None:
+    _run(url, "validation", *VALIDATION)
+    _run(url, "screening", *SMALL, "--param", "sim_fault=truncated-stream:die=1@replica=1")
+    src = open_source(url)
+    try:
+        report = derive_report(src)
+        failed = [b["block_id"] for r in report["runs"] for b in r["blocks"] if b["status"] == "failed"]
+        assert failed
+        excluded = {e["block_id"]: e for e in report["exclusions"] if e["source"] == "block-failed"}
+        assert set(failed) <= set(excluded)
+        assert all(excluded[b]["reason"].startswith("block failed: ") for b in failed)
+        assert set(failed) <= set(report["accounting"]["excluded_blocks"])
+        assert not {p["status"] for p in report["pairing"]["not_matched"]} & {"unpaired-on", "unpaired-off"}
+        codes = {f.code: f.severity for f in audit(src)}
+    finally:
+        src.close()
+    assert codes.get("run-incomplete") == "blocking"
+    assert "unpaired-request" not in codes
