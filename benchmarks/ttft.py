@@ -5,24 +5,32 @@
 The sim serves one replica in a SUBPROCESS (its own interpreter and GIL) and
 records, per request, the wall-clock time (CLOCK_REALTIME) at which it wrote
 the first token (``GET /sim/requests``, ``t_first_emit_unix``). The client
-records the wall-clock time at which the read carrying the first content
-token returned. Both are measured from the same send, so
+records the wall-clock time at which the first content token arrived. Both
+are measured from the same send, so
 
     overhead = client-observed TTFT - server's first-token time
              = client first-token wall time - server first-emit wall time
 
-is how late the measuring client sees a token the server has already sent:
-loopback transport, the HTTP stack, and event-loop queueing behind other
-streams. Measured at 1, 16 and 64 concurrent streams (closed loop: each
-stream sends its next request when the previous one ends), p50 and p99.
+is how late the measuring client dates a token the server has already sent.
+Measured at 1, 16 and 64 concurrent streams (closed loop: each stream sends
+its next request when the previous one ends), p50 and p99.
 
-GuideLLM (PyPI ``guidellm``, in its own venv under
-``~/.cache/kvledger/peers/guidellm``) is driven against the same server at the
-same concurrency with ``--profile concurrent``; its per-request first-token
-times are matched to the server's log by response id. It needs a tokenizer
-for synthetic prompts; a local one (the tiny model's, or one built here) is
-used, so it runs offline. If it cannot run, the reason is printed and its
-figures are null. The last line is one JSON object.
+Two figures for the collectors client: ``p99_ms_N`` uses its recorded
+arrival time (on Linux the kernel's receive stamp of the read, see
+``collectors._http``: what the client reports as TTFT), ``read_p99_ms_N`` the
+time its read returned to Python (what a user-space stamp would give: it adds
+the client process's scheduling delay and event-loop queueing, which on a
+busy 2-core machine dominate). GuideLLM's figure is of the latter kind.
+``loadavg_start``/``loadavg_end`` record ``os.getloadavg()``.
+
+GuideLLM (PyPI ``guidellm``, pinned, in its own venv under
+``~/.cache/kvledger/peers/guidellm``, created on first use: it pulls torch)
+is driven against the same server at the same concurrency with
+``--profile concurrent``; its per-request first-token times are matched to
+the server's log by response id. It needs a tokenizer for synthetic
+prompts; a local one (the tiny model's, or a small BPE trained here) is used,
+so it runs offline. If it cannot run, the reason is printed and its figures
+are null. The last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -271,7 +279,8 @@ def main() -> int:
 
     proc, url = start_sim(args.time_scale)
     result: dict[str, Any] = {"server": url, "time_scale": args.time_scale,
-                              "output_tokens": OUTPUT_TOKENS}  # fmt: skip
+                              "output_tokens": OUTPUT_TOKENS, "cpus": os.cpu_count(),
+                              "loadavg_start": [round(x, 2) for x in os.getloadavg()]}  # fmt: skip
     try:
         for level in LEVELS:
             n = max(args.requests, 4 * level) if level > 1 else max(200, args.requests // 2)
@@ -279,6 +288,8 @@ def main() -> int:
             print(f"collectors  {level:>2} streams: {ours}")
             result[f"p50_ms_{level}"] = ours["p50_ms"]
             result[f"p99_ms_{level}"] = ours["p99_ms"]
+            result[f"read_p50_ms_{level}"] = ours["read_p50_ms"]
+            result[f"read_p99_ms_{level}"] = ours["read_p99_ms"]
             result[f"n_{level}"] = ours["n"]
         reason = "skipped (--skip-guidellm)" if args.skip_guidellm else ""
         with tempfile.TemporaryDirectory() as tmp:
@@ -302,6 +313,7 @@ def main() -> int:
         proc.terminate()
         proc.wait(10)
     p99, peer = result.get("p99_ms_64"), result.get("guidellm_p99_ms_64")
+    result["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     result["goal_p99_le_1ms"] = p99 is not None and p99 <= 1.0
     result["goal_below_guidellm"] = None if peer is None or p99 is None else p99 < peer
     print(json.dumps(result))

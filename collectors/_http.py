@@ -361,7 +361,7 @@ class _Connection:
 
     def _complete(self, resp: Response) -> None:
         self.resp = None
-        if resp.close:
+        if resp.close or self.pending is not None:  # answered before our body was all sent: not reusable
             self.close()
         _resolve(resp.done)
 
