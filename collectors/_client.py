@@ -262,7 +262,6 @@ class _Exchange:
 
     status: int | None = None
     error: str | None = None
-    received: bool = False
 
 
 def _transport_error(ex: _Exchange, kind: str, detail: str) -> None:
@@ -295,7 +294,6 @@ async def _via_httpx(client: httpx.AsyncClient, url: str, payload: bytes, header
             now = perf()
             if st.first is None:
                 st.wall = wall()
-            ex.received = True
             st.feed(raw, now)
             if st.error is not None:
                 break
@@ -321,7 +319,6 @@ async def _via_raw(pool: _http.Pool, url: str, payload: bytes, headers: dict[str
             return False
         if st.first is None:
             st.wall, st.read_wall = wall, resp.read_wall
-        ex.received = True
         last[0] = now
         st.feed(data, now)
         return st.error is not None

@@ -26,7 +26,7 @@ uses it only when the given :class:`httpx.AsyncClient` has no configuration
 that this transport would ignore; otherwise it streams through httpx.
 
 Exceptions mirror httpx's names, so recorded errors read the same:
-:class:`ConnectError`, :class:`ReadError`, :class:`RemoteProtocolError`.
+:class:`ConnectError`, :class:`ReadError`, :class:`WriteError`, :class:`RemoteProtocolError`.
 """
 
 from __future__ import annotations

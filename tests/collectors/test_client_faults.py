@@ -151,3 +151,54 @@ def test_keepalive_survives_a_sim_restart(sink: LedgerSink, via: str) -> None:
         outs = asyncio.run(go())
     assert all(o.ok for o in outs), [o.error for o in outs]
     assert outs[1].cached_tokens == 0  # a fresh launch: empty cache
+
+
+def _raw_server_run(reply: bytes, sink: LedgerSink, via: str) -> Outcome:
+    """A bare TCP server that reads the request head and answers ``reply`` then closes."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        lines = head.lower().split(b"\r\n")
+        length = next(int(ln.split(b":")[1]) for ln in lines if ln.startswith(b"content-length"))
+        await reader.readexactly(length)
+        writer.write(reply)
+        await writer.drain()
+        writer.close()
+
+    async def go() -> Outcome:
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            async with client(via) as c:
+                return await send_request(c, spec(f"http://127.0.0.1:{port}", "p", "ns"), sink, timeout_s=5)
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    return asyncio.run(go())
+
+
+_EVENTS = (b'data: {"choices":[{"index":0,"text":"a"}]}\n\ndata: {"choices":[{"index":0,"text":"b",'
+           b'"finish_reason":"stop"}]}\n\ndata: {"choices":[],"usage":{"prompt_tokens":1,'
+           b'"completion_tokens":2}}\n\ndata: [DONE]\n\n')  # fmt: skip
+
+
+def test_body_delimited_by_close_is_complete(sink: LedgerSink, via: str) -> None:
+    o = _raw_server_run(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
+                        + _EVENTS, sink, via)  # fmt: skip
+    assert o.ok and o.text == "ab" and o.output_tokens == 2, o.error
+
+
+def test_content_length_stream_cut_short_is_truncation(sink: LedgerSink, via: str) -> None:
+    length = len(_EVENTS) + 50  # announced, never sent
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n" % length
+    o = _raw_server_run(head + _EVENTS, sink, via)
+    assert o.status == 200 and o.text == "ab" and not o.ok
+    assert o.error and o.error.startswith("truncated stream: connection lost"), o.error
+
+
+def test_garbage_instead_of_http_is_a_connection_error(sink: LedgerSink, via: str) -> None:
+    o = _raw_server_run(b"SSH-2.0-OpenSSH_9.6\r\n\r\n", sink, via)
+    assert o.status is None and not o.ok
+    assert o.error and o.error.startswith("connection error: RemoteProtocolError"), o.error
+    _recorded(sink, o)
