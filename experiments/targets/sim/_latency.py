@@ -1,7 +1,11 @@
 """The latency model: how long prefill, transfer and decode take.
 
 Times are simulated seconds; the deployment's ``time_scale`` multiplies every
-delay before sleeping (1.0 real time, 0.001 for tests). The defaults are
+delay before sleeping (1.0 real time, 0.005 for the screening, 0.0001 for
+tests). A replica sends the first token at the request's arrival (or the end
+of the previous prefill, one GPU) plus the scaled prefill time: its own work
+on the request counts inside that, so a client sees
+max(modelled, actual work) plus transport, never their sum. The defaults are
 chosen to give the seed's shape for a 27B model on one GPU, not to fit its
 numbers: a cold 128k prefill takes about 20 s, a cross-replica reuse at 128k
 about 0.5-0.7 s, a first local reuse at 128k about 20 ms.
