@@ -187,6 +187,9 @@ def figure_paired(rows: list[dict[str, Any]]) -> str:
                 ax.plot([0, 1], [off[p], on[p]], marker="o", markersize=4, linewidth=1.2, color=colour)
             ax.set_xticks([0, 1], list(_ARMS))
             ax.set_xlim(-0.35, 1.35)
+            top = max([*off.values(), *on.values()], default=0.0)
+            # From zero: a +0.1% change must not look like a cliff.
+            ax.set_ylim(0, top * 1.12 if top > 0 else 1.0)
             ax.yaxis.set_major_locator(MaxNLocator(nbins=4))
             ax.tick_params(labelsize=7)
             if row["mean_change_pct"] is not None:
