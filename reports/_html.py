@@ -220,15 +220,18 @@ def _table_html(title: str, headers: list[str], rows: list[list[str]], notes: li
 def _figures(report: dict[str, Any]) -> list[str]:
     out = []
     sessions = _by_run(report["tables"]["sessions"])
-    for run_id, rows in _by_run(report["tables"]["ttft"]).items():
+    ttft = _by_run(report["tables"]["ttft"])
+    for run_id in sorted(set(ttft) | set(sessions)):
+        rows = ttft.get(run_id, [])
         tag = html.escape(run_id[:13])
         out.append(f"<h2>Figures for run {html.escape(run_id)}</h2>")
-        out.append(
-            f"<figure class='fig' id='fig-ttft-{tag}'>"
-            + figure_ttft(rows)
-            + "<figcaption>Figure 3: TTFT by locality per nominal size (log scale); every observation "
-            "is a dot, the bar is the arm's median.</figcaption></figure>"
-        )
+        if rows:
+            out.append(
+                f"<figure class='fig' id='fig-ttft-{tag}'>"
+                + figure_ttft(rows)
+                + "<figcaption>Figure 3: TTFT by locality per nominal size (log scale); every observation "
+                "is a dot, the bar is the arm's median.</figcaption></figure>"
+            )
         if run_id in sessions:
             out.append(
                 f"<figure class='fig' id='fig-sessions-{tag}'>"
@@ -237,12 +240,14 @@ def _figures(report: dict[str, Any]) -> list[str]:
                 "every session is a dot, the bar is the median; under each routing, the mean paired change "
                 "100 × (ON/OFF − 1).</figcaption></figure>"
             )
-        out.append(
-            f"<figure class='fig' id='fig-paired-{tag}'>"
-            + figure_paired(rows)
-            + "<figcaption>Per-block paired dot plot: each block pair's OFF and ON median TTFT joined by "
-            "a line; panel titles give the mean paired change over matched chains.</figcaption></figure>"
-        )
+        if rows:
+            out.append(
+                f"<figure class='fig' id='fig-paired-{tag}'>"
+                + figure_paired(rows)
+                + "<figcaption>Per-block paired dot plot: each block pair's OFF and ON median TTFT "
+                "joined by a line; panel titles give the mean paired change over matched chains."
+                "</figcaption></figure>"
+            )
     return out
 
 

@@ -51,3 +51,15 @@ def test_figure_ids_are_unique_per_run(build_lite: Any) -> None:
     page = to_html(derive_report(build_lite(events)))
     ids = re.findall(r"id='(fig-[^']+)'", page)
     assert len(ids) == 6 and len(set(ids)) == 6
+
+
+def test_a_sessions_only_run_still_gets_figure_4(build_lite: Any) -> None:
+    events, _ = generate()
+    no_micro = {e["data"]["request_id"] for e in events
+                if e["kind"] == "request.sent" and e["data"]["workload"] == "micro"}
+    kept = [e for e in events if not (e["kind"] in ("request.sent", "response.received", "hits.observed",
+                                                     "assertion.evaluated")
+                                      and e["data"].get("request_id") in no_micro)]
+    page = to_html(derive_report(build_lite(kept)))
+    ids = re.findall(r"id='(fig-[a-z]+)-", page)
+    assert ids == ["fig-sessions"]
