@@ -91,7 +91,7 @@ def test_sim_slow_start_past_the_timeout_is_recorded(sink: LedgerSink, via: str)
         (fine,) = _send(d.replica_urls[0], sink, via)  # queued behind the first's prefill
     assert late.error == "timeout" and not late.ok and late.ttft_s is None
     assert late.status == 200  # the headers came before the prefill, as vLLM sends them
-    assert late.e2e_s is not None and 0.09 < late.e2e_s < 0.25
+    assert late.e2e_s is not None and 0.09 < late.e2e_s < 1.0
     assert fine.ok, fine.error
     _recorded(sink, late)
 

@@ -65,12 +65,13 @@ def test_cold_dwarfs_cross_which_exceeds_local_at_128k(tmp_path: Path) -> None:
     # Scaled back to model seconds: cross-replica reuse well under a second at 128k.
     assert ttft["cross"] / SCALE < 1.0, ttft
 
-    # The server's work on a cold 128k prompt happened inside the modelled time.
-    cold_ids = {rid for rid, step in sent.items() if step == "cold"}
+    # The server's work on the first cold 128k prompt (tokenizing it afresh: 0.1-0.5 s) happened
+    # inside the modelled time, not after it.
+    first_cold = next(rid for rid, step in sent.items() if step == "cold")
+    cold = next(e for e in log if e["request_id"] == first_cold)
+    took = cold["t_first_emit_monotonic"] - cold["t_arrival_monotonic"]
     modelled = LatencyModel().prefill_s(TOKENS, 0, 0) * SCALE
-    colds = [e for e in log if e["request_id"] in cold_ids]
-    took = min(e["t_first_emit_monotonic"] - e["t_arrival_monotonic"] for e in colds)
-    assert modelled <= took < modelled + 0.05, (took, modelled)
+    assert modelled <= took < modelled + 0.1, (took, modelled)
 
 
 _PARTS = ["a", "Z", " ", "\n", "\t", "7", "42", "=", "<|im_end|>", "é", "alpha = 938639\n"]
