@@ -240,15 +240,27 @@ class FixtureFactory:
         if k > first:
             self._per_line = max(1.0, (count - base) / (k - first))
         k, count = await self._largest_fitting(key, nominal, k, count)
-        pad = 0
-        for _ in range(4):  # pad words (about a token each) close the last gap
-            if abs(nominal - count) <= self.tolerance or count > nominal:
-                break
-            pad += nominal - count
-            count = await self._measure(key, nominal, k, pad)
+        pad, count = await self._pad(key, nominal, k, count)
         content, question, expected = self._content(key, nominal, k, pad)
         fid = "fx-" + sha256_hex(f"{key}|{nominal}".encode())[:16]
         return Fixture(fid, key, nominal, count, content, question, expected, k)
+
+    async def _pad(self, key: str, nominal: int, k: int, count: int) -> tuple[int, int]:
+        """Pad words close the last gap without overshooting ``nominal``: a word is about a
+        token for most tokenizers, several for a small vocabulary (the tiny test model's)."""
+        pad, rate = 0, 1.0
+        for _ in range(6):
+            gap = nominal - count
+            if gap <= self.tolerance:
+                break
+            step = max(1, math.floor(gap / rate))
+            trial = await self._measure(key, nominal, k, pad + step)
+            rate = max(rate, (trial - count) / step)
+            if trial <= nominal:
+                pad, count = pad + step, trial
+            elif step == 1:
+                break
+        return pad, count
 
     async def _largest_fitting(self, key: str, nominal: int, k: int, count: int) -> tuple[int, int]:
         """The largest line count whose text fits ``nominal``: the fixture must not depend
