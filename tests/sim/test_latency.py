@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from collectors import send_request
 from experiments.targets.sim import LatencyModel, SimDeployment, count_tokens, encode
+from experiments.targets.sim._answers import ASSIGNMENT, find_assignments
 from experiments.targets.sim._tokenizer import encode_cached, segments
 from ledger import open_ledger
 from tests.collectors.helpers import LedgerSink, spec
@@ -74,7 +75,8 @@ def test_cold_dwarfs_cross_which_exceeds_local_at_128k(tmp_path: Path) -> None:
     assert modelled <= took < modelled + 0.1, (took, modelled)
 
 
-_PARTS = ["a", "Z", " ", "\n", "\t", "7", "42", "=", "<|im_end|>", "é", "alpha = 938639\n"]
+_PARTS = ["a", "Z", " ", "\n", "\t", "7", "42", "=", "<|im_end|>", "é", "alpha = 938639\n", "\nbeta=-4\n",
+          "x" * 300]
 _TEXT = st.lists(st.sampled_from(_PARTS), max_size=120).map("".join)
 
 
@@ -84,3 +86,11 @@ def test_segmented_tokenization_equals_whole(text: str, size: int) -> None:
     assert "".join(pieces) == text
     assert [i for p in pieces for i in encode(p)] == encode(text)
     assert list(encode_cached(text)) == encode(text)
+
+
+@given(_TEXT)
+def test_segmented_needle_search_equals_whole(text: str) -> None:
+    text = text * 40  # long enough to be cut into several segments
+    whole = {m.group(1): (int(m.group(2)), m.start(1)) for m in ASSIGNMENT.finditer(text)}
+    assert {k: (n.value, n.char_offset) for k, n in find_assignments(text).items()} == whole
+    assert list(find_assignments(text)) == list(dict.fromkeys(m.group(1) for m in ASSIGNMENT.finditer(text)))

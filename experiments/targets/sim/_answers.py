@@ -63,7 +63,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Final
 
-from ._tokenizer import piece_starts, split
+from ._tokenizer import piece_starts, segments, split
 
 __all__ = [
     "ASSIGNMENT",
@@ -128,11 +128,23 @@ class _Needle:
 
 
 def find_assignments(text: str) -> dict[str, _Needle]:
-    """Needles by name, last assignment winning, in order of first appearance."""
+    """Needles by name, last assignment winning, in order of first appearance.
+
+    Scanned by :func:`segments` (whole lines each), each segment's matches
+    memoised: session turns and repeated payloads share most of their text.
+    """
     found: dict[str, _Needle] = {}
-    for m in ASSIGNMENT.finditer(text):
-        found[m.group(1)] = _Needle(int(m.group(2)), m.start(1))
+    offset = 0
+    for piece in segments(text):
+        for name, value, start in _segment_assignments(piece):
+            found[name] = _Needle(value, offset + start)
+        offset += len(piece)
     return found
+
+
+@lru_cache(maxsize=8192)
+def _segment_assignments(piece: str) -> tuple[tuple[str, int, int], ...]:
+    return tuple((m.group(1), int(m.group(2)), m.start(1)) for m in ASSIGNMENT.finditer(piece))
 
 
 def asked_names(question_text: str) -> list[str] | None:
