@@ -195,3 +195,35 @@ def test_tables_sort_sizes_and_lengths_numerically(build_lite: Any) -> None:
     assert [r["nominal_tokens"] for r in tables["sessions"]] == [32768, 32768, 131072, 131072]
     decode = [(r["nominal_tokens"], r["step"], r["max_tokens"]) for r in tables["decode"]]
     assert decode == sorted(decode, key=lambda k: (k[0], k[1], k[2]))
+
+
+def _declare(events: list[dict[str, Any]], scope: str, target: str, reason: str) -> list[dict[str, Any]]:
+    run_id = next(e["run_id"] for e in events if e["kind"] == "run.started"
+                  and e["data"]["experiment"] == "screening")
+    return [*events, {"id": "0190f000-0000-7000-8000-0000000000aa", "ts": "2026-09-20T00:00:00.000000Z",
+                      "kind": "exclusion.declared", "run_id": run_id, "block_id": None,
+                      "data": {"scope": scope, "target": target, "reason": reason}}]
+
+
+def test_declared_request_exclusion_drops_its_pair_and_says_why(build_lite: Any) -> None:
+    events, _ = generate()
+    victim = next(e["data"]["request_id"] for e in events if e["kind"] == "request.sent"
+                  and e["data"]["workload"] == "micro" and e["data"]["step"] == "cross"
+                  and not e["data"]["warmup"])
+    report = derive_report(build_lite(_declare(events, "request", victim, "operator typo in payload")))
+    assert report["accounting"]["measured"] == 767 and report["accounting"]["pairs"] == 383
+    assert report["pairing"]["counts"] == {"excluded": 1, "matched": 383}
+    (ex,) = report["exclusions"]
+    assert ex["source"] == "declared" and ex["reason"] == f"request {victim}: operator typo in payload"
+
+
+def test_declared_run_exclusion_excludes_every_block(build_lite: Any) -> None:
+    events, _ = generate()
+    run_id = next(e["run_id"] for e in events if e["kind"] == "run.started"
+                  and e["data"]["experiment"] == "screening")
+    src = build_lite(_declare(events, "run", run_id, "host was not isolated"))
+    report = derive_report(src)
+    assert len(report["accounting"]["excluded_blocks"]) == 4 and report["accounting"]["measured"] == 0
+    assert {e["reason"] for e in report["exclusions"]} == {"host was not isolated"}
+    assert report["tables"]["ttft"] == [] and report["tables"]["sessions"] == []
+    assert "declared-exclusion" in {f.code for f in audit(src)}
