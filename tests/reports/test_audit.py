@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import sqlite3
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -12,6 +11,7 @@ import pytest
 
 from reports import SEVERITY, audit, audit_json
 from reports._synthetic import Flaws, Shape, generate
+from tests.ledger._helpers import tamper_postgres, tamper_sqlite
 
 # flaw switch → (audit code, which finding field must name the planted id)
 PLANTED: dict[str, tuple[str, str | None]] = {
@@ -94,17 +94,14 @@ def test_declared_exclusion_acknowledges_findings_in_that_block(build: Any) -> N
 
 
 def test_chain_broken(build: Any, ledger_url: str) -> None:
-    if not ledger_url.startswith("sqlite"):
-        pytest.skip("tampering is done through sqlite3")
     events, _ = generate()
     src = build(events)
-    con = sqlite3.connect(Path(ledger_url.removeprefix("sqlite:///")))
-    con.execute("DROP TRIGGER IF EXISTS events_refuse_update")
-    seq = con.execute("SELECT min(seq) FROM events WHERE kind = 'response.received'").fetchone()[0]
-    con.execute("UPDATE events SET data = replace(data, '\"status\":200', '\"status\":201') WHERE seq = ?",
-                (seq,))
-    con.commit()
-    con.close()
+    with src.ledger.engine.connect() as conn:
+        first = "SELECT min(seq) FROM events WHERE kind = 'response.received'"
+        seq = conn.exec_driver_sql(first).scalar_one()
+    edit = f"UPDATE events SET data = replace(data, '\"status\":200', '\"status\":201') WHERE seq = {seq}"
+    # Bypass the immutability triggers as someone with raw database access would.
+    (tamper_sqlite if ledger_url.startswith("sqlite") else tamper_postgres)(ledger_url, [edit])
     (f,) = [f for f in audit(src) if f.code == "chain-broken"]
     assert f.severity == "blocking" and f.target == str(seq)
 
