@@ -5,13 +5,16 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import socket
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 import orjson
+import pytest
 from aiohttp import web
 
-from collectors import RequestSpec, payload_digest, run_concurrently, send_request
+from collectors import RequestSpec, _http, payload_digest, run_concurrently, send_request
 from experiments.targets.sim import SimDeployment
 from ledger import Ledger, canonical_json, sha256_hex, verify
 from tests.collectors.helpers import VALUES, LedgerSink, client, needle_prompt, spec
@@ -68,11 +71,19 @@ def test_server_records_first_emit_under_our_request_id(
             o = await send_request(c, s, sink)
             log = (await c.get(dep.replica_urls[0] + "/sim/requests")).json()
         entry = next(e for e in log if e["request_id"] == s.request_id)
-        assert o.first_wall_ns is not None
+        assert o.first_wall_ns is not None and o.first_read_wall_ns is not None
         lag = o.first_wall_ns / 1e9 - entry["t_first_emit_unix"]
-        assert 0 <= lag < 1.0
+        assert 0 <= lag < 1.0  # arrival is never dated before the server wrote the token
+        assert o.first_read_wall_ns >= o.first_wall_ns  # the read returns at or after arrival
 
     asyncio.run(go())
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SO_TIMESTAMPNS is Linux's")
+def test_raw_transport_asks_for_kernel_receive_stamps() -> None:
+    with socket.socket() as sock:
+        assert _http._kernel_stamps(sock)
+        assert sock.getsockopt(socket.SOL_SOCKET, _http._SO_TIMESTAMPNS) == 1
 
 
 def test_payload_digest_is_replayable() -> None:
