@@ -153,6 +153,7 @@ def test_attach_mode_records_what_the_endpoints_say(fault_run: FaultRun, stack: 
         assert any(k.startswith("vllm:prefix_cache_queries") for k in d["metrics"])
     (service,) = fault_run.of("service.launched")
     assert service.data["attached"] is True and service.data["endpoint"] == svc_http
+    assert service.data["service_config"]["chunk_size"] == LMCACHE_CHUNK == service.data["chunk_size"]
     (ckpt,) = fault_run.of("checkpoint.audited")  # the served root is a local directory: audited
     assert ckpt.block_id is None and len(ckpt.data["files"]) >= 6
     # attached endpoints are never stopped by kvledger

@@ -101,16 +101,38 @@ class AttachedTarget:
         for path in ("/healthcheck", "/status"):
             try:
                 resp = client.get(self.service_url + path, timeout=10.0)
-                out[path.strip("/")] = {"status": resp.status_code, "body": resp.text[:2000]}
+                try:
+                    body: Any = resp.json()
+                except ValueError:
+                    body = resp.text[:2000]
+                out[path.strip("/")] = {"status": resp.status_code, "body": body}
             except httpx.HTTPError as exc:
                 out[path.strip("/")] = {"status": None, "error": str(exc)[:200]}
         return out
 
     # --- what the runner records -----------------------------------------------
 
+    def service_config(self) -> dict[str, Any] | None:
+        """The stable, correctness-relevant part of the service's ``/status`` (not its counters)."""
+        if self.service is None:
+            return None
+        status = self.service.get("status", {}).get("body")
+        if not isinstance(status, dict):
+            status = {}
+        storage = status.get("storage_manager") or {}
+        l1 = ((storage.get("l1_managers") or {}).get("_default") or {}) if isinstance(storage, dict) else {}
+        evict = ((storage.get("l1_eviction_controllers") or {}).get("_default") or {}) \
+            if isinstance(storage, dict) else {}  # fmt: skip
+        return {"engine_type": status.get("engine_type"), "chunk_size": status.get("chunk_size"),
+                "hash_algorithm": status.get("hash_algorithm"),
+                "l1_bytes": l1.get("memory_configured_bytes"),
+                "eviction_policy": evict.get("eviction_policy")}  # fmt: skip
+
     @property
     def chunk_size(self) -> int:
-        return int(self.s.chunk_size)
+        """The service's own chunk when it says (``/status``), else the ``chunk_size`` param."""
+        observed = (self.service_config() or {}).get("chunk_size")
+        return int(observed) if isinstance(observed, int) and observed > 0 else int(self.s.chunk_size)
 
     @property
     def model_name(self) -> str:
@@ -128,7 +150,7 @@ class AttachedTarget:
             "target": "vllm", "mode": "attach", "arm": arm, "chunk_size": self.chunk_size,
             "transfer_path": self.transfer_path,
             "replicas": [observed_config(o) for o in self.observed],
-            "service": (self.service or {}).get("status", {}).get("body") if arm == "ON" else None,
+            "service": self.service_config() if arm == "ON" else None,
         }  # fmt: skip
 
     def config_sha256(self, arm: str) -> str:
@@ -174,6 +196,7 @@ class AttachedTarget:
                 "service": "lmcache", "endpoint": self.service_url, "command": None, "env": {},
                 "version": None, "pool_bytes": None, "pinned": None, "config_sha256": digest,
                 "target": "vllm", "attached": True, "restarted": False, "observed": self.service,
+                "service_config": self.service_config(), "chunk_size": self.chunk_size,
             }))  # fmt: skip
         return Launch(replicas, digest, tuple(records))
 
