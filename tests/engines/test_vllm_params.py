@@ -112,6 +112,7 @@ def test_config_digest_is_stable_and_arm_specific(tmp_path: Path) -> None:
     assert a.config_sha256("ON") == b.config_sha256("ON") != a.config_sha256("OFF")
     assert a.config("OFF")["kv_connector"] is None and a.config("ON")["service"]["chunk_size"] == 256
     assert _target(tmp_path, chunk_size=512).config_sha256("ON") != a.config_sha256("ON")
+    assert _target(tmp_path, env={"VLLM_ATTENTION_BACKEND": "X"}).config_sha256("ON") != a.config_sha256("ON")
     assert not a.answers_meaningful  # the tiny random-weight model
     assert _target(tmp_path, answers_meaningful=True).answers_meaningful
     # ports and pids change per launch, never the digest

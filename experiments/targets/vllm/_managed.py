@@ -112,6 +112,9 @@ class VllmTarget:
             "enable_prefix_caching": True, "block_size": self.s.block_size,
             "enforce_eager": self.s.enforce_eager, "replicas": self.s.replicas,
             "transfer_path": self.transfer_path, "extra_args": self.s.extra_args,
+            # Variables can change what is computed (allocator, attention backend, LMCACHE_*):
+            # the explicit ones by value, passed-through ones (possibly secret) by name only.
+            "env": self.s.env, "pass_env": sorted(self.s.pass_env),
             "replica_command": self.s.replica_command,
             "kv_connector": {"kv_connector": cmds.CONNECTOR, "kv_role": "kv_both"} if on else None,
             "service": self._service_config() if on else None,
