@@ -176,6 +176,31 @@ class LedgerContract:
                          f"digest = '{digest}' WHERE seq = 6")
         assert led.verify().first_bad_seq == 6
 
+    # Run and block ids JSON must escape: the database leaves these envelopes to Python.
+    ODD_IDS: ClassVar[list[str]] = ['run "quoted"', "back\\slash", "blöck-ü", "tab\tand\nnewline", "☃"]
+
+    def test_ids_needing_escapes_verify_and_edits_are_found(self, url: str, led: Ledger) -> None:
+        odd = self.ODD_IDS
+        led.append_many([NewEvent("note.added", {"text": f"n{i}"}, run_id=run, block_id=odd[-1 - i])
+                         for i, run in enumerate(odd)])  # fmt: skip
+        led.append_many(notes(3))
+        assert led.verify().ok
+        self.tamper(url, "UPDATE events SET data = '{\"text\":\"forged\"}' WHERE seq = 2")
+        assert led.verify().first_bad_seq == 2
+
+    def test_non_canonical_envelope_digest_refused(self, url: str, led: Ledger) -> None:
+        """A digest over the unescaped text (not canonical JSON) must not verify."""
+        (event,) = led.append_many([NewEvent("note.added", {"text": "x"}, run_id='a"b')])
+        naive = (f'{{"block_id":null,"data":{{"text":"x"}},"id":"{event.id}","kind":"note.added",'
+                 f'"run_id":"a"b","ts":"{event.ts}"}}').encode()
+        from ledger._canonical import sha256_hex
+
+        digest = sha256_hex(naive)
+        self.tamper(url, f"UPDATE events SET digest = '{digest}', chain = '{next_chain(GENESIS, digest)}'",
+                    f"UPDATE heads SET chain = '{next_chain(GENESIS, digest)}'")
+        result = led.verify()
+        assert (result.ok, result.first_bad_seq) == (False, 1)
+
     def test_deleted_row_detected(self, url: str, led: Ledger) -> None:
         self._ten(led)
         self.tamper(url, "DELETE FROM events WHERE seq = 5")
