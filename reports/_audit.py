@@ -37,6 +37,7 @@ SEVERITY: dict[str, str] = {
     "provenance-missing": BLOCKING,
     "validation-missing": BLOCKING,
     "order-unbalanced": BLOCKING,
+    "blocks-not-restarted": WARNING,
     "declared-exclusion": INFO,
 }
 _RANK = {BLOCKING: 0, WARNING: 1, INFO: 2}
@@ -418,6 +419,21 @@ def _order_problem(arms: list[str], pairs: list[int], recorded: str | None) -> s
     return None
 
 
+def blocks_not_restarted(src: Source, run: str | None) -> list[Finding]:
+    """Blocks that did not start on a fresh deployment (attach mode): arms share caches and counters."""
+    rows = src.rows(
+        f"""SELECT run_id, block_id, arm, position FROM kv_blocks
+                        WHERE restarted = false AND {SCOPE} ORDER BY seq""",
+        {"run": run},
+    )
+    return [
+        finding("blocks-not-restarted", r, r["block_id"],
+                f"{r['arm']} block {r['position']} ran on a deployment that was not restarted for it "
+                "(attach mode): caches and counters carry over, so arms are not independent")
+        for r in rows
+    ]  # fmt: skip
+
+
 def declared_exclusion(src: Source, run: str | None) -> list[Finding]:
     rows = src.rows(
         f"""SELECT run_id, event_block AS block_id, scope, target, reason FROM kv_declared
@@ -444,6 +460,7 @@ CHECKS: tuple[Check, ...] = (
     provenance_missing,
     validation_missing,
     order_unbalanced,
+    blocks_not_restarted,
     declared_exclusion,
 )
 

@@ -55,6 +55,7 @@ class Flaws:
     declared_exclusion: bool = False
     probes_failing: bool = False
     block_failed: bool = False  # an ON block whose replica died half-way (status failed, partial data)
+    not_restarted: bool = False  # attach mode: blocks share one deployment's caches and counters
 
 
 @dataclass(frozen=True)
@@ -426,6 +427,7 @@ class Screening:
                 "order": order,
                 "gpu_swap": swap,
                 "config_sha256": config_digest(arm, self.shape),
+                "restarted": not g._plant("not_restarted", block_id),
             },
             self.run_id,
             block_id,

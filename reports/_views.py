@@ -94,7 +94,7 @@ LEFT JOIN (SELECT run_id, arg_max(status, seq) AS status
         "kv_blocks",
         f"""
 SELECT b.run_id, b.block_id, b.seq, b."index" AS position, b.arm, b.pair, b."order", b.gpu_swap,
-       b.config_sha256, f.status AS finish_status, f.error AS finish_error
+       b.config_sha256, b.restarted, f.status AS finish_status, f.error AS finish_error
 FROM ({
             _extract(
                 "block.started",
@@ -105,6 +105,7 @@ FROM ({
                     "order": "JSON",
                     "gpu_swap": "BOOLEAN",
                     "config_sha256": "VARCHAR",
+                    "restarted": "BOOLEAN",
                 },
             )
         }) b

@@ -32,6 +32,7 @@ PLANTED: dict[str, tuple[str, str | None]] = {
     "declared_exclusion": ("declared-exclusion", "target"),
     "probes_failing": ("validation-missing", None),
     "block_failed": ("run-incomplete", None),  # the run finished failed; the block is excluded
+    "not_restarted": ("blocks-not-restarted", "block_id"),
 }
 GPU_SHAPE = Shape(target="vllm", transfer_path="gpu")
 
