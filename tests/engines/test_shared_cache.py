@@ -6,18 +6,16 @@ import json
 import random
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from click.testing import CliRunner
 
 from experiments.targets.vllm._process import Process
 from experiments.targets.vllm.engines import Engines
-from ledger import Event, open_ledger
 
+from ._runs import RecordedRun, cli, recorded
 from ._stack import LMCACHE_CHUNK, SERVED, Replica, metric_sum, shared_stack, stream_completion
 
 pytestmark = pytest.mark.engines
@@ -94,22 +92,7 @@ def test_cache_salt_isolates_the_shared_cache(stack: Stack) -> None:
 EXPERIMENT = Path(__file__).with_name("_sigill_experiment.py")
 
 
-def _cli(*args: str) -> Any:
-    from ledger._cli import cli
-
-    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
-
-
-@dataclass
-class FaultRun:
-    url: str
-    exit_code: int
-    output: str
-    run_id: str
-    events: list[Event]
-
-    def of(self, kind: str) -> list[Event]:
-        return [e for e in self.events if e.kind == kind]
+FaultRun = RecordedRun
 
 
 @pytest.fixture(scope="module")
@@ -117,18 +100,11 @@ def fault_run(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> FaultRu
     _svc, svc_http, a, b = stack
     url = f"sqlite:///{tmp_path_factory.mktemp('fault') / 'ledger.db'}"
     t0 = time.monotonic()
-    result = _cli("run", str(EXPERIMENT), "--target", "vllm", "--db", url, "--no-progress",
+    result = cli("run", str(EXPERIMENT), "--target", "vllm", "--db", url, "--no-progress",
                   "--param", f"attach={a.url},{b.url},service={svc_http}",
                   "--param", "answers_meaningful=false", "--param", f"victim_pid={b.proc.pid}")  # fmt: skip
     print(f"\nSIGILL run (attached): {time.monotonic() - t0:.0f} s, exit {result.exit_code}\n{result.output}")
-    led = open_ledger(url)
-    try:
-        events = list(led.events())
-    finally:
-        led.close()
-    (started,) = [e for e in events if e.kind == "run.started"]
-    assert started.run_id is not None
-    return FaultRun(url, result.exit_code, result.output, started.run_id, events)
+    return recorded(url, result)
 
 
 def _cross(run: FaultRun) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -200,13 +176,13 @@ def test_warmups_reached_every_replica_first(fault_run: FaultRun) -> None:
 
 
 def test_the_report_counts_nothing_from_the_failed_block(fault_run: FaultRun) -> None:
-    report = _cli("report", "--db", fault_run.url, "--run", fault_run.run_id, "--json")
+    report = cli("report", "--db", fault_run.url, "--run", fault_run.run_id, "--json")
     assert report.exit_code == 0, report.output
     acc = json.loads(report.output)["accounting"]
     (block,) = fault_run.of("block.finished")
     assert acc["excluded_blocks"] == [block.block_id]
     assert acc["measured"] == 0 and acc["warmups"] == 0 and acc["pairs"] == 0
-    audit = _cli("audit", "--db", fault_run.url, "--run", fault_run.run_id, "--json")
+    audit = cli("audit", "--db", fault_run.url, "--run", fault_run.run_id, "--json")
     findings = json.loads(audit.output)["findings"]
     severities = {f["code"]: f["severity"] for f in findings}
     assert severities["run-incomplete"] == "blocking"  # the failed run blocks publication

@@ -22,9 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner
 
-from ledger import Event, open_ledger
+from ._runs import RecordedRun, cli, recorded
 
 pytestmark = pytest.mark.engines
 
@@ -41,32 +40,10 @@ SK = "sk-" + "plantedSecret0123456789abcdef"
 MIRROR = f"https://mirror-user:{SK}@mirror.invalid/simple"
 
 
-def cli(*args: str) -> Any:
-    from ledger._cli import cli as root
-
-    return CliRunner().invoke(root, list(args), catch_exceptions=False)
-
-
 @dataclass
-class Run:
-    url: str
-    exit_code: int
-    output: str
-    run_id: str
-    wall_s: float
-    logs: Path
-    events: list[Event]
-
-    def of(self, kind: str) -> list[Event]:
-        return [e for e in self.events if e.kind == kind]
-
-    def sql(self, statement: str) -> list[dict[str, Any]]:
-        led = open_ledger(self.url)
-        try:
-            rows: list[dict[str, Any]] = led.sql(statement).to_pylist()
-            return rows
-        finally:
-            led.close()
+class Run(RecordedRun):
+    wall_s: float = 0.0
+    logs: Path = Path()
 
 
 def _params(logs: Path) -> list[str]:
@@ -87,15 +64,9 @@ def run(engines: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]
         t0 = time.monotonic()
         result = cli("run", "screening", "--target", "vllm", "--db", url, "--no-progress", *_params(logs))
         wall = time.monotonic() - t0
-    led = open_ledger(url)
-    try:
-        events = list(led.events())
-    finally:
-        led.close()
-    (started,) = [e for e in events if e.kind == "run.started"]
-    assert started.run_id is not None
+    base = recorded(url, result)
     print(f"\nscreening on vllm: {wall:.0f} s wall, exit {result.exit_code}\n{result.output}")
-    yield Run(url, result.exit_code, result.output, started.run_id, wall, logs, events)
+    yield Run(**vars(base), wall_s=wall, logs=logs)
 
 
 def _failed(run: Run) -> list[dict[str, Any]]:

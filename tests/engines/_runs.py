@@ -1,0 +1,51 @@
+"""Running ``ledger`` in-process and reading back what a run recorded (engine tests)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from click.testing import CliRunner
+
+from ledger import Event, open_ledger
+
+
+def cli(*args: str) -> Any:
+    """``ledger ARGS...`` in this process; the click Result."""
+    from ledger._cli import cli as root
+
+    return CliRunner().invoke(root, list(args), catch_exceptions=False)
+
+
+@dataclass
+class RecordedRun:
+    """One ``ledger run`` and every event its ledger holds afterwards."""
+
+    url: str
+    exit_code: int
+    output: str
+    run_id: str
+    events: list[Event]
+
+    def of(self, kind: str) -> list[Event]:
+        return [e for e in self.events if e.kind == kind]
+
+    def sql(self, statement: str) -> list[dict[str, Any]]:
+        led = open_ledger(self.url)
+        try:
+            rows: list[dict[str, Any]] = led.sql(statement).to_pylist()
+            return rows
+        finally:
+            led.close()
+
+
+def recorded(url: str, result: Any) -> RecordedRun:
+    """Read back the ledger at ``url`` after ``result`` (its single run)."""
+    led = open_ledger(url)
+    try:
+        events = list(led.events())
+    finally:
+        led.close()
+    (started,) = [e for e in events if e.kind == "run.started"]
+    assert started.run_id is not None
+    return RecordedRun(url, result.exit_code, result.output, started.run_id, events)
