@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner
 
 from collectors._secrets import REDACTED, redact_env
 from experiments._params import ParamError
@@ -18,14 +17,10 @@ from experiments.targets.vllm._settings import PARAMS, Settings, check, parse_at
 from experiments.targets.vllm.target import check_params
 from ledger import open_ledger
 
+from ._runs import cli
+
 HF = "hf_" + "AbCdEfGhIjKlMnOpQrSt"  # secret-shaped, not a real token
 SK = "sk-" + "live0123456789abcdefXYZ"
-
-
-def _cli(*args: str) -> Any:
-    from ledger._cli import cli
-
-    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
 
 
 @pytest.mark.parametrize(("param", "message"), [
@@ -51,7 +46,7 @@ def _cli(*args: str) -> Any:
 ])  # fmt: skip
 def test_bad_params_exit_2_and_write_nothing(tmp_path: Path, param: str, message: str) -> None:
     db = tmp_path / "ledger.db"
-    result = _cli("run", "screening", "--target", "vllm", "--db", f"sqlite:///{db}", "--no-progress",
+    result = cli("run", "screening", "--target", "vllm", "--db", f"sqlite:///{db}", "--no-progress",
                   "--param", param)  # fmt: skip
     assert result.exit_code == 2, result.output
     assert message in result.output
