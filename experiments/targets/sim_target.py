@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,7 @@ import httpx
 from ledger import canonical_json, sha256_hex
 
 from ._base import Launch, LaunchRecord, Replica, TargetError
+from ._children import die_with_parent
 from .sim import VLLM_VERSION, FaultSet, SimConfig
 
 __all__ = ["SimTarget"]
@@ -33,15 +33,6 @@ _REPO_ROOT = Path(__file__).resolve().parents[2]
 _START_TIMEOUT_S = 60.0
 _CONNECTOR = "SimLMCacheConnector"
 _SERVICE = "sim-lmcache"
-
-
-def _die_with_parent() -> None:
-    """In the child: a SIGKILLed runner must not leave its sim serving (Linux only)."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 class SimTarget:
@@ -119,7 +110,7 @@ class SimTarget:
         self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (closed in close())
         proc = subprocess.Popen(self._command(arm), stdout=subprocess.PIPE, stderr=self._stderr,
                                 text=True, cwd=_REPO_ROOT, env=env,
-                                preexec_fn=_die_with_parent)  # fmt: skip
+                                preexec_fn=die_with_parent)  # fmt: skip
         self._proc = proc
         return proc
 

@@ -19,13 +19,14 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from .. import _children
 
 __all__ = [
     "ExitInfo",
@@ -157,15 +158,6 @@ class Process:
         return self.exit
 
 
-def _pdeathsig() -> None:
-    """In the child, before exec: SIGTERM when the parent thread exits (PR_SET_PDEATHSIG)."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
-
-
 def start(
     argv: Sequence[str],
     *,
@@ -198,7 +190,7 @@ def start(
             env=full_env,
             cwd=cwd,
             start_new_session=True,
-            preexec_fn=_pdeathsig if die_with_parent else None,
+            preexec_fn=_children.die_with_parent if die_with_parent else None,
         )
     return Process(
         name=name,
