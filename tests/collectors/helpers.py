@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
+from aiohttp import web
 
 from collectors import RequestSpec
 from ledger import Event, Ledger, NewEvent, new_id
@@ -67,3 +70,21 @@ def client(via: str, **kwargs: Any) -> httpx.AsyncClient:
     if via == "httpx":
         kwargs["headers"] = {**kwargs.get("headers", {}), "x-kvledger-test": "httpx"}
     return httpx.AsyncClient(**kwargs)
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@asynccontextmanager
+async def serve(handler: Handler) -> AsyncIterator[str]:
+    """A one-route aiohttp server on loopback answering POST /v1/completions."""
+    app = web.Application()
+    app.router.add_post("/v1/completions", handler)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()

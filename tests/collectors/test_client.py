@@ -7,8 +7,6 @@ import hashlib
 import json
 import socket
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
 
 import orjson
 import pytest
@@ -17,7 +15,7 @@ from aiohttp import web
 from collectors import RequestSpec, _http, payload_digest, run_concurrently, send_request
 from experiments.targets.sim import SimDeployment
 from ledger import Ledger, canonical_json, sha256_hex, verify
-from tests.collectors.helpers import VALUES, LedgerSink, client, needle_prompt, spec
+from tests.collectors.helpers import VALUES, Handler, LedgerSink, client, needle_prompt, serve, spec
 
 
 def test_completion_stream_records_both_events(
@@ -103,24 +101,6 @@ def test_connection_refused_is_recorded_not_raised(sink: LedgerSink, via: str) -
 
     asyncio.run(go())
     assert sink.events("response.received")[0].data["error"].startswith("connection error")
-
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-@asynccontextmanager
-async def serve(handler: Handler) -> AsyncIterator[str]:
-    """A one-route aiohttp server on loopback answering POST /v1/completions."""
-    app = web.Application()
-    app.router.add_post("/v1/completions", handler)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-    finally:
-        await runner.cleanup()
 
 
 def raw_stream(*events: bytes) -> Handler:

@@ -18,7 +18,7 @@ from aiohttp import web
 from collectors import Outcome, send_request
 from collectors._client import _raw_pool
 from experiments.targets.sim import SimDeployment
-from tests.collectors.helpers import TIME_SCALE, VALUES, LedgerSink, client, needle_prompt, spec
+from tests.collectors.helpers import TIME_SCALE, VALUES, LedgerSink, client, needle_prompt, serve, spec
 
 
 def _send(url: str, sink: LedgerSink, via: str, *, times: int = 1, timeout_s: float = 10.0,
@@ -106,17 +106,8 @@ def test_connection_reset_mid_stream_is_truncation(sink: LedgerSink, via: str) -
         return resp
 
     async def go() -> Outcome:
-        app = web.Application()
-        app.router.add_post("/v1/completions", handler)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        try:
-            async with client(via) as c:
-                url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-                return await send_request(c, spec(url, "p", "ns"), sink, timeout_s=5)
-        finally:
-            await runner.cleanup()
+        async with serve(handler) as url, client(via) as c:
+            return await send_request(c, spec(url, "p", "ns"), sink, timeout_s=5)
 
     o = asyncio.run(go())
     assert o.status == 200 and o.text == "a" and o.ttft_s is not None
