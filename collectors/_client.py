@@ -216,16 +216,17 @@ def _decode_rate(n_out: int | None, t_first: float | None, t_last: float | None)
     return (n_out - 1) / (t_last - t_first)
 
 
-async def _error_body(resp: httpx.Response) -> str:
+async def _error_body(resp: httpx.Response) -> bytes:
     try:
-        body = await resp.aread()
+        return await resp.aread()
     except httpx.HTTPError:
-        return ""
-    return _snippet(body)
+        return b""
 
 
-def _snippet(body: bytes | bytearray) -> str:
-    return bytes(body[:_ERROR_SNIPPET]).decode("utf-8", "replace").strip()
+def _http_error(status: int | None, body: bytes | bytearray) -> str:
+    """``http <status>: <start of the body>``, the error recorded for a non-200 answer."""
+    snippet = bytes(body[:_ERROR_SNIPPET]).decode("utf-8", "replace").strip()
+    return f"http {status}: {snippet}".rstrip(": ")
 
 
 _DEFAULT_HEADERS = {"accept": "*/*", "connection": "keep-alive"}
@@ -268,8 +269,6 @@ def _transport_error(ex: _Exchange, kind: str, detail: str) -> None:
     reason = f"{kind}: {detail}"
     if ex.status == 200:
         ex.error = f"truncated stream: connection lost ({reason})"
-    elif ex.status is not None and ex.status != 200:
-        ex.error = ex.error or f"http {ex.status}"
     else:
         ex.error = f"connection error: {reason}"
 
@@ -287,7 +286,7 @@ async def _via_httpx(client: httpx.AsyncClient, url: str, payload: bytes, header
     try:
         ex.status = resp.status_code
         if ex.status != 200:
-            ex.error = f"http {ex.status}: {await _error_body(resp)}".rstrip(": ")
+            ex.error = _http_error(ex.status, await _error_body(resp))
             return
         perf, wall, now = time.perf_counter, time.time_ns, time.perf_counter()
         async for raw in resp.aiter_raw():
@@ -329,12 +328,13 @@ async def _via_raw(pool: _http.Pool, url: str, payload: bytes, headers: dict[str
     except _http.HTTPError as exc:
         ex.status = exc.status
         if exc.status is not None and exc.status != 200:
-            ex.error = f"http {exc.status}: {_snippet(error_body)}".rstrip(": ")
-        _transport_error(ex, type(exc).__name__, str(exc))
+            ex.error = _http_error(exc.status, error_body)
+        else:
+            _transport_error(ex, type(exc).__name__, str(exc))
         return
     ex.status = resp.status
     if ex.status != 200:
-        ex.error = f"http {ex.status}: {_snippet(error_body)}".rstrip(": ")
+        ex.error = _http_error(ex.status, error_body)
         return
     st.end(last[0])
 
