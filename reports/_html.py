@@ -14,6 +14,7 @@ import math
 from collections import defaultdict
 from typing import Any
 
+from ._derive import LOCALITY_LABELS
 from ._render import sections, size
 from ._stats import median
 
@@ -21,7 +22,6 @@ _ARM_COLOUR = {"OFF": "#4c72b0", "ON": "#dd8452"}
 _ARMS = ("OFF", "ON")
 _ROUTINGS = ("fixed", "alternating")
 _LOCALITIES = ("cold", "local1", "cross")
-LOCALITY_NAMES = {"cold": "cold", "local1": "first local reuse", "cross": "cross-replica reuse"}
 _LOCALITY_TICK = {"cold": "cold", "local1": "first local\nreuse", "cross": "cross-replica\nreuse"}
 _PAIR_COLOURS = ("#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#e6ab02", "#a6761d", "#666666")
 
@@ -197,7 +197,7 @@ def figure_paired(rows: list[dict[str, Any]]) -> str:
             else:
                 ax.set_title(size(n), fontsize=8)
             if j == 0:
-                ax.set_ylabel(f"{LOCALITY_NAMES[loc]}\nTTFT (s)", fontsize=8)
+                ax.set_ylabel(f"{LOCALITY_LABELS[loc]}\nTTFT (s)", fontsize=8)
     handles = [Line2D([], [], marker="o", markersize=4, color=_PAIR_COLOURS[p % len(_PAIR_COLOURS)],
                       label=f"block pair {p}") for p in sorted(pairs_seen)]
     if handles:
