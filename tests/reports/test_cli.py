@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import json
-import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from ledger import NewEvent, open_ledger
 from ledger._cli import cli
 from reports._synthetic import Flaws, generate
+from tests.ledger._helpers import tamper_sqlite
 
 from .conftest import import_envelopes
 
@@ -139,13 +139,9 @@ def test_attest_verify_fails_on_a_tampered_ledger(sqlite_url: str, tmp_path: Pat
     assert _run("attest", "--db", url, "--run", run_id, "--out", str(out)).exit_code == 0
     assert _run("attest", "--db", url, "--verify", str(out)).exit_code == 0  # the snapshot is now warm
     # Edit one stored note-like event the report does not read: only the chain can tell.
-    con = sqlite3.connect(Path(url.removeprefix("sqlite:///")))
-    con.execute("DROP TRIGGER IF EXISTS events_refuse_update")
-    seq = con.execute("SELECT min(seq) FROM events WHERE kind = 'metrics.scraped'").fetchone()[0]
-    con.execute("UPDATE events SET data = replace(data, '\"phase\":\"before\"', '\"phase\":\"after\"') "
-                "WHERE seq = ?", (seq,))
-    con.commit()
-    con.close()
+    tamper_sqlite(url, ["UPDATE events SET data = replace(data, '\"phase\":\"before\"', "
+                        "'\"phase\":\"after\"') "
+                        "WHERE seq = (SELECT min(seq) FROM events WHERE kind = 'metrics.scraped')"])
     result = _run("attest", "--db", url, "--verify", str(out))
     assert result.exit_code == 1
     assert "hash chain does not verify" in result.output
