@@ -36,6 +36,14 @@ class Source:
         names = [d[0] for d in cursor.description or []]
         return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
+    def rows_once(self, sql: str) -> list[dict[str, Any]]:
+        """:meth:`rows`, run once per source: for small ledger-wide queries that the report
+        and the audit both ask (the snapshot under a source does not change). Each call
+        gets its own copies of the rows."""
+        if sql not in self._cache:
+            self._cache[sql] = self.rows(sql)
+        return [dict(row) for row in self._cache[sql]]
+
     def scalar(self, sql: str, params: dict[str, Any] | None = None) -> Any:
         row = self.con.execute(sql, params or {}).fetchone()
         return row[0] if row else None

@@ -32,7 +32,7 @@ GPU_LAYERS = ("byte probes (copy ordering)", "pinned allocation")
 
 
 def copy_probes(src: Source) -> dict[str, Any]:
-    rows = src.rows("""SELECT method, direction, delayed, sum(checks) AS checks, sum(passed) AS passed,
+    rows = src.rows_once("""SELECT method, direction, delayed, sum(checks) AS checks, sum(passed) AS passed,
                               list(DISTINCT run_id ORDER BY run_id) AS runs
                        FROM kv_probe_copy GROUP BY ALL ORDER BY method, direction, delayed""")
     ordered = [r for r in rows if r["method"] in ORDERED_METHODS]
@@ -57,7 +57,7 @@ def copy_probes(src: Source) -> dict[str, Any]:
 
 
 def pinned_probes(src: Source) -> dict[str, Any]:
-    rows = src.rows("""SELECT run_id, bytes_requested, is_pinned, seconds, alloc_conf, rounded_up, error
+    rows = src.rows_once("""SELECT run_id, bytes_requested, is_pinned, seconds, alloc_conf, rounded_up, error
                        FROM kv_probe_pinned ORDER BY seq""")
     # Pinned is the property (the seed's failure was a pageable fallback); rounding is shown, not judged.
     good = [r for r in rows if r["is_pinned"] and not r["error"]]
@@ -72,8 +72,8 @@ def pinned_probes(src: Source) -> dict[str, Any]:
 
 
 def service_regression(src: Source) -> dict[str, Any]:
-    rows = src.rows("""SELECT run_id, config_sha256, finish_status, assertions, passed, ok FROM kv_validation
-                       ORDER BY seq""")
+    rows = src.rows_once("""SELECT run_id, config_sha256, finish_status, assertions, passed, ok
+                            FROM kv_validation ORDER BY seq""")
     return {
         "layer": "service regression",
         "applies_to": "every transfer path",
