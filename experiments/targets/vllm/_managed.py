@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +44,9 @@ def free_port(host: str) -> int:
         return int(s.getsockname()[1])
 
 
-def _gpu_facts(physical: Sequence[int]) -> dict[int, dict[str, Any]]:
-    by_index = {int(g["index"]): g for g in gpu_inventory()}
+def gpu_facts(physical: Sequence[int], inventory: Sequence[Mapping[str, Any]]) -> dict[int, dict[str, Any]]:
+    """Index, UUID and name of each of ``physical`` from ``inventory`` (:func:`gpu_inventory`)."""
+    by_index = {int(g["index"]): g for g in inventory}
     return {i: {"index": i, "uuid": by_index.get(i, {}).get("uuid"), "name": by_index.get(i, {}).get("name")}
             for i in physical}  # fmt: skip
 
@@ -64,9 +65,10 @@ class VllmTarget:
     def __init__(self, settings: Settings, resolved: Resolved) -> None:
         self.s = settings
         self.r = resolved
-        inventory = [int(g["index"]) for g in gpu_inventory()]
-        self.physical_gpus: tuple[int, ...] | None = settings.gpu_list or (tuple(inventory) or None)
-        self._gpu = _gpu_facts(self.physical_gpus or ())
+        inventory = gpu_inventory()
+        self.physical_gpus: tuple[int, ...] | None = settings.gpu_list or (
+            tuple(int(g["index"]) for g in inventory) or None)  # fmt: skip
+        self._gpu = gpu_facts(self.physical_gpus or (), inventory)
         self.transfer_path = "gpu" if self.physical_gpus else "cpu"
         self.logs_root = settings.logs_root(new_id())  # replaced by prepare_run's run id
         self._block = 0

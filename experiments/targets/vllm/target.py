@@ -37,7 +37,7 @@ from ledger import canonical_json, sha256_hex
 from ..._params import ParamError
 from .._base import Launch, LaunchRecord, Replica, Target, TargetError
 from ._engine import resolve
-from ._managed import VllmTarget
+from ._managed import VllmTarget, gpu_facts
 from ._observe import Observed, observe, observed_config
 from ._settings import PARAMS, Settings, check
 
@@ -85,11 +85,9 @@ class AttachedTarget:
             raise TargetError(f"attached endpoint(s) not healthy: {', '.join(dead)}")
         self._client = httpx.AsyncClient(timeout=10.0)
         gpus = settings.gpu_list
-        local = {int(g["index"]): g for g in gpu_inventory()}
-        self.gpus: list[dict[str, Any] | None] = [
-            {"index": g, "uuid": local.get(g, {}).get("uuid"), "name": local.get(g, {}).get("name")}
-            for g in gpus
-        ] if gpus else []  # fmt: skip
+        local = gpu_inventory()
+        facts = gpu_facts(gpus or (), local)
+        self.gpus: list[dict[str, Any] | None] = [facts[g] for g in gpus] if gpus else []
         loopback = all(urlsplit(u).hostname in ("127.0.0.1", "localhost", "::1") for u in self.urls)
         # Unknown hosts count as GPU paths: the audit then asks for the stricter validation layers.
         self.transfer_path = "cpu" if loopback and not gpus and not local else "gpu"
