@@ -121,7 +121,7 @@ async def run_experiment(
     status: str = "aborted"
     error: str | None = "interrupted"
     try:
-        await _prepare(target, run_id, sink)
+        await _prepare(ctx, run_id)
         with bars.shown():
             await exp.run(ctx)
         status = "failed" if counters.failed_blocks else "completed"
@@ -142,14 +142,15 @@ async def run_experiment(
     return RunResult(run_id, status, error, counters)
 
 
-async def _prepare(target: Target, run_id: str, sink: Sink) -> None:
+async def _prepare(ctx: RunContext, run_id: str) -> None:
     """The target's run-level records before any block: which checkpoint the run uses
     (``checkpoint.audited``), and a note when exact-value checks do not apply."""
-    prepare = getattr(target, "prepare_run", None)
+    sink = ctx.sink
+    prepare = getattr(ctx.target, "prepare_run", None)
     if prepare is not None:
         for record in await prepare(run_id):
             sink.emit_run(record.kind, record.data)
-    if not getattr(target, "answers_meaningful", True):
+    if not ctx.answers_meaningful:
         sink.emit_run("note.added", {
             "text": "exact_values checks not applicable: the served model's answers are not meaningful "
                     "(random weights); correctness is checked against cold references instead",
