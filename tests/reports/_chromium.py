@@ -7,8 +7,11 @@ selector matches; no npm, no playwright.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -86,9 +89,11 @@ def inspect_page(path: Path, selector: str) -> dict[str, Any]:
     """Load ``path`` in headless chromium: its title, the sizes of ``selector`` matches, error logs."""
     binary = chromium_binary()
     assert binary, "chromium is not installed (scripts/ensure-chromium.sh)"
-    with tempfile.TemporaryDirectory(prefix="kvledger-chromium-") as profile:
+    # Chromium's helper processes can still write to the profile just after the browser
+    # exits: the whole process group is killed, and a late write never fails cleanup.
+    with tempfile.TemporaryDirectory(prefix="kvledger-chromium-", ignore_cleanup_errors=True) as profile:
         proc = subprocess.Popen([binary, *FLAGS, f"--user-data-dir={profile}", "about:blank"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         try:
             port = _port(Path(profile), proc)
             return asyncio.run(_inspect(port, path.resolve().as_uri(), selector))
@@ -99,3 +104,5 @@ def inspect_page(path: Path, selector: str) -> dict[str, Any]:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
