@@ -2,9 +2,14 @@
 
 Each link is checked against the *stored* chain of the row before it, so any
 range of rows can be verified on its own: large ledgers are split into seq
-ranges checked by worker processes, and the first bad seq is the smallest
-one any range reports (a range also reports rows missing at its end, so a
-gap at a boundary is not lost).
+ranges checked side by side, and the first bad seq is the smallest one any
+range reports (a range also reports rows missing at its end, so a gap at a
+boundary is not lost).
+
+SQLite files are checked by the native scanner (``ledger/_cverify.c``, built
+at install where a C compiler and the SQLite and OpenSSL headers exist) in
+threads; other databases, or an install without it, by :func:`scan_rows` in
+worker processes. ``KVLEDGER_VERIFIER=python`` forces the Python path.
 """
 
 from __future__ import annotations
@@ -13,16 +18,28 @@ import hashlib
 import multiprocessing
 import os
 import re
+import sqlite3
 from collections.abc import Iterable
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 from ._events import GENESIS
 from ._events import _json_str as _quoted
 
+_cverify: ModuleType | None
+try:
+    from . import _cverify
+except ImportError:  # installed without a C compiler or headers: the Python path serves
+    _cverify = None
+
 # Below this many events a single process is faster than starting workers.
 PARALLEL_THRESHOLD = 200_000
+# The native scanner splits at this size; threads start in microseconds.
+NATIVE_PARALLEL_THRESHOLD = 50_000
+# seq is never below this (SQLite's smallest integer): "no lower bound" for the native scan.
+_NO_LOWER_BOUND = -(2**63)
 
 
 @dataclass(frozen=True)
@@ -94,7 +111,11 @@ def scan_rows(rows: Iterable[tuple[Any, ...]], start_seq: int, previous_chain: s
 
 def check_range(rows: Iterable[tuple[Any, ...]], first: int, last: int, previous_chain: str) -> RangeResult:
     """Check that rows ``first..last`` are all there and each links to the one before."""
-    result = scan_rows(rows, first, previous_chain)
+    return _missing_tail(scan_rows(rows, first, previous_chain), last)
+
+
+def _missing_tail(result: RangeResult, last: int) -> RangeResult:
+    """A clean scan that stopped before ``last``: the rows after it are missing."""
     if result.bad_seq is None and result.last_seq < last:
         # The rows stopped early: the next ones are missing (sequentially they would
         # have shown up as a gap before the following range's first row).
@@ -224,6 +245,50 @@ def ranges(last: int, parts: int) -> list[tuple[int, int]]:
     return [(start, min(start + step - 1, last)) for start in range(1, last + 1, step)]
 
 
+def native_path(ledger: Any) -> str | None:
+    """The SQLite file the native scanner can read for ``ledger``, else None."""
+    if _cverify is None or os.environ.get("KVLEDGER_VERIFIER", "auto") == "python":
+        return None
+    database = ledger.url.database
+    if ledger.url.get_backend_name() != "sqlite" or not database or database == ":memory:" \
+            or database.startswith("file:"):
+        return None
+    return str(database)
+
+
+_NATIVE_PROBLEMS = {2: _EDITED, 3: _RELINKED}
+
+
+def _native_range(path: str, first: int, last: int) -> RangeResult:
+    """Check seq ``first..last`` of the SQLite file at ``path`` natively (as _scan_connection does)."""
+    assert _cverify is not None
+    if first == 1:
+        after, previous = _NO_LOWER_BOUND, GENESIS
+    else:
+        after, previous = first - 2, ""
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as connection:
+            before = connection.execute("SELECT seq, chain FROM events WHERE seq > ? AND seq <= ? "
+                                        "ORDER BY seq LIMIT 1", (first - 2, last)).fetchone()
+        connection.close()
+        if before is not None and before[0] == first - 1:
+            after, previous = first - 1, str(before[1])
+        # Otherwise the row before is gone: scan from the next one with no chain to follow.
+    outcome, bad, found, last_good, chain = _cverify.scan(path, after, last, first, previous)
+    if outcome == _cverify.OK:
+        return _missing_tail(RangeResult(last_good, chain), last)
+    problem = _DELETED.format(seq=found, expected=last_good + 1) if outcome == _cverify.DELETED \
+        else _NATIVE_PROBLEMS[outcome]
+    return RangeResult(last_good, chain, bad, problem)
+
+
+def _scan_native(path: str, last: int, workers: int | None) -> RangeResult:
+    count = workers or (1 if last < NATIVE_PARALLEL_THRESHOLD else worker_count(PARALLEL_THRESHOLD))
+    if count <= 1 or last < 2:
+        return _native_range(path, 1, last)
+    with ThreadPoolExecutor(count) as executor:
+        return merge(list(executor.map(lambda part: _native_range(path, *part), ranges(last, count))))
+
+
 def verify_ledger(ledger: Any, expected_head: str | None = None, workers: int | None = None) -> Verification:
     """Verify ``ledger`` (a :class:`ledger.Ledger`), in parallel when it is large."""
     # Heads first: each is committed with its events, so all of them lie at or below
@@ -233,6 +298,9 @@ def verify_ledger(ledger: Any, expected_head: str | None = None, workers: int | 
         last = int(conn.exec_driver_sql("SELECT coalesce(max(seq), 0) FROM events").scalar_one())
         chains_at = dict(conn.exec_driver_sql(
             "SELECT e.seq, e.chain FROM heads h JOIN events e ON e.seq = h.seq").all())
+    path = native_path(ledger)
+    if path is not None:
+        return conclude(_scan_native(path, last, workers), heads, chains_at, expected_head)
     count = workers or worker_count(last)
     if count <= 1 or last < 2:
         connection = ledger.engine.raw_connection()

@@ -6,6 +6,7 @@ give it a fresh database URL and a way to tamper with it behind the triggers.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import signal
@@ -43,11 +44,10 @@ from ledger._schema import metadata
 from ._helpers import Tamper, batch_writer, concurrent_writer, mp, note, notes, tamper_postgres, tamper_sqlite
 
 
-class LedgerContract:
-    """Every behaviour the issue asks of the store, on one backend."""
+class VerifyContract:
+    """Verification finds every kind of tampering, on one backend (and one verifier)."""
 
     tamper_with: ClassVar[Tamper]
-    KILL_TRIALS: ClassVar[int] = 5
 
     @pytest.fixture
     def url(self) -> str:
@@ -61,6 +61,97 @@ class LedgerContract:
 
     def tamper(self, url: str, *statements: str) -> None:
         type(self).tamper_with(url, list(statements))
+
+    # -- tampering ---------------------------------------------------------------
+
+    def _ten(self, led: Ledger) -> None:
+        for start in range(0, 10, 2):
+            led.append_many(notes(2, f"t{start}-"))
+
+    def test_edited_data_detected(self, url: str, led: Ledger) -> None:
+        self._ten(led)
+        self.tamper(url, "UPDATE events SET data = '{\"i\":0,\"text\":\"forged\"}' WHERE seq = 4")
+        result = led.verify()
+        assert (result.ok, result.first_bad_seq, result.count) == (False, 4, 3)
+        assert "digest" in (result.problem or "")
+
+    def test_edited_envelope_and_rehashed_digest_detected(self, url: str, led: Ledger) -> None:
+        self._ten(led)
+        forged = led.get(list(led.events())[5].id)
+        assert forged is not None
+        from ledger._events import event_digest
+
+        digest = event_digest(forged.id, forged.ts, forged.kind, "run-x", None, b'{"text":"x"}')
+        self.tamper(url, f"UPDATE events SET run_id = 'run-x', data = '{{\"text\":\"x\"}}', "
+                         f"digest = '{digest}' WHERE seq = 6")
+        assert led.verify().first_bad_seq == 6
+
+    # Run and block ids that JSON must escape: verify may not take its plain-quoting fast path.
+    ODD_IDS: ClassVar[list[str]] = ['run "quoted"', "back\\slash", "blöck-ü", "tab\tand\nnewline", "☃",
+                                    "ctl\x01\x1f\x7f\b\f\r"]
+
+    def test_ids_needing_escapes_verify_and_edits_are_found(self, url: str, led: Ledger) -> None:
+        odd = self.ODD_IDS
+        led.append_many([NewEvent("note.added", {"text": f"n{i}"}, run_id=run, block_id=odd[-1 - i])
+                         for i, run in enumerate(odd)])  # fmt: skip
+        led.append_many(notes(3))
+        assert led.verify().ok
+        self.tamper(url, "UPDATE events SET data = '{\"text\":\"forged\"}' WHERE seq = 2")
+        assert led.verify().first_bad_seq == 2
+
+    def test_non_canonical_envelope_digest_refused(self, url: str, led: Ledger) -> None:
+        """A digest over the unescaped text (not canonical JSON) must not verify."""
+        (event,) = led.append_many([NewEvent("note.added", {"text": "x"}, run_id='a"b')])
+        naive = (f'{{"block_id":null,"data":{{"text":"x"}},"id":"{event.id}","kind":"note.added",'
+                 f'"run_id":"a"b","ts":"{event.ts}"}}').encode()
+        digest = sha256_hex(naive)
+        self.tamper(url, f"UPDATE events SET digest = '{digest}', chain = '{next_chain(GENESIS, digest)}'",
+                    f"UPDATE heads SET chain = '{next_chain(GENESIS, digest)}'")
+        result = led.verify()
+        assert (result.ok, result.first_bad_seq) == (False, 1)
+
+    def test_deleted_row_detected(self, url: str, led: Ledger) -> None:
+        self._ten(led)
+        self.tamper(url, "DELETE FROM events WHERE seq = 5")
+        result = led.verify()
+        assert (result.ok, result.first_bad_seq) == (False, 5)
+
+    def test_reordered_rows_detected(self, url: str, led: Ledger) -> None:
+        self._ten(led)
+        self.tamper(url, "UPDATE events SET seq = -7 WHERE seq = 7",
+                    "UPDATE events SET seq = 7 WHERE seq = 3", "UPDATE events SET seq = 3 WHERE seq = -7")
+        result = led.verify()
+        assert (result.ok, result.first_bad_seq) == (False, 3)
+
+    def test_truncated_tail_detected(self, url: str, led: Ledger) -> None:
+        self._ten(led)
+        self.tamper(url, "DELETE FROM events WHERE seq > 7")
+        result = led.verify()
+        assert (result.ok, result.first_bad_seq) == (False, 8)
+        assert "truncated" in (result.problem or "")
+
+    def test_wrong_expected_head(self, led: Ledger) -> None:
+        self._ten(led)
+        head = led.head()
+        assert head is not None and led.verify(head.chain).ok
+        result = led.verify("0" * 64)
+        assert (result.ok, result.first_bad_seq) == (False, 10)
+
+    def test_parallel_verify_names_the_same_first_bad_seq(self, url: str, led: Ledger) -> None:
+        from ledger._verify import verify_ledger
+
+        led.append_many(notes(400))
+        self.tamper(url, "DELETE FROM events WHERE seq = 101",
+                    "UPDATE events SET data = '{}' WHERE seq = 300")
+        for workers in (1, 2, 3):
+            result = verify_ledger(led, workers=workers)
+            assert result.first_bad_seq == 101, workers
+
+
+class LedgerContract(VerifyContract):
+    """Every behaviour the issue asks of the store, on one backend."""
+
+    KILL_TRIALS: ClassVar[int] = 5
 
     # -- append ---------------------------------------------------------------
 
@@ -152,90 +243,6 @@ class LedgerContract:
         assert led.count() == 3 and led.verify().ok
 
     extra_refused: ClassVar[list[str]] = []
-
-    # -- tampering ---------------------------------------------------------------
-
-    def _ten(self, led: Ledger) -> None:
-        for start in range(0, 10, 2):
-            led.append_many(notes(2, f"t{start}-"))
-
-    def test_edited_data_detected(self, url: str, led: Ledger) -> None:
-        self._ten(led)
-        self.tamper(url, "UPDATE events SET data = '{\"i\":0,\"text\":\"forged\"}' WHERE seq = 4")
-        result = led.verify()
-        assert (result.ok, result.first_bad_seq, result.count) == (False, 4, 3)
-        assert "digest" in (result.problem or "")
-
-    def test_edited_envelope_and_rehashed_digest_detected(self, url: str, led: Ledger) -> None:
-        self._ten(led)
-        forged = led.get(list(led.events())[5].id)
-        assert forged is not None
-        from ledger._events import event_digest
-
-        digest = event_digest(forged.id, forged.ts, forged.kind, "run-x", None, b'{"text":"x"}')
-        self.tamper(url, f"UPDATE events SET run_id = 'run-x', data = '{{\"text\":\"x\"}}', "
-                         f"digest = '{digest}' WHERE seq = 6")
-        assert led.verify().first_bad_seq == 6
-
-    # Run and block ids that JSON must escape: verify may not take its plain-quoting fast path.
-    ODD_IDS: ClassVar[list[str]] = ['run "quoted"', "back\\slash", "blöck-ü", "tab\tand\nnewline", "☃"]
-
-    def test_ids_needing_escapes_verify_and_edits_are_found(self, url: str, led: Ledger) -> None:
-        odd = self.ODD_IDS
-        led.append_many([NewEvent("note.added", {"text": f"n{i}"}, run_id=run, block_id=odd[-1 - i])
-                         for i, run in enumerate(odd)])  # fmt: skip
-        led.append_many(notes(3))
-        assert led.verify().ok
-        self.tamper(url, "UPDATE events SET data = '{\"text\":\"forged\"}' WHERE seq = 2")
-        assert led.verify().first_bad_seq == 2
-
-    def test_non_canonical_envelope_digest_refused(self, url: str, led: Ledger) -> None:
-        """A digest over the unescaped text (not canonical JSON) must not verify."""
-        (event,) = led.append_many([NewEvent("note.added", {"text": "x"}, run_id='a"b')])
-        naive = (f'{{"block_id":null,"data":{{"text":"x"}},"id":"{event.id}","kind":"note.added",'
-                 f'"run_id":"a"b","ts":"{event.ts}"}}').encode()
-        digest = sha256_hex(naive)
-        self.tamper(url, f"UPDATE events SET digest = '{digest}', chain = '{next_chain(GENESIS, digest)}'",
-                    f"UPDATE heads SET chain = '{next_chain(GENESIS, digest)}'")
-        result = led.verify()
-        assert (result.ok, result.first_bad_seq) == (False, 1)
-
-    def test_deleted_row_detected(self, url: str, led: Ledger) -> None:
-        self._ten(led)
-        self.tamper(url, "DELETE FROM events WHERE seq = 5")
-        result = led.verify()
-        assert (result.ok, result.first_bad_seq) == (False, 5)
-
-    def test_reordered_rows_detected(self, url: str, led: Ledger) -> None:
-        self._ten(led)
-        self.tamper(url, "UPDATE events SET seq = -7 WHERE seq = 7",
-                    "UPDATE events SET seq = 7 WHERE seq = 3", "UPDATE events SET seq = 3 WHERE seq = -7")
-        result = led.verify()
-        assert (result.ok, result.first_bad_seq) == (False, 3)
-
-    def test_truncated_tail_detected(self, url: str, led: Ledger) -> None:
-        self._ten(led)
-        self.tamper(url, "DELETE FROM events WHERE seq > 7")
-        result = led.verify()
-        assert (result.ok, result.first_bad_seq) == (False, 8)
-        assert "truncated" in (result.problem or "")
-
-    def test_wrong_expected_head(self, led: Ledger) -> None:
-        self._ten(led)
-        head = led.head()
-        assert head is not None and led.verify(head.chain).ok
-        result = led.verify("0" * 64)
-        assert (result.ok, result.first_bad_seq) == (False, 10)
-
-    def test_parallel_verify_names_the_same_first_bad_seq(self, url: str, led: Ledger) -> None:
-        from ledger._verify import verify_ledger
-
-        led.append_many(notes(400))
-        self.tamper(url, "DELETE FROM events WHERE seq = 101",
-                    "UPDATE events SET data = '{}' WHERE seq = 300")
-        for workers in (1, 2, 3):
-            result = verify_ledger(led, workers=workers)
-            assert result.first_bad_seq == 101, workers
 
     # -- migrations --------------------------------------------------------------
 
@@ -412,6 +419,59 @@ class TestSQLite(LedgerContract):
         texts = second.sql("SELECT text FROM note_added ORDER BY seq").column("text").to_pylist()
         assert texts == [f"other{i}" for i in range(6)]
         second.close()
+
+    def test_native_verifier_is_built(self, led: Ledger) -> None:
+        """This machine has a compiler and the headers: the fast path must not fall back silently."""
+        from ledger import _verify
+
+        assert _verify._cverify is not None, "ledger/_cverify.c was not built at install"
+        assert _verify.native_path(led) is not None
+
+    # Each tampering scenario, on ranges split so that some damage falls on a boundary.
+    SCENARIOS: ClassVar[dict[str, list[str]]] = {
+        "clean": [],
+        "edited": ["UPDATE events SET data = '{}' WHERE seq = 1700"],
+        "boundary-deleted": ["DELETE FROM events WHERE seq = 1000"],
+        "boundary-next-deleted": ["DELETE FROM events WHERE seq = 1001"],
+        "relinked": ["UPDATE events SET chain = digest WHERE seq = 2001"],
+        "reordered": ["UPDATE events SET seq = -5 WHERE seq = 5", "UPDATE events SET seq = 5 WHERE seq = 9",
+                      "UPDATE events SET seq = 9 WHERE seq = -5"],
+        "below-one": ["UPDATE events SET seq = 0 WHERE seq = 1"],
+        "tail": ["DELETE FROM events WHERE seq > 2990"],
+        "odd-id-edited": ["UPDATE events SET data = '{\"text\":\"x\"}' WHERE seq = 2500"],
+        "non-text": ["UPDATE events SET id = 7 WHERE seq = 1500"],
+    }
+
+    @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+    def test_native_and_python_verifiers_agree(self, url: str, led: Ledger, scenario: str,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+        from ledger._verify import verify_ledger
+
+        odd = self.ODD_IDS
+        led.append_many([NewEvent("note.added", {"text": f"n{i}", "odd": odd[i % len(odd)]},
+                                  run_id=odd[i % len(odd)] if i % 7 == 0 else None) for i in range(3000)])
+        self.tamper(url, *self.SCENARIOS[scenario])
+        verdicts = {}
+        for verifier in ("native", "python"):
+            monkeypatch.setenv("KVLEDGER_VERIFIER", verifier)
+            for workers in (1, 3):
+                verdicts[verifier, workers] = verify_ledger(led, workers=workers)
+        for workers in (1, 3):  # the same words for the same split
+            assert verdicts["native", workers] == verdicts["python", workers], scenario
+        # Where the split falls may change how a gap is worded, never which seq is first bad.
+        assert len({dataclasses.replace(v, problem=None) for v in verdicts.values()}) == 1, verdicts
+        assert verdicts["native", 1].ok == (scenario == "clean")
+
+
+class TestSQLitePythonVerifier(VerifyContract):
+    """The tampering contract again on SQLite, through the Python verifier (no native build)."""
+
+    tamper_with = staticmethod(tamper_sqlite)
+
+    @pytest.fixture
+    def url(self, sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> str:
+        monkeypatch.setenv("KVLEDGER_VERIFIER", "python")
+        return sqlite_url
 
 
 @pytest.mark.postgres

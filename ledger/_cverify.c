@@ -1,0 +1,273 @@
+/* Native chain verification of an SQLite ledger: the same checks as ledger/_verify.py's
+ * scan_rows, without a Python object per row.
+ *
+ * Why C: in Python each row costs about 2.8 us to read through sqlite3 and 2.8 us to
+ * check, so a million events take seconds; here a row is one sqlite3_step, two SHA-256
+ * (OpenSSL, SHA-NI where the CPU has it) and a few memcpy. The GIL is released for the
+ * whole scan, so several ranges run in threads of one process.
+ *
+ * The envelope is rebuilt exactly as ledger/_events.envelope_text does: keys in order,
+ * strings quoted with orjson's escaping (", \, \b \t \n \f \r, other controls as \u00xx
+ * in lowercase hex, everything else verbatim), data inserted as stored canonical JSON.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <openssl/evp.h>
+#include <sqlite3.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Outcomes; ledger/_verify.py owns the messages. */
+enum { SCAN_OK = 0, SCAN_DELETED = 1, SCAN_EDITED = 2, SCAN_RELINKED = 3 };
+
+#define HEX_LEN 64
+
+typedef struct {
+    unsigned char *p;
+    size_t len, cap;
+} Buffer;
+
+static int reserve(Buffer *b, size_t more) {
+    if (b->len + more <= b->cap) return 0;
+    size_t cap = b->cap ? b->cap : 4096;
+    while (cap < b->len + more) cap *= 2;
+    unsigned char *p = realloc(b->p, cap);
+    if (p == NULL) return -1;
+    b->p = p;
+    b->cap = cap;
+    return 0;
+}
+
+static int put(Buffer *b, const void *s, size_t n) {
+    if (reserve(b, n) < 0) return -1;
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    return 0;
+}
+
+#define PUT_LITERAL(b, s) put((b), (s), sizeof(s) - 1)
+
+/* A JSON string (orjson's escaping) or null when the column is NULL. */
+static int put_string(Buffer *b, sqlite3_stmt *st, int col) {
+    if (sqlite3_column_type(st, col) == SQLITE_NULL) return PUT_LITERAL(b, "null");
+    const unsigned char *s = sqlite3_column_text(st, col);
+    size_t n = (size_t)sqlite3_column_bytes(st, col);
+    if (reserve(b, 6 * n + 2) < 0) return -1; /* worst case: every byte as \u00xx */
+    static const char hex[] = "0123456789abcdef";
+    unsigned char *out = b->p + b->len;
+    *out++ = '"';
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = s[i];
+        if (c >= 0x20 && c != '"' && c != '\\') {
+            *out++ = c;
+            continue;
+        }
+        *out++ = '\\';
+        switch (c) {
+            case '"': *out++ = '"'; break;
+            case '\\': *out++ = '\\'; break;
+            case '\b': *out++ = 'b'; break;
+            case '\t': *out++ = 't'; break;
+            case '\n': *out++ = 'n'; break;
+            case '\f': *out++ = 'f'; break;
+            case '\r': *out++ = 'r'; break;
+            default:
+                *out++ = 'u'; *out++ = '0'; *out++ = '0';
+                *out++ = (unsigned char)hex[c >> 4]; *out++ = (unsigned char)hex[c & 15];
+        }
+    }
+    *out++ = '"';
+    b->len = (size_t)(out - b->p);
+    return 0;
+}
+
+static void to_hex(const unsigned char *md, char *out) {
+    static const char hex[] = "0123456789abcdef";
+    for (int i = 0; i < 32; i++) {
+        out[2 * i] = hex[md[i] >> 4];
+        out[2 * i + 1] = hex[md[i] & 15];
+    }
+}
+
+/* ``sha`` is fetched once per scan: OpenSSL 3 looks the algorithm up on every EVP_sha256() init. */
+static int sha256_hex(EVP_MD_CTX *ctx, const EVP_MD *sha, const void *data, size_t n, char *out) {
+    unsigned char md[32];
+    unsigned int len = 0;
+    if (!EVP_DigestInit_ex2(ctx, sha, NULL) || !EVP_DigestUpdate(ctx, data, n)
+        || !EVP_DigestFinal_ex(ctx, md, &len))
+        return -1;
+    to_hex(md, out);
+    return 0;
+}
+
+/* A stored hex column equals ``hex`` (a non-text value never does). */
+static int column_is(sqlite3_stmt *st, int col, const char *hex) {
+    if (sqlite3_column_type(st, col) != SQLITE_TEXT || sqlite3_column_bytes(st, col) != HEX_LEN) return 0;
+    return memcmp(sqlite3_column_text(st, col), hex, HEX_LEN) == 0;
+}
+
+static int text_column(sqlite3_stmt *st, int col) {
+    int type = sqlite3_column_type(st, col);
+    return type == SQLITE_TEXT || type == SQLITE_BLOB;
+}
+
+/* The canonical envelope of the current row into ``b``; -1 on a column that cannot hold it. */
+static int envelope(Buffer *b, sqlite3_stmt *st) {
+    /* Columns: 0 seq, 1 id, 2 ts, 3 kind, 4 run_id, 5 block_id, 6 data, 7 digest, 8 chain. */
+    for (int col = 1; col <= 6; col++) {
+        int type = sqlite3_column_type(st, col);
+        if (!(text_column(st, col) || (type == SQLITE_NULL && (col == 4 || col == 5)))) return -1;
+    }
+    const void *data = sqlite3_column_blob(st, 6);
+    size_t data_len = (size_t)sqlite3_column_bytes(st, 6);
+    b->len = 0;
+    if (PUT_LITERAL(b, "{\"block_id\":") || put_string(b, st, 5) || PUT_LITERAL(b, ",\"data\":")
+        || put(b, data, data_len) || PUT_LITERAL(b, ",\"id\":") || put_string(b, st, 1)
+        || PUT_LITERAL(b, ",\"kind\":") || put_string(b, st, 3) || PUT_LITERAL(b, ",\"run_id\":")
+        || put_string(b, st, 4) || PUT_LITERAL(b, ",\"ts\":") || put_string(b, st, 2)
+        || PUT_LITERAL(b, "}"))
+        return -2;
+    return 0;
+}
+
+typedef struct {
+    long long expected;      /* the next seq that should come */
+    char chain[HEX_LEN + 1]; /* the stored chain of the row before it */
+    size_t chain_len;        /* 64, or 0 when the row before is missing (the link then fails) */
+    long long bad_seq;
+    long long found_seq;     /* the seq found where ``expected`` was due */
+    int outcome;
+    char error[256];         /* set when SQLite or OpenSSL failed (not a verdict) */
+} Scan;
+
+static void fail(Scan *scan, const char *what, const char *detail) {
+    snprintf(scan->error, sizeof scan->error, "%s: %s", what, detail ? detail : "unknown error");
+}
+
+/* Check the rows of ``st`` in seq order; mirrors _verify.scan_rows. */
+static void scan_rows(sqlite3_stmt *st, Scan *scan) {
+    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+    EVP_MD *sha = EVP_MD_fetch(NULL, "SHA256", NULL);
+    Buffer b = {NULL, 0, 0};
+    char digest[HEX_LEN], link[2 * HEX_LEN];
+    int rc;
+    if (ctx == NULL || sha == NULL) {
+        fail(scan, "OpenSSL", "no SHA-256 context");
+        EVP_MD_free(sha);
+        EVP_MD_CTX_free(ctx);
+        return;
+    }
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        long long seq = sqlite3_column_int64(st, 0);
+        if (seq != scan->expected) {
+            scan->outcome = SCAN_DELETED;
+            scan->found_seq = seq;
+            scan->bad_seq = seq < scan->expected ? seq : scan->expected;
+            break;
+        }
+        int built = envelope(&b, st);
+        if (built == -2 || (built == 0 && sha256_hex(ctx, sha, b.p, b.len, digest) < 0)) {
+            fail(scan, "out of memory or OpenSSL failure", NULL);
+            break;
+        }
+        if (built == -1 || !column_is(st, 7, digest)) {
+            scan->outcome = SCAN_EDITED;
+            scan->bad_seq = seq;
+            break;
+        }
+        memcpy(link, scan->chain, scan->chain_len);
+        memcpy(link + scan->chain_len, digest, HEX_LEN);
+        if (sha256_hex(ctx, sha, link, scan->chain_len + HEX_LEN, digest) < 0) {
+            fail(scan, "OpenSSL", "SHA-256 failed");
+            break;
+        }
+        if (!column_is(st, 8, digest)) {
+            scan->outcome = SCAN_RELINKED;
+            scan->bad_seq = seq;
+            break;
+        }
+        memcpy(scan->chain, digest, HEX_LEN);
+        scan->chain_len = HEX_LEN;
+        scan->expected++;
+    }
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE) fail(scan, "SQLite", sqlite3_errstr(rc));
+    free(b.p);
+    EVP_MD_free(sha);
+    EVP_MD_CTX_free(ctx);
+}
+
+static const char *SQL =
+    "SELECT seq, id, ts, kind, run_id, block_id, data, digest, chain FROM events "
+    "WHERE seq > ?1 AND seq <= ?2 ORDER BY seq";
+
+/* Open read-only, select the range and scan it; all without the GIL. */
+static void scan_file(const char *path, long long after, long long last, Scan *scan) {
+    sqlite3 *db = NULL;
+    sqlite3_stmt *st = NULL;
+    /* NOMUTEX: the connection is this thread's alone, so SQLite need not lock on every column read. */
+    int rc = sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY | SQLITE_OPEN_URI | SQLITE_OPEN_NOMUTEX, NULL);
+    if (rc != SQLITE_OK) {
+        fail(scan, "SQLite open", db ? sqlite3_errmsg(db) : sqlite3_errstr(rc));
+        sqlite3_close(db);
+        return;
+    }
+    /* Map the file rather than copy each page through read(). */
+    sqlite3_exec(db, "PRAGMA mmap_size = 1099511627776", NULL, NULL, NULL);
+    if (sqlite3_prepare_v2(db, SQL, -1, &st, NULL) != SQLITE_OK) {
+        fail(scan, "SQLite prepare", sqlite3_errmsg(db));
+    } else {
+        sqlite3_bind_int64(st, 1, after);
+        sqlite3_bind_int64(st, 2, last);
+        scan_rows(st, scan); /* one statement: one read transaction, a consistent view */
+    }
+    sqlite3_finalize(st);
+    sqlite3_close(db);
+}
+
+static PyObject *scan(PyObject *Py_UNUSED(self), PyObject *args) {
+    const char *path, *chain;
+    Py_ssize_t chain_len;
+    long long after, last, expected;
+    if (!PyArg_ParseTuple(args, "sLLLs#", &path, &after, &last, &expected, &chain, &chain_len)) return NULL;
+    if (chain_len != HEX_LEN && chain_len != 0) {
+        PyErr_SetString(PyExc_ValueError, "previous chain must be 64 hex characters or empty");
+        return NULL;
+    }
+    Scan result = {.expected = expected, .chain_len = (size_t)chain_len, .outcome = SCAN_OK};
+    memcpy(result.chain, chain, (size_t)chain_len);
+    Py_BEGIN_ALLOW_THREADS
+    scan_file(path, after, last, &result);
+    Py_END_ALLOW_THREADS
+    if (result.error[0]) {
+        PyErr_SetString(PyExc_RuntimeError, result.error);
+        return NULL;
+    }
+    return Py_BuildValue("iLLLs#", result.outcome, result.bad_seq, result.found_seq, result.expected - 1,
+                         result.chain, (Py_ssize_t)result.chain_len);
+}
+
+static PyMethodDef methods[] = {
+    {"scan", scan, METH_VARARGS,
+     "scan(path, after, last, expected, previous_chain)\n"
+     "    -> (outcome, bad_seq, found_seq, last_good_seq, last_good_chain)\n\n"
+     "Check the rows with after < seq <= last of the SQLite ledger at ``path`` (a URI is\n"
+     "accepted), expecting the first to be ``expected`` and to follow ``previous_chain``."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, .m_name = "_cverify",
+    .m_doc = "Native chain verification of SQLite ledgers.", .m_size = -1, .m_methods = methods,
+};
+
+PyMODINIT_FUNC PyInit__cverify(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    if (PyModule_AddIntConstant(m, "OK", SCAN_OK) || PyModule_AddIntConstant(m, "DELETED", SCAN_DELETED)
+        || PyModule_AddIntConstant(m, "EDITED", SCAN_EDITED)
+        || PyModule_AddIntConstant(m, "RELINKED", SCAN_RELINKED)) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
