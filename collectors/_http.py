@@ -523,16 +523,35 @@ class Pool:
                 self.gate.release()
 
 
-_POOLS: weakref.WeakKeyDictionary[Any, Pool] = weakref.WeakKeyDictionary()
+_POOLS: weakref.WeakKeyDictionary[Any, dict[asyncio.AbstractEventLoop, Pool]] = weakref.WeakKeyDictionary()
+"""Per owner (an httpx client), its pools by event loop; a pool serves one loop only."""
+
+
+def _close_pools(pools: dict[asyncio.AbstractEventLoop, Pool]) -> None:
+    for pool in pools.values():
+        pool.close()
+    pools.clear()
 
 
 def pool_for(owner: Any, max_connections: int | None) -> Pool:
-    """The pool tied to ``owner`` (an httpx client) on the running loop."""
+    """The pool tied to ``owner`` (an httpx client) on the running loop.
+
+    A client used across several ``asyncio.run`` calls gets a pool per loop.
+    When a new one is made, the pools of the owner's other loops that are
+    closed (or not running) are dropped and their idle connections closed, so
+    no earlier loop, its pool or its sockets stay alive until the client is
+    garbage-collected. Pools of loops still running (another thread) are kept.
+    """
     loop = asyncio.get_running_loop()
-    pool = _POOLS.get(owner)
-    if pool is None or pool.loop is not loop:
-        if pool is not None and not pool.loop.is_closed():
-            pool.close()
-        pool = _POOLS[owner] = Pool(loop, max_connections)
-        weakref.finalize(owner, pool.close)
+    pools = _POOLS.get(owner)
+    if pools is None:
+        pools = _POOLS[owner] = {}
+        # Holds the pools, not the owner: the owner's collection closes what is left.
+        weakref.finalize(owner, _close_pools, pools)
+    pool = pools.get(loop)
+    if pool is None:
+        for other in [p for lp, p in pools.items() if lp.is_closed() or not lp.is_running()]:
+            del pools[other.loop]
+            other.close()  # safe on a closed loop: only the sockets are closed
+        pool = pools[loop] = Pool(loop, max_connections)
     return pool

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import hashlib
 import json
 import socket
 import sys
+import weakref
 
+import httpx
 import orjson
 import pytest
 from aiohttp import web
@@ -82,6 +85,39 @@ def test_raw_transport_asks_for_kernel_receive_stamps() -> None:
     with socket.socket() as sock:
         assert _http._kernel_stamps(sock)
         assert sock.getsockopt(socket.SOL_SOCKET, _http._SO_TIMESTAMPNS) == 1
+
+
+def test_one_client_across_event_loops_drops_the_earlier_loops_pool(
+    dep: SimDeployment, sink: LedgerSink
+) -> None:
+    """A client reused by successive ``asyncio.run`` calls keeps no pool of a finished loop."""
+    c = httpx.AsyncClient()  # a default client: the raw transport's pool
+    pools: list[_http.Pool] = []
+
+    async def go(salt: str) -> None:
+        o = await send_request(c, spec(dep.replica_urls[0], needle_prompt(), salt), sink)
+        assert o.ok, o.error
+        pools.append(_http.pool_for(c, None))
+
+    try:
+        asyncio.run(go("ns-loop-1"))
+        first = pools[0]
+        socks = [conn.sock for stack in first.idle.values() for conn in stack]
+        assert socks and all(s.fileno() >= 0 for s in socks)  # kept alive for reuse on that loop
+        assert first.loop.is_closed()
+        for n in (2, 3):
+            asyncio.run(go(f"ns-loop-{n}"))
+            assert pools[-1] is not pools[-2] and pools[-1].loop is not pools[-2].loop
+            assert list(_http._POOLS[c].values()) == [pools[-1]]  # only the latest loop's pool
+        assert all(s.fileno() == -1 for s in socks)  # the first loop's sockets were closed
+        assert not first.idle
+        gone = [weakref.ref(pools[0]), weakref.ref(pools[0].loop)]
+        pools[:2] = []
+        first = None
+        gc.collect()
+        assert [r() for r in gone] == [None, None]  # nothing holds the first loop or its pool
+    finally:
+        asyncio.run(c.aclose())
 
 
 def test_payload_digest_is_replayable() -> None:
