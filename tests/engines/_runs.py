@@ -1,20 +1,11 @@
-"""Running ``ledger`` in-process and reading back what a run recorded (engine tests)."""
+"""Reading back what a ``ledger run`` recorded (engine tests; the CLI runner is tests._cli)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from click.testing import CliRunner
-
 from ledger import Event, open_ledger
-
-
-def cli(*args: str) -> Any:
-    """``ledger ARGS...`` in this process; the click Result."""
-    from ledger._cli import cli as root
-
-    return CliRunner().invoke(root, list(args), catch_exceptions=False)
 
 
 @dataclass

@@ -15,7 +15,8 @@ import pytest
 from experiments.targets.vllm._process import Process
 from experiments.targets.vllm.engines import Engines
 
-from ._runs import RecordedRun, cli, recorded
+from .._cli import ledger_cli
+from ._runs import RecordedRun, recorded
 from ._stack import LMCACHE_CHUNK, SERVED, Replica, metric_sum, shared_stack, stream_completion
 
 pytestmark = pytest.mark.engines
@@ -100,9 +101,10 @@ def fault_run(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> FaultRu
     _svc, svc_http, a, b = stack
     url = f"sqlite:///{tmp_path_factory.mktemp('fault') / 'ledger.db'}"
     t0 = time.monotonic()
-    result = cli("run", str(EXPERIMENT), "--target", "vllm", "--db", url, "--no-progress",
-                  "--param", f"attach={a.url},{b.url},service={svc_http}",
-                  "--param", "answers_meaningful=false", "--param", f"victim_pid={b.proc.pid}")  # fmt: skip
+    result = ledger_cli("run", str(EXPERIMENT), "--target", "vllm", "--db", url, "--no-progress",
+                        "--param", f"attach={a.url},{b.url},service={svc_http}",
+                        "--param", "answers_meaningful=false",
+                        "--param", f"victim_pid={b.proc.pid}")  # fmt: skip
     print(f"\nSIGILL run (attached): {time.monotonic() - t0:.0f} s, exit {result.exit_code}\n{result.output}")
     return recorded(url, result)
 
@@ -176,13 +178,13 @@ def test_warmups_reached_every_replica_first(fault_run: FaultRun) -> None:
 
 
 def test_the_report_counts_nothing_from_the_failed_block(fault_run: FaultRun) -> None:
-    report = cli("report", "--db", fault_run.url, "--run", fault_run.run_id, "--json")
+    report = ledger_cli("report", "--db", fault_run.url, "--run", fault_run.run_id, "--json")
     assert report.exit_code == 0, report.output
     acc = json.loads(report.output)["accounting"]
     (block,) = fault_run.of("block.finished")
     assert acc["excluded_blocks"] == [block.block_id]
     assert acc["measured"] == 0 and acc["warmups"] == 0 and acc["pairs"] == 0
-    audit = cli("audit", "--db", fault_run.url, "--run", fault_run.run_id, "--json")
+    audit = ledger_cli("audit", "--db", fault_run.url, "--run", fault_run.run_id, "--json")
     findings = json.loads(audit.output)["findings"]
     severities = {f["code"]: f["severity"] for f in findings}
     assert severities["run-incomplete"] == "blocking"  # the failed run blocks publication

@@ -17,7 +17,7 @@ from experiments.targets.vllm._settings import PARAMS, Settings, check, parse_at
 from experiments.targets.vllm.target import check_params
 from ledger import open_ledger
 
-from ._runs import cli
+from .._cli import ledger_cli
 
 HF = "hf_" + "AbCdEfGhIjKlMnOpQrSt"  # secret-shaped, not a real token
 SK = "sk-" + "live0123456789abcdefXYZ"
@@ -46,8 +46,8 @@ SK = "sk-" + "live0123456789abcdefXYZ"
 ])  # fmt: skip
 def test_bad_params_exit_2_and_write_nothing(tmp_path: Path, param: str, message: str) -> None:
     db = tmp_path / "ledger.db"
-    result = cli("run", "screening", "--target", "vllm", "--db", f"sqlite:///{db}", "--no-progress",
-                  "--param", param)  # fmt: skip
+    result = ledger_cli("run", "screening", "--target", "vllm", "--db", f"sqlite:///{db}",
+                        "--no-progress", "--param", param)  # fmt: skip
     assert result.exit_code == 2, result.output
     assert message in result.output
     if db.exists():

@@ -23,7 +23,8 @@ from typing import Any
 
 import pytest
 
-from ._runs import RecordedRun, cli, recorded
+from .._cli import ledger_cli, param_args
+from ._runs import RecordedRun, recorded
 
 pytestmark = pytest.mark.engines
 
@@ -47,11 +48,7 @@ class Run(RecordedRun):
 
 
 def _params(logs: Path) -> list[str]:
-    params = {**SHAPE, "pass_env": ["HF_TOKEN", "KVL_MIRROR_URL"], "logs_dir": str(logs)}
-    out: list[str] = []
-    for key, value in params.items():
-        out += ["--param", f"{key}={json.dumps(value)}"]
-    return out
+    return param_args({**SHAPE, "pass_env": ["HF_TOKEN", "KVL_MIRROR_URL"], "logs_dir": str(logs)})
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +59,8 @@ def run(engines: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]
         mp.setenv("HF_TOKEN", HF)
         mp.setenv("KVL_MIRROR_URL", MIRROR)
         t0 = time.monotonic()
-        result = cli("run", "screening", "--target", "vllm", "--db", url, "--no-progress", *_params(logs))
+        result = ledger_cli("run", "screening", "--target", "vllm", "--db", url, "--no-progress",
+                            *_params(logs))  # fmt: skip
         wall = time.monotonic() - t0
     base = recorded(url, result)
     print(f"\nscreening on vllm: {wall:.0f} s wall, exit {result.exit_code}\n{result.output}")
@@ -201,7 +199,7 @@ def test_exact_values_are_not_applicable_to_the_tiny_model(run: Run) -> None:
 
 
 def test_report_and_audit_derive_from_the_events(run: Run) -> None:
-    report = cli("report", "--db", run.url, "--run", run.run_id, "--json")
+    report = ledger_cli("report", "--db", run.url, "--run", run.run_id, "--json")
     assert report.exit_code == 0, report.output
     acc = json.loads(report.output)["accounting"]
     finished = run.of("run.finished")[0].data
@@ -210,19 +208,19 @@ def test_report_and_audit_derive_from_the_events(run: Run) -> None:
     assert acc["warmups"] == finished["warmups"] == 4 * 2
     assert acc["exact_value_checks"] == 0 and acc["excluded_blocks"] == []
     assert acc["pairs"] == acc["matched_pairs"] > 0
-    audit = cli("audit", "--db", run.url, "--run", run.run_id, "--json")
+    audit = ledger_cli("audit", "--db", run.url, "--run", run.run_id, "--json")
     assert audit.exit_code == 0, audit.output  # without --publish the audit only reports
     findings = json.loads(audit.output)["findings"]
     blocking = {f["code"] for f in findings if f["severity"] == "blocking"}
     # No validation run has passed for this ON config in this ledger: that, and only that, blocks.
     assert blocking == {"validation-missing"}, findings
-    publish = cli("audit", "--db", run.url, "--run", run.run_id, "--publish")
+    publish = ledger_cli("audit", "--db", run.url, "--run", run.run_id, "--publish")
     assert publish.exit_code == 1
 
 
 def test_planted_secrets_appear_nowhere_in_the_ledger(run: Run, tmp_path: Path) -> None:
     out = tmp_path / "ledger.jsonl"
-    result = cli("export", "--db", run.url, "--jsonl", str(out))
+    result = ledger_cli("export", "--db", run.url, "--jsonl", str(out))
     assert result.exit_code == 0, result.output
     data = out.read_bytes()
     assert len(data) > 100_000

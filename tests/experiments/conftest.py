@@ -1,4 +1,4 @@
-"""Helpers for the experiments tests: small shapes, a CLI runner, event queries."""
+"""Helpers for the experiments tests: small shapes, event queries (the CLI runner is tests._cli)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,8 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from click.testing import CliRunner
 
 from ledger import Event, open_ledger
 
@@ -22,22 +20,6 @@ SMALL = {
     "window_sessions": [2, 3], "window_turns": 2, "window_size": 1000, "warmups": 2,
     "warmup_tokens": 300,
 }  # fmt: skip
-
-
-def param_args(params: dict[str, Any]) -> list[str]:
-    import json
-
-    out: list[str] = []
-    for key, value in params.items():
-        out += ["--param", f"{key}={json.dumps(value)}"]
-    return out
-
-
-def ledger_cli(*args: str) -> Any:
-    """Invoke the root ``ledger`` CLI in-process."""
-    from ledger._cli import cli
-
-    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
 
 
 def events(url: str, kind: str | None = None, run_id: str | None = None) -> list[Event]:

@@ -13,7 +13,8 @@ import pytest
 
 from ledger import open_ledger
 
-from .conftest import LEDGER, REPO, SMALL, events, ledger_cli, param_args, run_ids
+from .._cli import ledger_cli, param_args
+from .conftest import LEDGER, REPO, SMALL, events, run_ids
 
 # Slow enough (real-time sim delays at 32k) to be caught mid-block.
 SLOW = {**SMALL, "workloads": ["micro"], "sizes": [32000, 64000], "time_scale": 1.0}

@@ -12,7 +12,7 @@ from experiments._params import ParamError, check_params, parse_param
 from experiments.fixtures import FixtureFactory, make_namespace
 from experiments.targets.sim import count_tokens, render_chat
 
-from .conftest import ledger_cli
+from .._cli import ledger_cli
 
 
 def test_param_values_are_json_literals_else_strings() -> None:

@@ -10,7 +10,8 @@ import pytest
 from experiments._loader import load
 from experiments.runner import prepare_params
 
-from .conftest import REPO, SMALL, events, ledger_cli, param_args, run_ids
+from .._cli import ledger_cli, param_args
+from .conftest import REPO, SMALL, events, run_ids
 
 
 def _run(url: str, *extra: str) -> object:

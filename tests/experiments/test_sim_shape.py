@@ -7,7 +7,8 @@ recomputation, as slow as cold. Orderings only, no exact times.
 
 from __future__ import annotations
 
-from .conftest import events, ledger_cli, param_args, run_ids
+from .._cli import ledger_cli, param_args
+from .conftest import events, run_ids
 
 DEMO_SCALE = 0.05  # scripts/demo's --time-scale
 SHAPE = {"workloads": ["micro"], "sizes": [128000], "chains": 1, "block_pairs": 1, "warmups": 2,

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import SMALL, events, ledger_cli, param_args, run_ids
+from .._cli import ledger_cli, param_args
+from .conftest import SMALL, events, run_ids
 
 SMALL_VALIDATION = {"size": 6000, "reverse_size": 2000, "session_size": 1500, "session_turns": 3,
                     "turn_growth": 300, "warmup_tokens": 300}  # fmt: skip
