@@ -178,7 +178,8 @@ class VllmTarget:
         except StartupError as exc:
             raise TargetError(f"{proc.name} did not start: {exc}") from exc
 
-    async def _start_service(self, logs: Path) -> tuple[int, LaunchRecord]:
+    async def _start_service(self, logs: Path, digest: str) -> tuple[int, LaunchRecord]:
+        """Start the LMCache service of an ON block whose config digest is ``digest``."""
         port, http_port = free_port(self.s.host), free_port(self.s.host)
         argv = cmds.render(self.s.service_command or cmds.SERVICE_TEMPLATE, {
             "python": self.r.lmcache_python, "host": self.s.host, "port": port, "http_port": http_port,
@@ -193,7 +194,7 @@ class VllmTarget:
             "service": _SERVICE, "endpoint": self._service_url, "port": port,
             "command": redact_command(argv), "env": redact_env(env), "version": self.r.service_version,
             "pool_bytes": int(float(self.s.lmcache_l1_gb) * 2**30), "pinned": None,
-            "chunk_size": self.chunk_size, "config_sha256": self.config_sha256("ON"), "target": "vllm",
+            "chunk_size": self.chunk_size, "config_sha256": digest, "target": "vllm",
             "pid": proc.pid, "ready_s": proc.ready_seconds, "restarted": True,
         })  # fmt: skip
 
@@ -209,10 +210,13 @@ class VllmTarget:
         if self._procs or self._service is not None:
             await self.stop()  # a block's leftovers never serve the next block
         logs, on = self._block_dir(arm), arm == "ON"
+        # The block's config and digest, once: every record of the block carries the same ones.
+        config = self.config(arm)
+        digest = sha256_hex(canonical_json(config))
         records: list[LaunchRecord] = []
         service_port = None
         if on:
-            service_port, record = await self._start_service(logs)
+            service_port, record = await self._start_service(logs, digest)
             records.append(record)
         launched = []
         for i in range(int(self.s.replicas)):
@@ -231,9 +235,9 @@ class VllmTarget:
         for (i, gpu, argv, env), obs in zip(launched, observed, strict=True):
             self._check_version(obs)
             replicas.append(Replica(i, self._urls[i], gpu))
-            data = self._replica_data(i, gpu, arm, argv, env, obs, service_port)
+            data = self._replica_data(i, gpu, arm, argv, env, obs, service_port, config, digest)
             records.append(LaunchRecord("deployment.launched", data))
-        return Launch(tuple(replicas), self.config_sha256(arm), tuple(records))
+        return Launch(tuple(replicas), digest, tuple(records))
 
     @staticmethod
     def _observe(url: str) -> Observed:
@@ -247,8 +251,8 @@ class VllmTarget:
                               f"{self.r.engine_version}")  # fmt: skip
 
     def _replica_data(self, i: int, gpu: dict[str, Any] | None, arm: str, argv: list[str],
-                      env: dict[str, str], obs: Observed,
-                      service_port: int | None) -> dict[str, Any]:  # fmt: skip
+                      env: dict[str, str], obs: Observed, service_port: int | None,
+                      config: dict[str, Any], digest: str) -> dict[str, Any]:  # fmt: skip
         proc = self._procs[i]
         on = arm == "ON" and service_port is not None
         return {
@@ -256,9 +260,9 @@ class VllmTarget:
             "engine_version": obs.version, "command": redact_command(argv), "env": redact_env(env),
             "model": {"path": str(self.r.model_dir), "served_name": self.model_name,
                       "revision": self.r.revision, "checkpoint_sha256": self.r.checkpoint_sha256},
-            "config_sha256": self.config_sha256(arm),
+            "config_sha256": digest,
             "kv_connector": cmds.kv_transfer_config(self.s.host, service_port) if on else None,  # type: ignore[arg-type]
-            "target": "vllm", "transfer_path": self.transfer_path, "arm": arm, "config": self.config(arm),
+            "target": "vllm", "transfer_path": self.transfer_path, "arm": arm, "config": config,
             "restarted": True, "attached": False, "pid": proc.pid, "ready_s": proc.ready_seconds,
             "served_names": obs.served_names, "cache_config": obs.cache_config,
             "logs": [str(proc.stdout_path), str(proc.stderr_path)],

@@ -185,9 +185,11 @@ class AttachedTarget:
         dead = [o.endpoint for o in now if o.health != 200]
         if dead:
             raise TargetError(f"attached endpoint(s) not healthy: {', '.join(dead)}")
-        digest = self.config_sha256(arm)
+        # The block's config and digest, once: every record of the block carries the same ones.
+        config = self.config(arm)
+        digest = sha256_hex(canonical_json(config))
         replicas = tuple(Replica(i, o.endpoint, self._gpu(i)) for i, o in enumerate(now))
-        records = [LaunchRecord("deployment.launched", self._replica_data(i, o, arm, digest))
+        records = [LaunchRecord("deployment.launched", self._replica_data(i, o, arm, config, digest))
                    for i, o in enumerate(now)]  # fmt: skip
         if arm == "ON" and self.service is not None:
             records.append(LaunchRecord("service.launched", {
@@ -201,14 +203,15 @@ class AttachedTarget:
     def _gpu(self, i: int) -> dict[str, Any] | None:
         return self.gpus[i] if i < len(self.gpus) else None
 
-    def _replica_data(self, i: int, o: Observed, arm: str, digest: str) -> dict[str, Any]:
+    def _replica_data(self, i: int, o: Observed, arm: str, config: dict[str, Any],
+                      digest: str) -> dict[str, Any]:  # fmt: skip
         return {
             "replica": i, "gpu": self._gpu(i), "endpoint": o.endpoint, "engine": "vllm",
             "engine_version": o.version, "command": None, "env": {},
             "model": {"path": o.model_root, "served_name": self.model_name, "revision": self.s.revision},
             "config_sha256": digest, "kv_connector": None, "target": "vllm",
             "transfer_path": self.transfer_path, "arm": arm, "attached": True, "restarted": False,
-            "config": self.config(arm), "observed_config": observed_config(o), "models": o.models,
+            "config": config, "observed_config": observed_config(o), "models": o.models,
             "cache_config": o.cache_config, "metrics": o.metrics,
             "has_external_metrics": o.has_external_metrics,
         }  # fmt: skip
