@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 
+from experiments.targets.vllm._commands import kv_transfer_config, with_connector
 from experiments.targets.vllm._process import Process, running
 from experiments.targets.vllm.engines import Engines
 
@@ -48,16 +49,8 @@ def vllm_argv(engines: Engines, port: int, lmcache_port: int | None = None) -> l
         "--dtype", "bfloat16", "--max-model-len", "4096",
         "--enable-prefix-caching", "--enable-prompt-tokens-details", "--enforce-eager",
     ]  # fmt: skip
-    if lmcache_port is not None:
-        cfg = {
-            "kv_connector": "LMCacheMPConnector",
-            "kv_role": "kv_both",
-            "kv_connector_extra_config": {
-                "lmcache.mp.host": "tcp://127.0.0.1",
-                "lmcache.mp.port": lmcache_port,
-            },
-        }
-        argv += ["--kv-transfer-config", json.dumps(cfg, separators=(",", ":"))]
+    if lmcache_port is not None:  # the connector config exactly as the vllm target gives it
+        argv = with_connector(argv, kv_transfer_config("127.0.0.1", lmcache_port))
     return argv
 
 
