@@ -8,6 +8,7 @@ data fields as typed columns. Only reading statements are accepted.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -86,8 +87,7 @@ def connect(segments: list[Path], fields: dict[str, dict[str, list[str]]] | None
     """
     con = duckdb.connect(":memory:")
     if segments:
-        files = ", ".join("'" + str(p).replace("'", "''") + "'" for p in segments)
-        con.execute(f"CREATE VIEW events AS SELECT * FROM read_parquet([{files}])")
+        con.execute(f"CREATE VIEW events AS {_read_parquet(segments)}")
     else:
         con.execute("CREATE VIEW events AS SELECT CAST(NULL AS BIGINT) AS seq, "
                     "CAST(NULL AS VARCHAR) AS id, CAST(NULL AS VARCHAR) AS ts, "
@@ -102,6 +102,11 @@ def connect(segments: list[Path], fields: dict[str, dict[str, list[str]]] | None
     for kind, columns in typed.items():
         con.execute(_kind_view_sql(kind, columns))
     return con
+
+
+def _read_parquet(files: list[Path]) -> str:
+    listed = ", ".join("'" + str(p).replace("'", "''") + "'" for p in files)
+    return f"SELECT * FROM read_parquet([{listed}])"
 
 
 def check_read_only(statement: str) -> None:
@@ -125,18 +130,28 @@ def check_read_only(statement: str) -> None:
 
 
 class Analytics:
-    """DuckDB queries over a ledger's Parquet snapshot."""
+    """DuckDB queries over a ledger's Parquet snapshot.
 
-    def __init__(self, ledger: Ledger, snapshot_root: Path | None = None) -> None:
+    ``projections`` (view name → SQL over ``events``, row by row) are kept per
+    snapshot segment and served as views of those names: readers that parse
+    the same JSON every time (reports) parse it once per event instead.
+    """
+
+    def __init__(self, ledger: Ledger, snapshot_root: Path | None = None,
+                 projections: Mapping[str, str] | None = None) -> None:
         self.ledger = ledger
         self.snapshot = Snapshot.for_ledger(ledger, snapshot_root)
+        self.projections = dict(projections or {})
         self._con: duckdb.DuckDBPyConnection | None = None
 
     def connection(self) -> duckdb.DuckDBPyConnection:
         """A DuckDB connection whose views reflect the ledger's current head."""
         if self._con is None:
-            segments = self.snapshot.refresh(self.ledger)
+            segments = self.snapshot.refresh(self.ledger, self.projections)
             self._con = connect(segments, self.snapshot.fields())
+            for name, sql in self.projections.items():
+                self._con.execute(f"CREATE VIEW {_quote(name)} AS "
+                                  + (_read_parquet(self.snapshot.projection_files(sql)) if segments else sql))
         return self._con
 
     def sql(self, statement: str) -> pa.Table:

@@ -4,6 +4,12 @@ DuckDB's sqlite/postgres scanners download at run time and fail offline, so
 analytics read Parquet segments instead. Each refresh appends one segment
 with the events recorded since the last one; the snapshot remembers the chain
 at its last seq and is rebuilt if the ledger no longer has that chain there.
+
+A reader may also ask for *projections*: SQL that maps a segment's ``events``
+row by row (filter, extract typed fields from the JSON). Each projection is
+kept per segment, next to it, under a name that includes the digest of its
+SQL, so the JSON of an event is parsed once when its segment is written, not
+on every report; changing the SQL starts a new projection.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +44,10 @@ def rows_to_table(rows: Iterable[tuple[Any, ...]]) -> pa.Table:
     columns = list(zip(*batch, strict=True)) if batch else [() for _ in SCHEMA]
     return pa.Table.from_arrays([pa.array(c, type=f.type) for c, f in zip(columns, SCHEMA, strict=True)],
                                 schema=SCHEMA)
+
+
+def _literal(path: Path) -> str:
+    return "'" + str(path).replace("'", "''") + "'"
 
 
 def _empty() -> dict[str, Any]:
@@ -109,8 +119,9 @@ class Snapshot:
     def segments(self) -> list[Path]:
         return [self.directory / name for name in self._state()["segments"]]
 
-    def refresh(self, ledger: Ledger) -> list[Path]:
-        """Bring the snapshot up to the ledger's head; returns the segment files."""
+    def refresh(self, ledger: Ledger, projections: Mapping[str, str] | None = None) -> list[Path]:
+        """Bring the snapshot (and ``projections``, name → SQL over ``events``) up to the
+        ledger's head; returns the segment files."""
         self.directory.mkdir(parents=True, exist_ok=True)
         state = self._state()
         if not self._still_valid(ledger, state):
@@ -123,7 +134,34 @@ class Snapshot:
         if len(state["segments"]) > _MAX_SEGMENTS:
             self._compact(state)
         self._save(state)
-        return [self.directory / name for name in state["segments"]]
+        segments = [self.directory / name for name in state["segments"]]
+        for sql in (projections or {}).values():
+            self._project(sql, segments)
+        return segments
+
+    def projection_files(self, sql: str) -> list[Path]:
+        """The files of the projection ``sql``, one per segment, in segment order."""
+        folder = self._projection_dir(sql)
+        return [folder / name for name in self._state()["segments"]]
+
+    def _projection_dir(self, sql: str) -> Path:
+        return self.directory / f"projection-{hashlib.sha256(sql.encode()).hexdigest()[:20]}"
+
+    def _project(self, sql: str, segments: list[Path]) -> None:
+        folder = self._projection_dir(sql)
+        missing = [s for s in segments if not (folder / s.name).exists()]
+        if not missing:
+            return
+        folder.mkdir(exist_ok=True)
+        con = duckdb.connect(":memory:")
+        try:
+            for segment in missing:
+                con.execute(f"CREATE OR REPLACE VIEW events AS FROM read_parquet({_literal(segment)})")
+                tmp = folder / (segment.name + ".tmp")
+                con.execute(f"COPY ({sql}) TO {_literal(tmp)} (FORMAT parquet, COMPRESSION zstd)")
+                os.replace(tmp, folder / segment.name)
+        finally:
+            con.close()
 
     def fields(self) -> dict[str, dict[str, list[str]]]:
         """Each kind's data fields and the JSON types seen in them (kept with the segments)."""
@@ -150,6 +188,9 @@ class Snapshot:
             start = stop
 
     def _compact(self, state: dict[str, Any]) -> None:
+        # Projections of the old segments go too; the next reader projects the merged one.
+        for folder in self.directory.glob("projection-*"):
+            shutil.rmtree(folder)
         files = [self.directory / n for n in state["segments"]]
         table = pa.concat_tables(pq.read_table(f) for f in files)
         name = f"events-{1:012d}-{state['seq']:012d}.parquet"

@@ -1,14 +1,13 @@
 """The report: every table derived from the ledger through reports/_views.py.
 
-SQL does the joins, pairing and filtering; the small per-cell aggregation
-(medians, means of paired changes, exact tests) happens here over rows fetched
-in seq order, with exact summation, so output is byte-stable.
+SQL does the joins, pairing, filtering and grouping; the small per-cell
+aggregation (medians, means of paired changes, exact tests) happens here over
+values listed in seq order, with exact summation, so output is byte-stable.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
 from typing import Any
 
 from ._source import Source
@@ -112,35 +111,25 @@ def pairing(src: Source, run: str | None) -> dict[str, Any]:
     return {"counts": counts, "not_matched": other}
 
 
-def _cells(
-    rows: list[dict[str, Any]], key: Callable[[dict[str, Any]], tuple[Any, ...]]
-) -> dict[tuple[Any, ...], list[dict[str, Any]]]:
-    cells: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
-    for row in rows:
-        cells[key(row)].append(row)
-    return cells
-
-
-def _arm_summary(rows: list[dict[str, Any]], value: str) -> dict[str, Any]:
-    kept = [r for r in rows if r[value] is not None]
-    values = [float(r[value]) for r in kept]
+def _arm_summary(values: list[Any], pairs: list[Any]) -> dict[str, Any]:
+    floats = [float(v) for v in values]
     return {
-        "n": len(values),
-        "median": fmt(median(values)),
-        "observations": [fmt(v) for v in values],
-        "observation_pairs": [int(r["pair"]) for r in kept],
+        "n": len(floats),
+        "median": fmt(median(floats)),
+        "observations": Clean(fmt(v) for v in floats),
+        "observation_pairs": Clean(int(p) for p in pairs),
     }
 
 
-def _paired(units: list[dict[str, Any]]) -> dict[str, Any]:
+def _paired(pairs: list[Any], changes: list[Any]) -> dict[str, Any]:
     per_pair: dict[int, list[float]] = defaultdict(list)
-    for u in units:
-        per_pair[int(u["pair"])].append(float(u["change_pct"]))
-    changes = [float(u["change_pct"]) for u in units]
+    for pair, change in zip(pairs, changes, strict=True):
+        per_pair[int(pair)].append(float(change))
+    floats = [float(c) for c in changes]
     return {
-        "matched_units": len(units),
-        "mean_change_pct": fmt(mean(changes)),
-        "unit_change_pct": [fmt(c) for c in changes],
+        "matched_units": len(floats),
+        "mean_change_pct": fmt(mean(floats)),
+        "unit_change_pct": Clean(fmt(c) for c in floats),
         "inference": paired_summary(per_pair),
     }
 
@@ -153,37 +142,36 @@ def _cell_order(cell: tuple[Any, ...]) -> tuple[tuple[bool, bool, float, str], .
     )
 
 
-def _table(
-    obs: list[dict[str, Any]], units: list[dict[str, Any]], dims: tuple[str, ...], value: str
-) -> list[dict[str, Any]]:
-    """One row per cell of ``dims``: per-arm observations and medians, then the paired change."""
+def _table(src: Source, run: str | None, dims: tuple[str, ...], value: str,
+           observations: str, units: str) -> list[dict[str, Any]]:
+    """One row per cell of ``dims``: per-arm observations and medians, then the paired change.
 
-    def key(r: dict[str, Any]) -> tuple[Any, ...]:
-        return tuple(r[d] for d in dims)
-
-    obs_cells, unit_cells = _cells(obs, key), _cells(units, key)
+    ``observations`` and ``units`` are ``relation WHERE condition``. DuckDB groups them
+    into lists in seq order; the medians and means are computed here, exactly.
+    """
+    columns, p = ", ".join(dims), {"run": run}
+    kept = f"FILTER (WHERE {value} IS NOT NULL)"
+    arms: dict[tuple[Any, ...], dict[str, tuple[list[Any], list[Any]]]] = defaultdict(dict)
+    for *dim_values, arm, values, pairs in src.tuples(
+            f"SELECT {columns}, arm, list({value} ORDER BY seq) {kept}, list(pair ORDER BY seq) {kept} "
+            f"FROM {observations} AND {SCOPE} GROUP BY ALL", p):
+        arms[tuple(dim_values)][arm] = (values or [], pairs or [])
+    paired = {tuple(dim_values): (pairs, changes) for *dim_values, pairs, changes in src.tuples(
+        f"SELECT {columns}, list(pair ORDER BY seq), list(change_pct ORDER BY seq) "
+        f"FROM {units} AND {SCOPE} GROUP BY ALL", p)}
     out = []
-    for cell in sorted(set(obs_cells) | set(unit_cells), key=_cell_order):
-        rows = obs_cells.get(cell, [])
-        arms = {arm: _arm_summary([r for r in rows if r["arm"] == arm], value) for arm in ("OFF", "ON")}
-        out.append({**dict(zip(dims, cell, strict=True)), "arms": arms, **_paired(unit_cells.get(cell, []))})
+    for cell in sorted(set(arms) | set(paired), key=_cell_order):
+        by_arm = arms.get(cell, {})
+        out.append({**dict(zip(dims, cell, strict=True)),
+                    "arms": {arm: _arm_summary(*by_arm.get(arm, ([], []))) for arm in ("OFF", "ON")},
+                    **_paired(*paired.get(cell, ([], [])))})
     return out
 
 
 def ttft_table(src: Source, run: str | None) -> list[dict[str, Any]]:
     """Table 3 / Figure 3: TTFT by nominal size × locality × arm."""
-    p = {"run": run}
-    obs = src.rows(
-        f"""SELECT run_id, nominal_tokens, locality, arm, pair, block_id, request_id, ttft_s
-                       FROM kv_ttft WHERE {SCOPE} ORDER BY seq""",
-        p,
-    )
-    units = src.rows(
-        f"""SELECT run_id, nominal_tokens, locality, pair, chain, change_pct
-                         FROM kv_ttft_pairs WHERE {SCOPE} ORDER BY seq""",
-        p,
-    )
-    table = _table(obs, units, ("run_id", "nominal_tokens", "locality"), "ttft_s")
+    table = _table(src, run, ("run_id", "nominal_tokens", "locality"), "ttft_s",
+                   "kv_ttft WHERE true", "kv_ttft_pairs WHERE true")
     order = {"cold": 0, "local1": 1, "cross": 2}
     table.sort(key=lambda r: (str(r["run_id"]), r["nominal_tokens"] or 0, order.get(r["locality"], 9)))
     for row in table:
@@ -193,63 +181,41 @@ def ttft_table(src: Source, run: str | None) -> list[dict[str, Any]]:
 
 def session_table(src: Source, run: str | None) -> list[dict[str, Any]]:
     """Table 4 / Figure 4: session wall time by size × routing."""
-    p = {"run": run}
-    obs = src.rows(
-        f"""SELECT run_id, nominal_tokens, placement, arm, pair, wall_s FROM kv_sessions
-                       WHERE NOT excluded AND {SCOPE} ORDER BY seq""",
-        p,
-    )
-    units = src.rows(
-        f"""SELECT run_id, nominal_tokens, placement, pair, change_pct FROM kv_session_pairs
-                         WHERE {SCOPE} ORDER BY seq""",
-        p,
-    )
-    return _table(obs, units, ("run_id", "nominal_tokens", "placement"), "wall_s")
+    return _table(src, run, ("run_id", "nominal_tokens", "placement"), "wall_s",
+                  "kv_sessions WHERE NOT excluded", "kv_session_pairs WHERE true")
 
 
 def decode_table(src: Source, run: str | None) -> list[dict[str, Any]]:
     """Decode rate of forced-length generation by input size, cache state and output length."""
-    p = {"run": run}
-    obs = src.rows(
-        f"""SELECT run_id, nominal_tokens, step, max_tokens, arm, pair, decode_rate FROM kv_measured
-                       WHERE workload = 'generation' AND NOT excluded AND {SCOPE} ORDER BY seq""",
-        p,
-    )
-    units = src.rows(
-        f"""SELECT run_id, nominal_tokens, step, max_tokens, pair, change_pct FROM kv_decode_pairs
-                         WHERE {SCOPE} ORDER BY seq""",
-        p,
-    )
-    return _table(obs, units, ("run_id", "nominal_tokens", "step", "max_tokens"), "decode_rate")
+    return _table(src, run, ("run_id", "nominal_tokens", "step", "max_tokens"), "decode_rate",
+                  "kv_measured WHERE workload = 'generation' AND NOT excluded", "kv_decode_pairs WHERE true")
 
 
 def window_table(src: Source, run: str | None) -> list[dict[str, Any]]:
     """Output tokens per second of concurrency windows by sessions × placement."""
-    p = {"run": run}
-    obs = src.rows(
-        f"""SELECT run_id, sessions, placement, arm, pair, tokens_per_s FROM kv_windows
-                       WHERE NOT excluded AND {SCOPE} ORDER BY seq""",
-        p,
-    )
-    units = src.rows(
-        f"""SELECT run_id, sessions, placement, pair, change_pct FROM kv_window_pairs
-                         WHERE {SCOPE} ORDER BY seq""",
-        p,
-    )
-    return _table(obs, units, ("run_id", "sessions", "placement"), "tokens_per_s")
+    return _table(src, run, ("run_id", "sessions", "placement"), "tokens_per_s",
+                  "kv_windows WHERE NOT excluded", "kv_window_pairs WHERE true")
+
+
+class Clean(list[Any]):
+    """A list already in output form (every float through ``fmt``): :func:`_clean` keeps it as it
+    is. The study tables are built that way (tests check they are a fixed point of ``_clean``);
+    their observation lists are most of a large report's values."""
 
 
 def _clean(value: Any) -> Any:
     """Floats rounded everywhere, so every renderer prints the same digits.
 
-    Exact type checks (not isinstance) keep this cheap on reports of a million
-    events; bool is not float, and no other float subclass reaches here.
+    Exact type checks first keep this cheap on reports of a million events (bool
+    is not float); a float subclass (numpy's, say) is caught by the last check.
     """
     kind = type(value)
     if kind is float:
         return fmt(value)
     if kind is dict:
         return {k if type(k) is str else str(k): _clean(v) for k, v in value.items()}
+    if kind is Clean:
+        return value
     if kind is list or kind is tuple:
         return [_clean(v) for v in value]
     if isinstance(value, float):
@@ -269,10 +235,10 @@ def derive_report(src: Source, run: str | None = None) -> dict[str, Any]:
             "exclusions": exclusions(src, run),
             "pairing": pairing(src, run),
             "tables": {
-                "ttft": ttft_table(src, run),
-                "sessions": session_table(src, run),
-                "decode": decode_table(src, run),
-                "windows": window_table(src, run),
+                "ttft": Clean(ttft_table(src, run)),
+                "sessions": Clean(session_table(src, run)),
+                "decode": Clean(decode_table(src, run)),
+                "windows": Clean(window_table(src, run)),
                 "validation": validation_layers(src, run),
             },
             "statistics": {

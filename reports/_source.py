@@ -17,7 +17,7 @@ import duckdb
 
 from ledger import Analytics, Head, Ledger, open_ledger
 
-from ._views import create_views
+from ._views import create_views, projections
 
 
 @dataclass
@@ -35,6 +35,10 @@ class Source:
         cursor = self.con.execute(sql, params or {})
         names = [d[0] for d in cursor.description or []]
         return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+    def tuples(self, sql: str, params: dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
+        """Rows of ``sql`` as tuples, for large results read positionally."""
+        return self.con.execute(sql, params or {}).fetchall()
 
     def rows_once(self, sql: str) -> list[dict[str, Any]]:
         """:meth:`rows`, run once per source: for small ledger-wide queries that the report
@@ -61,7 +65,7 @@ def open_source(
     the attested head even after the ledger has grown).
     """
     ledger = open_ledger(url_or_ledger, create=False) if isinstance(url_or_ledger, str) else url_or_ledger
-    analytics = Analytics(ledger, snapshot_root)
+    analytics = Analytics(ledger, snapshot_root, projections())
     con = analytics.connection()
     create_views(con, until_seq)
     bound = "" if until_seq is None else f"WHERE seq <= {int(until_seq)}"

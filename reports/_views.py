@@ -1,29 +1,47 @@
 """The SQL views behind every report table and audit check.
 
-Each view reads the ledger's ``events`` view (or earlier views here) with
-explicit field types, so it works whatever kinds a ledger happens to hold
-(the per-kind views of ``ledger sql`` exist only for kinds present).
-:func:`with_clause` renders them as one ``WITH`` so the same SQL can be pasted
-into ``ledger sql``; reports/VIEWS.md is generated from :data:`VIEWS`.
-Views are created as temporary views in an in-memory DuckDB: nothing is
-written to the ledger.
+Each view reads the extractions (one per kind: rows of the ledger's
+``events`` with explicit field types, so it works whatever kinds a ledger
+happens to hold) or earlier views here. A report reads the extractions as
+projections kept beside the snapshot's segments, so the JSON of an event is
+parsed once; :func:`with_clause` renders extractions and views as one
+``WITH`` so the same SQL can be pasted into ``ledger sql``; reports/VIEWS.md is
+generated from :data:`EXTRACTIONS` and :data:`VIEWS`. Views are materialised as
+temporary tables in an in-memory DuckDB: nothing is written to the ledger.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import duckdb
 
+# Each kind the views read, as rows with typed data fields: ``kv_x_<kind>`` → SQL over
+# ``events``. A report reads them as projections kept per snapshot segment (see
+# ledger.Analytics), so each event's JSON is parsed once, when its segment is written.
+EXTRACTIONS: dict[str, str] = {}
+
 
 def _extract(kind: str, fields: dict[str, Any]) -> str:
-    """Rows of one kind with typed data fields (one JSON parse per row)."""
+    """Rows of one kind with typed data fields (one JSON parse per row, done by the projection)."""
+    name = "kv_x_" + re.sub(r"[^0-9a-z]", "_", kind)
     structure = json.dumps(fields, separators=(",", ":"))
-    return (
-        f"SELECT seq, run_id, block_id, unnest(json_transform(data, '{structure}')) "
-        f"FROM kv_events WHERE kind = '{kind}'"
-    )
+    sql = (f"SELECT seq, run_id, block_id, unnest(json_transform(data, '{structure}')) "
+           f"FROM events WHERE kind = '{kind}'")
+    if EXTRACTIONS.setdefault(name, sql) != sql:
+        raise ValueError(f"{kind} is extracted with two different field sets")
+    return f"SELECT * FROM {name}"
+
+
+def projections() -> dict[str, str]:
+    """The extractions as the snapshot projections a report's Analytics keeps (``kv_src_<kind>``)."""
+    return {_source_name(name): sql for name, sql in EXTRACTIONS.items()}
+
+
+def _source_name(extraction: str) -> str:
+    return extraction.replace("kv_x_", "kv_src_", 1)
 
 
 _REQUEST_FIELDS = {
@@ -65,16 +83,8 @@ _HITS_FIELDS = {
     "prompt_tokens": "BIGINT",
 }
 
-# The kinds the views read (metrics.scraped, the bulk of a ledger, is not among them).
-KINDS = ("run.started", "run.finished", "block.started", "block.finished", "deployment.launched",
-         "request.sent", "response.received", "hits.observed", "assertion.evaluated", "checkpoint.audited",
-         "exclusion.declared", "session.finished", "window.finished", "probe.copy", "probe.pinned_alloc")
-_KIND_LIST = ", ".join(f"'{k}'" for k in KINDS)
-
 # (name, SQL) in dependency order. Names are prefixed kv_ so they never shadow ledger views.
 VIEWS: list[tuple[str, str]] = [
-    # The events the views read, held in memory once so each kind's scan is cheap.
-    ("kv_events", f"SELECT seq, kind, run_id, block_id, data FROM events WHERE kind IN ({_KIND_LIST})"),
     (
         "kv_runs",
         f"""
@@ -426,16 +436,17 @@ def create_views(con: duckdb.DuckDBPyConnection, until_seq: int | None = None) -
     Tables, not views: each report and audit query would otherwise re-parse
     every event's JSON; materialised once, the whole report is a few scans.
     """
+    # As of one event: attestation checks re-derive at the attested head.
+    bound = "" if until_seq is None else f" WHERE seq <= {int(until_seq)}"
+    for name in EXTRACTIONS:
+        con.execute(f"CREATE OR REPLACE TEMP VIEW {name} AS SELECT * FROM {_source_name(name)}{bound}")
     for name, sql in VIEWS:
-        if name == "kv_events" and until_seq is not None:
-            # As of one event: attestation checks re-derive at the attested head.
-            sql = f"SELECT * FROM ({sql}) WHERE seq <= {int(until_seq)}"
         con.execute(f"CREATE OR REPLACE TEMP TABLE {name} AS {sql.strip()}")
 
 
 def with_clause(query: str) -> str:
-    """``query`` prefixed by every view as a CTE: pasteable into ``ledger sql``."""
-    ctes = ",\n".join(f"{name} AS ({sql.strip()})" for name, sql in VIEWS)
+    """``query`` prefixed by every extraction and view as a CTE: pasteable into ``ledger sql``."""
+    ctes = ",\n".join(f"{name} AS ({sql.strip()})" for name, sql in [*EXTRACTIONS.items(), *VIEWS])
     return f"WITH {ctes}\n{query}"
 
 
@@ -496,6 +507,12 @@ def views_markdown() -> str:
     ]
     for title, query in EXAMPLES:
         lines += [f"### {title}", "", "```sql", query, "```", ""]
+    lines += ["## Extractions", "",
+              "Each kind the views read, with typed data fields. `ledger report` keeps them as projections",
+              "next to the snapshot's segments (each event's JSON is parsed once); in `ledger sql` they are",
+              "plain CTEs over `events`.", ""]
+    for name, sql in EXTRACTIONS.items():
+        lines += [f"### `{name}`", "", "```sql", sql, "```", ""]
     lines += ["## The views", ""]
     for name, sql in VIEWS:
         lines += [f"### `{name}`", "", "```sql", sql.strip(), "```", ""]

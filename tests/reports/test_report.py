@@ -111,3 +111,18 @@ def test_run_scope_restricts_tables(build_lite: Any) -> None:
     assert both["accounting"]["measured"] == 2 * one["accounting"]["measured"] == 1536
     assert {r["run_id"] for r in one["tables"]["ttft"]} == {runs[1]}
     assert [r["run_id"] for r in one["runs"]] == [runs[1]]
+
+
+def test_tables_are_built_already_rounded(build_lite: Any) -> None:
+    """``derive_report`` does not re-walk the study tables (they are ``Clean``): every float in
+    them must already be what ``_clean`` would make of it."""
+    import orjson
+
+    from reports._derive import _clean
+
+    events, _ = generate(shape=Shape(pairs=6, chains=1, sizes=(8192,), sessions=1))
+    tables = orjson.loads(orjson.dumps(derive_report(build_lite(events))["tables"]))  # Clean → list
+    assert tables["ttft"] and tables["sessions"] and tables["decode"] and tables["windows"]
+    assert _clean(tables) == tables
+    floats = [v for row in tables["ttft"] for v in row["arms"]["ON"]["observations"]]
+    assert floats and all(v == round(v, 6) for v in floats)
