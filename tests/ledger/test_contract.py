@@ -354,6 +354,40 @@ class LedgerContract(VerifyContract):
         texts = led.sql("SELECT text FROM note_added ORDER BY seq").column("text").to_pylist()
         assert texts == ["z0", "z1"]
 
+    def test_projections_follow_segments_sql_and_rebuilds(self, led: Ledger, url: str,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+        from ledger import Analytics, _snapshot
+
+        texts = "SELECT seq, data->>'text' AS text FROM events WHERE kind = 'note.added'"
+
+        def project(sql: str = texts) -> list[str]:
+            analytics = Analytics(led, projections={"texts": sql})
+            try:
+                return [r[0] for r in analytics.connection().execute("SELECT text FROM texts ORDER BY seq")
+                        .fetchall()]
+            finally:
+                analytics.close()
+
+        led.append_many(notes(3))
+        assert project() == ["n0", "n1", "n2"]
+        led.append_many(notes(2, "m"))  # a second segment: only it is projected now
+        folder = Analytics(led).snapshot._projection_dir(texts)
+        before = {p.name: p.stat().st_mtime_ns for p in folder.iterdir()}
+        assert project() == ["n0", "n1", "n2", "m0", "m1"]
+        after = {p.name: p.stat().st_mtime_ns for p in folder.iterdir()}
+        assert len(after) == 2 and all(after[name] == t for name, t in before.items())
+        # Other SQL is another projection, never the old files under a new meaning.
+        assert project(texts.replace("->>'text'", "->>'i'")) == ["0", "1", "2", "0", "1"]
+        # Compaction merges segments and drops their projections; the next reader projects anew.
+        monkeypatch.setattr(_snapshot, "_MAX_SEGMENTS", 1)
+        led.append_many(notes(1, "c"))
+        assert project() == ["n0", "n1", "n2", "m0", "m1", "c0"]
+        assert len(list(folder.iterdir())) == 1
+        # A different ledger at the same place: the snapshot and its projections are rebuilt.
+        self.tamper(url, "DELETE FROM events", "DELETE FROM heads")
+        led.append_many(notes(2, "z"))
+        assert project() == ["z0", "z1"]
+
     # -- concurrency and crashes -------------------------------------------------------
 
     def test_concurrent_writers(self, led: Ledger, url: str) -> None:
