@@ -26,13 +26,20 @@ from ._ids import new_id, utc_now
 from ._jsonl import export_jsonl, import_jsonl, read_jsonl
 from ._parquet import export_parquet
 from ._store import Ledger, open_ledger
-from ._verify import Verification, verify_ledger
+from ._verify import Verification, native_path, verify_ledger
 from ._vocabulary import KINDS
 
 
-def verify(ledger: Ledger, expected_head: str | None = None) -> Verification:
-    """Recompute every digest and chain link of ``ledger``; names the first bad seq."""
-    return verify_ledger(ledger, expected_head)
+def verify(ledger: Ledger, expected_head: str | None = None, *, beside_other_work: bool = False
+           ) -> Verification:
+    """Recompute every digest and chain link of ``ledger``; names the first bad seq.
+
+    ``beside_other_work``: the caller keeps the cores busy meanwhile (a report's
+    views), so the native scanner uses one thread rather than one per core;
+    the Python path keeps its worker processes (a thread of it would hold the GIL).
+    """
+    workers = 1 if beside_other_work and native_path(ledger) is not None else None
+    return verify_ledger(ledger, expected_head, workers=workers)
 
 
 def query(url_or_ledger: str | Ledger, statement: str, fmt: str = "arrow",

@@ -39,6 +39,7 @@ static int reserve(Buffer *b, size_t more) {
 }
 
 static int put(Buffer *b, const void *s, size_t n) {
+    if (n == 0) return 0; /* SQLite gives NULL for an empty value */
     if (reserve(b, n) < 0) return -1;
     memcpy(b->p + b->len, s, n);
     b->len += n;
@@ -47,21 +48,41 @@ static int put(Buffer *b, const void *s, size_t n) {
 
 #define PUT_LITERAL(b, s) put((b), (s), sizeof(s) - 1)
 
-/* A JSON string (orjson's escaping) or null when the column is NULL. */
-static int put_string(Buffer *b, sqlite3_stmt *st, int col) {
-    if (sqlite3_column_type(st, col) == SQLITE_NULL) return PUT_LITERAL(b, "null");
-    const unsigned char *s = sqlite3_column_text(st, col);
-    size_t n = (size_t)sqlite3_column_bytes(st, col);
-    if (reserve(b, 6 * n + 2) < 0) return -1; /* worst case: every byte as \u00xx */
+/* A column's bytes; NULL only where the envelope allows it. */
+typedef struct {
+    const unsigned char *p;
+    size_t n;
+    int is_null;
+} Text;
+
+static int text_of(sqlite3_stmt *st, int col, int nullable, Text *t) {
+    int type = sqlite3_column_type(st, col);
+    t->is_null = type == SQLITE_NULL;
+    if (t->is_null) return nullable ? 0 : -1;
+    if (type != SQLITE_TEXT && type != SQLITE_BLOB) return -1;
+    t->p = sqlite3_column_blob(st, col); /* text or blob bytes, unconverted */
+    t->n = (size_t)sqlite3_column_bytes(st, col);
+    return 0;
+}
+
+/* Bytes a JSON string must escape (orjson: controls, '"', '\\'); set at module init. */
+static unsigned char ESCAPED[256];
+
+/* A JSON string with orjson's escaping, or null. Runs of plain bytes are copied whole. */
+static int put_string(Buffer *b, const Text *t) {
+    if (t->is_null) return PUT_LITERAL(b, "null");
+    if (reserve(b, 6 * t->n + 2) < 0) return -1; /* worst case: every byte as \u00xx */
     static const char hex[] = "0123456789abcdef";
+    const unsigned char *s = t->p, *end = t->p + t->n;
     unsigned char *out = b->p + b->len;
     *out++ = '"';
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = s[i];
-        if (c >= 0x20 && c != '"' && c != '\\') {
-            *out++ = c;
-            continue;
-        }
+    while (s < end) {
+        const unsigned char *plain = s;
+        while (s < end && !ESCAPED[*s]) s++;
+        memcpy(out, plain, (size_t)(s - plain));
+        out += s - plain;
+        if (s == end) break;
+        unsigned char c = *s++;
         *out++ = '\\';
         switch (c) {
             case '"': *out++ = '"'; break;
@@ -106,26 +127,18 @@ static int column_is(sqlite3_stmt *st, int col, const char *hex) {
     return memcmp(sqlite3_column_text(st, col), hex, HEX_LEN) == 0;
 }
 
-static int text_column(sqlite3_stmt *st, int col) {
-    int type = sqlite3_column_type(st, col);
-    return type == SQLITE_TEXT || type == SQLITE_BLOB;
-}
-
 /* The canonical envelope of the current row into ``b``; -1 on a column that cannot hold it. */
 static int envelope(Buffer *b, sqlite3_stmt *st) {
     /* Columns: 0 seq, 1 id, 2 ts, 3 kind, 4 run_id, 5 block_id, 6 data, 7 digest, 8 chain. */
-    for (int col = 1; col <= 6; col++) {
-        int type = sqlite3_column_type(st, col);
-        if (!(text_column(st, col) || (type == SQLITE_NULL && (col == 4 || col == 5)))) return -1;
-    }
-    const void *data = sqlite3_column_blob(st, 6);
-    size_t data_len = (size_t)sqlite3_column_bytes(st, 6);
+    Text id, ts, kind, run_id, block_id, data;
+    if (text_of(st, 1, 0, &id) || text_of(st, 2, 0, &ts) || text_of(st, 3, 0, &kind)
+        || text_of(st, 4, 1, &run_id) || text_of(st, 5, 1, &block_id) || text_of(st, 6, 0, &data))
+        return -1;
     b->len = 0;
-    if (PUT_LITERAL(b, "{\"block_id\":") || put_string(b, st, 5) || PUT_LITERAL(b, ",\"data\":")
-        || put(b, data, data_len) || PUT_LITERAL(b, ",\"id\":") || put_string(b, st, 1)
-        || PUT_LITERAL(b, ",\"kind\":") || put_string(b, st, 3) || PUT_LITERAL(b, ",\"run_id\":")
-        || put_string(b, st, 4) || PUT_LITERAL(b, ",\"ts\":") || put_string(b, st, 2)
-        || PUT_LITERAL(b, "}"))
+    if (PUT_LITERAL(b, "{\"block_id\":") || put_string(b, &block_id) || PUT_LITERAL(b, ",\"data\":")
+        || put(b, data.p, data.n) || PUT_LITERAL(b, ",\"id\":") || put_string(b, &id)
+        || PUT_LITERAL(b, ",\"kind\":") || put_string(b, &kind) || PUT_LITERAL(b, ",\"run_id\":")
+        || put_string(b, &run_id) || PUT_LITERAL(b, ",\"ts\":") || put_string(b, &ts) || PUT_LITERAL(b, "}"))
         return -2;
     return 0;
 }
@@ -211,8 +224,6 @@ static void scan_file(const char *path, long long after, long long last, Scan *s
         sqlite3_close(db);
         return;
     }
-    /* Map the file rather than copy each page through read(). */
-    sqlite3_exec(db, "PRAGMA mmap_size = 1099511627776", NULL, NULL, NULL);
     if (sqlite3_prepare_v2(db, SQL, -1, &st, NULL) != SQLITE_OK) {
         fail(scan, "SQLite prepare", sqlite3_errmsg(db));
     } else {
@@ -261,6 +272,8 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__cverify(void) {
+    for (int c = 0; c < 0x20; c++) ESCAPED[c] = 1;
+    ESCAPED['"'] = ESCAPED['\\'] = 1;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     if (PyModule_AddIntConstant(m, "OK", SCAN_OK) || PyModule_AddIntConstant(m, "DELETED", SCAN_DELETED)

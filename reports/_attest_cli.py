@@ -79,7 +79,7 @@ def attest_command(
         return
     if run_id is None or out_path is None:
         raise click.UsageError("give --run RUN_ID and --out FILE (or --verify FILE)")
-    src = open_source(open_ledger(db_url, create=False))
+    src = open_source(open_ledger(db_url, create=False), verify=True)  # the audit in the predicate checks it
     try:
         if not src.scalar("SELECT count(*) FROM kv_runs WHERE run_id = $r", {"r": run_id}):
             raise click.BadParameter(f"no run {run_id!r} in the ledger", param_hint="--run")
@@ -105,7 +105,7 @@ def _verify(path: Path, pubkey_path: Path | None, report_dir: Path | None, db_ur
         head = statement["predicate"]["ledger"]["head"]
     except (ValueError, KeyError, TypeError) as exc:
         raise click.BadParameter(f"not a readable statement: {exc}", param_hint="--verify") from exc
-    src = open_source(open_ledger(db_url, create=False), until_seq=head["seq"] if head else None)
+    src = open_source(open_ledger(db_url, create=False), until_seq=head["seq"] if head else None, verify=True)
     try:
         problems += check_statement(statement, src, report_dir)
     finally:

@@ -14,8 +14,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import ledger as ledger_api
-
 from ._source import Source
 from ._validation import config_coverage, copy_probes, pinned_probes, service_regression
 
@@ -89,7 +87,7 @@ Check = Callable[[Source, "str | None"], list[Finding]]
 
 
 def chain_broken(src: Source, run: str | None) -> list[Finding]:
-    result = ledger_api.verify(src.ledger)
+    result = src.verification()
     if result.ok:
         return []
     return [

@@ -9,13 +9,15 @@ others append.
 
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import duckdb
 
-from ledger import Analytics, Head, Ledger, open_ledger
+import ledger as ledger_api
+from ledger import Analytics, Head, Ledger, Verification, open_ledger
 
 from ._views import create_views, projections
 
@@ -29,6 +31,15 @@ class Source:
     con: duckdb.DuckDBPyConnection
     head: Head | None
     _cache: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    _verification: Future[Verification] | None = None
+
+    def verification(self) -> Verification:
+        """The ledger's full chain verification, run once per source (started at open when
+        asked: it then runs beside the views, off the GIL on SQLite)."""
+        if self._verification is None:
+            self._verification = Future()
+            self._verification.set_result(ledger_api.verify(self.ledger))
+        return self._verification.result()
 
     def rows(self, sql: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         """Rows of ``sql`` as dicts (ORDER BY in ``sql`` keeps them deterministic)."""
@@ -53,22 +64,35 @@ class Source:
         return row[0] if row else None
 
     def close(self) -> None:
+        if self._verification is not None:
+            self._verification.result()  # a started verification finishes before the ledger closes
         self.analytics.close()
 
 
+def _verify_in_background(ledger: Ledger) -> Future[Verification]:
+    executor = ThreadPoolExecutor(1, thread_name_prefix="kvledger-verify")
+    try:
+        return executor.submit(ledger_api.verify, ledger, beside_other_work=True)
+    finally:
+        executor.shutdown(wait=False)
+
+
 def open_source(
-    url_or_ledger: str | Ledger, snapshot_root: Path | None = None, until_seq: int | None = None
+    url_or_ledger: str | Ledger, snapshot_root: Path | None = None, until_seq: int | None = None,
+    verify: bool = False,
 ) -> Source:
     """Open a ledger for reading and prepare the report views.
 
     ``until_seq`` derives as of that event (attestation checks re-derive at
-    the attested head even after the ledger has grown).
+    the attested head even after the ledger has grown). ``verify`` starts the
+    full chain verification now, beside the views (the audit asks for it).
     """
     ledger = open_ledger(url_or_ledger, create=False) if isinstance(url_or_ledger, str) else url_or_ledger
+    started = _verify_in_background(ledger) if verify else None
     analytics = Analytics(ledger, snapshot_root, projections())
     con = analytics.connection()
     create_views(con, until_seq)
     bound = "" if until_seq is None else f"WHERE seq <= {int(until_seq)}"
     row = con.execute(f"SELECT seq, chain FROM events {bound} ORDER BY seq DESC LIMIT 1").fetchone()
     head = Head(int(row[0]), str(row[1])) if row else None
-    return Source(ledger, analytics, con, head)
+    return Source(ledger, analytics, con, head, _verification=started)

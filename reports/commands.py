@@ -17,8 +17,8 @@ from ._derive import derive_report
 from ._source import Source, open_source
 
 
-def _open(db_url: str, run_id: str | None) -> Source:
-    src = open_source(open_ledger(db_url, create=False))
+def _open(db_url: str, run_id: str | None, verify: bool = False) -> Source:
+    src = open_source(open_ledger(db_url, create=False), verify=verify)
     if run_id is not None and not src.scalar("SELECT count(*) FROM kv_runs WHERE run_id = $r", {"r": run_id}):
         src.close()
         raise click.BadParameter(f"no run {run_id!r} in the ledger", param_hint="--run")
@@ -88,7 +88,7 @@ def audit_command(run_id: str | None, publish: bool, as_json: bool, db_url: str)
 
         ledger audit --publish --json
     """
-    src = _open(db_url, run_id)
+    src = _open(db_url, run_id, verify=True)  # the chain is checked while the views are built
     try:
         result = audit_json(src, run_id)
     finally:

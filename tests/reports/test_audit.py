@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from reports import SEVERITY, audit, audit_json
+from reports import SEVERITY, audit, audit_json, open_source
 from reports._synthetic import Flaws, Shape, generate
 from tests.ledger._helpers import tamper_postgres, tamper_sqlite
 
@@ -105,6 +105,21 @@ def test_chain_broken(build: Any, ledger_url: str) -> None:
     (tamper_sqlite if ledger_url.startswith("sqlite") else tamper_postgres)(ledger_url, [edit])
     (f,) = [f for f in audit(src) if f.code == "chain-broken"]
     assert f.severity == "blocking" and f.target == str(seq)
+
+
+def test_verification_started_at_open_finds_the_break(build: Any, ledger_url: str, tmp_path: Path) -> None:
+    """``ledger audit`` starts the chain check when the source opens, beside the views."""
+    events, _ = generate()
+    ledger = build(events).ledger
+    (tamper_sqlite if ledger_url.startswith("sqlite") else tamper_postgres)(
+        ledger_url, ["UPDATE events SET data = '{}' WHERE seq = 7"])
+    src = open_source(ledger, tmp_path / "snapshots", verify=True)
+    try:
+        (f,) = [f for f in audit(src) if f.code == "chain-broken"]
+        assert f.severity == "blocking" and f.target == "7"
+        assert src.verification() is src.verification() and src.verification().first_bad_seq == 7
+    finally:
+        src.close()
 
 
 def test_audit_json_is_sorted_and_names_the_head(build: Any) -> None:
