@@ -157,7 +157,7 @@ class Snapshot:
         try:
             for segment in missing:
                 con.execute(f"CREATE OR REPLACE VIEW events AS FROM read_parquet({_literal(segment)})")
-                tmp = folder / (segment.name + ".tmp")
+                tmp = folder / f"{segment.name}.{os.getpid()}.tmp"  # readers refreshing at once
                 con.execute(f"COPY ({sql}) TO {_literal(tmp)} (FORMAT parquet, COMPRESSION zstd)")
                 os.replace(tmp, folder / segment.name)
         finally:
