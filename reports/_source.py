@@ -9,7 +9,7 @@ others append.
 
 from __future__ import annotations
 
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,7 +65,9 @@ class Source:
 
     def close(self) -> None:
         if self._verification is not None:
-            self._verification.result()  # a started verification finishes before the ledger closes
+            # A started verification finishes before the ledger closes; its error, if any, is
+            # raised by verification(), never from here (close runs in finally blocks).
+            wait([self._verification])
         self.analytics.close()
 
 
