@@ -22,12 +22,8 @@ GOAL_EVENTS_PER_S = 500_000
 
 
 def _rate(ledger: object, events: int, verifier: str, workers: int | None = None) -> float:
-    os.environ["KVLEDGER_VERIFIER"] = verifier
-    try:
-        with timed() as t:
-            result = verify_ledger(ledger, workers=workers)
-    finally:
-        del os.environ["KVLEDGER_VERIFIER"]
+    with timed() as t:
+        result = verify_ledger(ledger, workers=workers, verifier=verifier)
     assert result.ok and result.count == events, result
     return events / t[0]
 

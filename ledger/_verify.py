@@ -245,9 +245,13 @@ def ranges(last: int, parts: int) -> list[tuple[int, int]]:
     return [(start, min(start + step - 1, last)) for start in range(1, last + 1, step)]
 
 
-def native_path(ledger: Any) -> str | None:
-    """The SQLite file the native scanner can read for ``ledger``, else None."""
-    if _cverify is None or os.environ.get("KVLEDGER_VERIFIER", "auto") == "python":
+def native_path(ledger: Any, verifier: str | None = None) -> str | None:
+    """The SQLite file the native scanner reads for ``ledger``, or None for the Python path.
+
+    ``verifier``: ``python`` forces the Python path; anything else uses the native
+    scanner where it can. Default: ``$KVLEDGER_VERIFIER``.
+    """
+    if (verifier or os.environ.get("KVLEDGER_VERIFIER", "auto")) == "python" or _cverify is None:
         return None
     database = ledger.url.database
     if ledger.url.get_backend_name() != "sqlite" or not database or database == ":memory:" \
@@ -289,8 +293,10 @@ def _scan_native(path: str, last: int, workers: int | None) -> RangeResult:
         return merge(list(executor.map(lambda part: _native_range(path, *part), ranges(last, count))))
 
 
-def verify_ledger(ledger: Any, expected_head: str | None = None, workers: int | None = None) -> Verification:
-    """Verify ``ledger`` (a :class:`ledger.Ledger`), in parallel when it is large."""
+def verify_ledger(ledger: Any, expected_head: str | None = None, workers: int | None = None,
+                  verifier: str | None = None) -> Verification:
+    """Verify ``ledger`` (a :class:`ledger.Ledger`), in parallel when it is large
+    (``verifier``: see :func:`native_path`)."""
     # Heads first: each is committed with its events, so all of them lie at or below
     # the last seq read next, even while writers append.
     heads = [(h.seq, h.chain) for h in ledger.recorded_heads()]
@@ -298,7 +304,7 @@ def verify_ledger(ledger: Any, expected_head: str | None = None, workers: int | 
         last = int(conn.exec_driver_sql("SELECT coalesce(max(seq), 0) FROM events").scalar_one())
         chains_at = dict(conn.exec_driver_sql(
             "SELECT e.seq, e.chain FROM heads h JOIN events e ON e.seq = h.seq").all())
-    path = native_path(ledger)
+    path = native_path(ledger, verifier)
     if path is not None:
         return conclude(_scan_native(path, last, workers), heads, chains_at, expected_head)
     count = workers or worker_count(last)

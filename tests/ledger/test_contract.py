@@ -477,8 +477,7 @@ class TestSQLite(LedgerContract):
     }
 
     @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
-    def test_native_and_python_verifiers_agree(self, url: str, led: Ledger, scenario: str,
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    def test_native_and_python_verifiers_agree(self, url: str, led: Ledger, scenario: str) -> None:
         from ledger._verify import verify_ledger
 
         odd = self.ODD_IDS
@@ -487,9 +486,8 @@ class TestSQLite(LedgerContract):
         self.tamper(url, *self.SCENARIOS[scenario])
         verdicts = {}
         for verifier in ("native", "python"):
-            monkeypatch.setenv("KVLEDGER_VERIFIER", verifier)
             for workers in (1, 3):
-                verdicts[verifier, workers] = verify_ledger(led, workers=workers)
+                verdicts[verifier, workers] = verify_ledger(led, workers=workers, verifier=verifier)
         for workers in (1, 3):  # the same words for the same split
             assert verdicts["native", workers] == verdicts["python", workers], scenario
         # Where the split falls may change how a gap is worded, never which seq is first bad.
