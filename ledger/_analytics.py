@@ -16,7 +16,7 @@ import duckdb
 import pyarrow as pa
 
 from ._errors import QueryError
-from ._snapshot import Snapshot
+from ._snapshot import Snapshot, sql_literal
 from ._store import Ledger
 
 _ENVELOPE_COLUMNS = ("seq", "id", "ts", "kind", "run_id", "block_id")
@@ -105,7 +105,7 @@ def connect(segments: list[Path], fields: dict[str, dict[str, list[str]]] | None
 
 
 def _read_parquet(files: list[Path]) -> str:
-    listed = ", ".join("'" + str(p).replace("'", "''") + "'" for p in files)
+    listed = ", ".join(sql_literal(p) for p in files)
     return f"SELECT * FROM read_parquet([{listed}])"
 
 

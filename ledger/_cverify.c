@@ -48,6 +48,8 @@ static int put(Buffer *b, const void *s, size_t n) {
 
 #define PUT_LITERAL(b, s) put((b), (s), sizeof(s) - 1)
 
+static const char HEX_DIGITS[] = "0123456789abcdef";
+
 /* A column's bytes; NULL only where the envelope allows it. */
 typedef struct {
     const unsigned char *p;
@@ -72,7 +74,6 @@ static unsigned char ESCAPED[256];
 static int put_string(Buffer *b, const Text *t) {
     if (t->is_null) return PUT_LITERAL(b, "null");
     if (reserve(b, 6 * t->n + 2) < 0) return -1; /* worst case: every byte as \u00xx */
-    static const char hex[] = "0123456789abcdef";
     const unsigned char *s = t->p, *end = t->p + t->n;
     unsigned char *out = b->p + b->len;
     *out++ = '"';
@@ -94,7 +95,7 @@ static int put_string(Buffer *b, const Text *t) {
             case '\r': *out++ = 'r'; break;
             default:
                 *out++ = 'u'; *out++ = '0'; *out++ = '0';
-                *out++ = (unsigned char)hex[c >> 4]; *out++ = (unsigned char)hex[c & 15];
+                *out++ = (unsigned char)HEX_DIGITS[c >> 4]; *out++ = (unsigned char)HEX_DIGITS[c & 15];
         }
     }
     *out++ = '"';
@@ -103,10 +104,9 @@ static int put_string(Buffer *b, const Text *t) {
 }
 
 static void to_hex(const unsigned char *md, char *out) {
-    static const char hex[] = "0123456789abcdef";
     for (int i = 0; i < 32; i++) {
-        out[2 * i] = hex[md[i] >> 4];
-        out[2 * i + 1] = hex[md[i] & 15];
+        out[2 * i] = HEX_DIGITS[md[i] >> 4];
+        out[2 * i + 1] = HEX_DIGITS[md[i] & 15];
     }
 }
 

@@ -46,7 +46,8 @@ def rows_to_table(rows: Iterable[tuple[Any, ...]]) -> pa.Table:
                                 schema=SCHEMA)
 
 
-def _literal(path: Path) -> str:
+def sql_literal(path: Path) -> str:
+    """A file path as a DuckDB string literal."""
     return "'" + str(path).replace("'", "''") + "'"
 
 
@@ -156,9 +157,9 @@ class Snapshot:
         con = duckdb.connect(":memory:")
         try:
             for segment in missing:
-                con.execute(f"CREATE OR REPLACE VIEW events AS FROM read_parquet({_literal(segment)})")
+                con.execute(f"CREATE OR REPLACE VIEW events AS FROM read_parquet({sql_literal(segment)})")
                 tmp = folder / f"{segment.name}.{os.getpid()}.tmp"  # readers refreshing at once
-                con.execute(f"COPY ({sql}) TO {_literal(tmp)} (FORMAT parquet, COMPRESSION zstd)")
+                con.execute(f"COPY ({sql}) TO {sql_literal(tmp)} (FORMAT parquet, COMPRESSION zstd)")
                 os.replace(tmp, folder / segment.name)
         finally:
             con.close()

@@ -13,10 +13,11 @@ temporary tables in an in-memory DuckDB: nothing is written to the ledger.
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 import duckdb
+
+from ledger import view_name
 
 # Each kind the views read, as rows with typed data fields: ``kv_x_<kind>`` → SQL over
 # ``events``. A report reads them as projections kept per snapshot segment (see
@@ -26,7 +27,7 @@ EXTRACTIONS: dict[str, str] = {}
 
 def _extract(kind: str, fields: dict[str, Any]) -> str:
     """Rows of one kind with typed data fields (one JSON parse per row, done by the projection)."""
-    name = "kv_x_" + re.sub(r"[^0-9a-z]", "_", kind)
+    name = "kv_x_" + view_name(kind)
     structure = json.dumps(fields, separators=(",", ":"))
     sql = (f"SELECT seq, run_id, block_id, unnest(json_transform(data, '{structure}')) "
            f"FROM events WHERE kind = '{kind}'")
