@@ -15,7 +15,7 @@ from rich.table import Table
 from ledger import NewEvent, import_jsonl, open_ledger
 from ledger.cli_options import db_option, json_option
 
-from ._checkpoint import audit_checkpoint
+from ._checkpoint import audit_checkpoint, manifest_for
 
 console = Console()
 
@@ -44,9 +44,11 @@ def checkpoint_audit_command(directory: Path, revision: str | None, manifest: Pa
                              db_url: str) -> None:
     """Hash every file of a checkpoint (SHA-256) and record `checkpoint.audited`.
 
-    Expected hashes come from --manifest, or from a Hugging Face cache snapshot
-    (LFS blobs are named by their SHA-256). Exit 1 if a file does not match or
-    changed while it was read.
+    Expected hashes come from --manifest (JSON {name: sha256}, as written by
+    `ledger checkpoint manifest`, or sha256sum output), or from a Hugging
+    Face cache snapshot (LFS blobs are named by their SHA-256, other files by
+    their git blob SHA-1). Exit 1 if a file does not match, is missing, has
+    no reference (unverified), or changed while it was read.
 
     Example:
 
@@ -54,24 +56,55 @@ def checkpoint_audit_command(directory: Path, revision: str | None, manifest: Pa
     """
     if not directory.is_dir():
         raise click.BadParameter(f"not a directory: {directory}", param_hint="DIRECTORY")
-    audit = audit_checkpoint(directory, revision, manifest, workers)
+    try:
+        audit = audit_checkpoint(directory, revision, manifest, workers)
+    except ValueError as exc:  # a malformed manifest: nothing recorded
+        raise click.BadParameter(str(exc), param_hint="--manifest") from None
     ledger = open_ledger(db_url)
     event = ledger.append(NewEvent("checkpoint.audited", audit.data(), run_id=run_id))
     if as_json:
         click.echo(json.dumps({"seq": event.seq, **audit.data()}))
     else:
         _print_audit(audit.data())
-    sys.exit(0 if audit.stable and audit.matched is not False else 1)
+    for problem in audit.problems:
+        click.echo(("unverified: " if audit.matched is None else "problem: ") + problem, err=True)
+    sys.exit(0 if not audit.problems else 1)
+
+
+@checkpoint_group.command("manifest")
+@click.argument("directory", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write here instead of standard output.")
+@click.option("--workers", type=int, default=None, help="Files hashed at once (default: CPUs).")
+def checkpoint_manifest_command(directory: Path, output: Path | None, workers: int | None) -> None:
+    """Print a checkpoint's manifest, JSON {file: sha256}, for later audits.
+
+    Make it where the checkpoint is known good (as published, or right after
+    its download was verified) and keep it apart from the files. Nothing is
+    recorded in the ledger.
+
+    Example:
+
+        ledger checkpoint manifest ./my-model > my-model.manifest.json
+        ledger checkpoint audit ./my-model --manifest my-model.manifest.json
+    """
+    text = json.dumps(manifest_for(directory, workers), indent=2, sort_keys=True) + "\n"
+    if output is None:
+        click.echo(text, nl=False)
+    else:
+        output.write_text(text)
 
 
 def _print_audit(data: dict[str, object]) -> None:
-    table = Table("file", "bytes", "sha256", "expected", box=None)
+    table = Table("file", "bytes", "sha256", "reference", box=None)
     files = data["files"]
     assert isinstance(files, list)
     for f in files:
-        expected = f["expected_sha256"]
-        ok = expected == f["sha256"]
-        mark = "—" if expected is None else ("[green]ok[/green]" if ok else "[red]MISMATCH[/red]")
+        expected = f["expected_sha256"] or f.get("expected_git_sha1")
+        kind = "sha256" if f["expected_sha256"] else "git-sha1"
+        ok = expected in (f["sha256"], f.get("git_sha1"))
+        verdict = "[green]ok[/green]" if ok else "[red]MISMATCH[/red]"
+        mark = "—" if expected is None else f"{verdict} {kind}"
         table.add_row(f["name"], f"{f['bytes']:,}", f["sha256"][:16] + "…", mark)
     console.print(table)
     console.print(f"matched: {data['matched']}  stable: {data['stable']}  reference: {data['reference']}")

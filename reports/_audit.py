@@ -32,6 +32,7 @@ SEVERITY: dict[str, str] = {
     "missing-full-prefix-hit": BLOCKING,
     "counter-mismatch": BLOCKING,
     "checkpoint-mismatch": BLOCKING,
+    "checkpoint-unverified": BLOCKING,
     "provenance-missing": BLOCKING,
     "validation-missing": BLOCKING,
     "order-unbalanced": BLOCKING,
@@ -302,33 +303,67 @@ def counter_mismatch(src: Source, run: str | None) -> list[Finding]:
     ]
 
 
+_MANIFEST_HELP = (
+    "supply a manifest: on a trusted copy run `ledger checkpoint manifest DIR > MANIFEST.json` "
+    "(JSON {file: sha256}; sha256sum output also works), then `ledger checkpoint audit DIR --manifest "
+    "MANIFEST.json` (vllm target: --param manifest=MANIFEST.json), or audit a Hugging Face cache "
+    "snapshot (hub/models--ORG--NAME/snapshots/REV)"
+)
+
+
+def _checkpoint_rows(src: Source, run: str | None) -> list[dict[str, Any]]:
+    """Each ``checkpoint.audited`` with its files compared again here, not read from ``matched``."""
+    rows = src.rows(
+        f"SELECT run_id, path, revision, matched, stable, files, missing FROM kv_checkpoints "
+        f"WHERE {SCOPE} ORDER BY seq",
+        {"run": run},
+    )
+    for r in rows:
+        files = [f for f in json.loads(r["files"] or "[]") if isinstance(f, dict)]
+        bad, unreferenced = [], []
+        for f in files:
+            name = f.get("name", "?")
+            if f.get("expected_sha256"):
+                if f.get("sha256") != f["expected_sha256"]:
+                    bad.append(f"{name} (SHA-256)")
+            elif f.get("expected_git_sha1"):
+                if f.get("git_sha1") != f["expected_git_sha1"]:
+                    bad.append(f"{name} (git blob SHA-1)")
+            else:
+                unreferenced.append(name)
+        r["bad"], r["unreferenced"] = sorted(bad), sorted(unreferenced)
+        r["missing"] = sorted(json.loads(r["missing"] or "[]"))
+        r["unverified"] = not r["missing"] and len(unreferenced) == len(files)
+    return rows
+
+
 def checkpoint_mismatch(src: Source, run: str | None) -> list[Finding]:
     out = []
-    for r in src.rows(
-        f"SELECT run_id, path, revision, matched, stable, files FROM kv_checkpoints WHERE {SCOPE} "
-        "ORDER BY seq",
-        {"run": run},
-    ):
-        files = json.loads(r["files"] or "[]")
-        bad = sorted(
-            f.get("name", "?")
-            for f in files
-            if isinstance(f, dict)
-            and f.get("expected_sha256")
-            and f.get("sha256") != f.get("expected_sha256")
-        )
-        if bad or r["matched"] is False:
-            out.append(
-                finding(
-                    "checkpoint-mismatch",
-                    r,
-                    r["path"],
-                    f"revision {r['revision']}: SHA-256 differs for {', '.join(bad) or 'files'}",
-                )
-            )
+    for r in _checkpoint_rows(src, run):
+        problems = []
+        if r["bad"]:
+            problems.append("differs for " + ", ".join(r["bad"]))
+        if r["missing"]:
+            problems.append("missing " + ", ".join(r["missing"]))
+        if r["unreferenced"] and not r["unverified"]:
+            problems.append("not in the reference: " + ", ".join(r["unreferenced"]))
+        if not problems and r["matched"] is False:
+            problems.append("recorded matched: false")
+        if problems:
+            out.append(finding("checkpoint-mismatch", r, r["path"], f"revision {r['revision']}: "
+                               + "; ".join(problems)))  # fmt: skip
         if r["stable"] is False:
             out.append(finding("checkpoint-mismatch", r, r["path"], "files changed while being read"))
     return out
+
+
+def checkpoint_unverified(src: Source, run: str | None) -> list[Finding]:
+    return [
+        finding("checkpoint-unverified", r, r["path"],
+                f"revision {r['revision']}: {len(r['unreferenced'])} files with no reference to check "
+                f"against (no manifest, not a Hugging Face cache snapshot); {_MANIFEST_HELP}")
+        for r in _checkpoint_rows(src, run) if r["unverified"]
+    ]  # fmt: skip
 
 
 def provenance_missing(src: Source, run: str | None) -> list[Finding]:
@@ -455,6 +490,7 @@ CHECKS: tuple[Check, ...] = (
     missing_full_prefix_hit,
     counter_mismatch,
     checkpoint_mismatch,
+    checkpoint_unverified,
     provenance_missing,
     validation_missing,
     order_unbalanced,

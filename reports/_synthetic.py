@@ -49,6 +49,7 @@ class Flaws:
     missing_full_prefix: bool = False
     counter_mismatch: bool = False
     checkpoint_mismatch: bool = False
+    checkpoint_unverified: bool = False  # no manifest, not a hub snapshot: nothing to check against
     provenance_missing: bool = False
     validation_missing: bool = False
     order_unbalanced: bool = False
@@ -207,21 +208,32 @@ class Generator:
     def checkpoint(self, run_id: str) -> None:
         good = sha("weights")
         observed = sha("tampered") if self._plant("checkpoint_mismatch", run_id) else good
+        unverified = self._plant("checkpoint_unverified", run_id)
         self.emit(
             "checkpoint.audited",
             {
                 "path": "/models/m",
                 "revision": "6de592a7",
-                "matched": observed == good,
+                "matched": None if unverified else observed == good,
                 "stable": True,
+                "reference": None if unverified else "hf-cache-snapshot",
                 "files": [
                     {
                         "name": "model.safetensors",
                         "bytes": 23285140684,
                         "sha256": observed,
-                        "expected_sha256": good,
-                    }
+                        "expected_sha256": None if unverified else good,
+                    },
+                    {
+                        "name": "config.json",
+                        "bytes": 1102,
+                        "sha256": sha("config"),
+                        "expected_sha256": None,
+                        "git_sha1": sha("config")[:40],
+                        "expected_git_sha1": None if unverified else sha("config")[:40],
+                    },
                 ],
+                "missing": [],
             },
             run_id,
         )

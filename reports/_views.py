@@ -193,7 +193,8 @@ FROM ({
     (
         "kv_checkpoints",
         f"""
-SELECT seq, run_id, path, revision, matched, stable, CAST(files AS VARCHAR) AS files
+SELECT seq, run_id, path, revision, matched, stable, CAST(files AS VARCHAR) AS files,
+       CAST(missing AS VARCHAR) AS missing
 FROM ({
             _extract(
                 "checkpoint.audited",
@@ -203,6 +204,7 @@ FROM ({
                     "matched": "BOOLEAN",
                     "stable": "BOOLEAN",
                     "files": "JSON",
+                    "missing": "JSON",
                 },
             )
         })""",

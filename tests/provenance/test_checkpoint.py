@@ -5,12 +5,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import subprocess
 import threading
 from pathlib import Path
 
 from click.testing import CliRunner
 
-from collectors._checkpoint import audit_checkpoint, hf_snapshot_hashes, manifest_hashes
+from collectors._checkpoint import audit_checkpoint, manifest_hashes
 from ledger import open_ledger
 from ledger._cli import cli
 
@@ -51,23 +52,6 @@ def test_one_changed_byte_is_a_mismatch(tmp_path: Path) -> None:
     assert manifest_hashes(tmp_path / "SHA256SUMS") == hashes
 
 
-def test_hugging_face_snapshot_links_name_the_expected_digest(tmp_path: Path) -> None:
-    blobs, snap = tmp_path / "blobs", tmp_path / "snapshots" / "abc123"
-    blobs.mkdir()
-    snap.mkdir(parents=True)
-    weights = os.urandom(1 << 20)
-    digest = hashlib.sha256(weights).hexdigest()
-    (blobs / digest).write_bytes(weights)
-    (snap / "model.safetensors").symlink_to(Path("../../blobs") / digest)
-    (blobs / ("0" * 40)).write_bytes(b"{}")  # a small non-LFS file: git SHA-1 name
-    (snap / "config.json").symlink_to(Path("../../blobs") / ("0" * 40))
-    assert hf_snapshot_hashes(snap) == {"model.safetensors": digest}
-    audit = audit_checkpoint(snap)
-    assert audit.revision == "abc123"
-    assert audit.matched is False  # config.json has no published SHA-256 to match
-    assert [f.expected_sha256 for f in audit.files if f.name == "model.safetensors"] == [digest]
-
-
 def test_a_file_growing_while_read_is_unstable(tmp_path: Path) -> None:
     root = tmp_path / "ck"
     root.mkdir()
@@ -90,6 +74,34 @@ def test_a_file_growing_while_read_is_unstable(tmp_path: Path) -> None:
         done.set()
         thread.join()
     assert any(not a.stable for a in audits)
+
+
+def test_manifest_from_sha256sum_in_the_directory(tmp_path: Path) -> None:
+    """`cd DIR && sha256sum $(find . -type f)` names files ./x: the prefix is dropped."""
+    hashes = _make_checkpoint(tmp_path / "ck")
+    lines = subprocess.run("find . -type f | sort | xargs sha256sum", shell=True, cwd=tmp_path / "ck",
+                           capture_output=True, text=True, check=True).stdout  # fmt: skip
+    (tmp_path / "SHA256SUMS").write_text(lines)
+    assert manifest_hashes(tmp_path / "SHA256SUMS") == hashes
+    audit = audit_checkpoint(tmp_path / "ck", manifest=tmp_path / "SHA256SUMS")
+    assert audit.matched is True and audit.problems == []
+
+
+def test_a_file_the_manifest_lists_but_the_directory_lacks_is_missing(tmp_path: Path) -> None:
+    hashes = _make_checkpoint(tmp_path / "ck")
+    (tmp_path / "ck" / "sub" / "tokenizer.json").unlink()
+    (tmp_path / "m.json").write_text(json.dumps(hashes))
+    audit = audit_checkpoint(tmp_path / "ck", manifest=tmp_path / "m.json")
+    assert audit.matched is False and audit.missing == ["sub/tokenizer.json"]
+    assert audit.problems == ["sub/tokenizer.json: missing"]
+
+
+def test_no_reference_is_unverified_and_says_how_to_supply_one(tmp_path: Path) -> None:
+    _make_checkpoint(tmp_path / "ck")
+    audit = audit_checkpoint(tmp_path / "ck")
+    assert audit.matched is None and audit.reference is None
+    (problem,) = audit.problems
+    assert "ledger checkpoint manifest" in problem and "--manifest" in problem
 
 
 def test_cli_records_the_audit_and_exits_1_on_mismatch(tmp_path: Path) -> None:

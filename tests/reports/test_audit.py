@@ -26,6 +26,7 @@ PLANTED: dict[str, tuple[str, str | None]] = {
     "missing_full_prefix": ("missing-full-prefix-hit", "target"),
     "counter_mismatch": ("counter-mismatch", "target"),
     "checkpoint_mismatch": ("checkpoint-mismatch", "run_id"),
+    "checkpoint_unverified": ("checkpoint-unverified", "run_id"),
     "provenance_missing": ("provenance-missing", "run_id"),
     "validation_missing": ("validation-missing", None),
     "order_unbalanced": ("order-unbalanced", None),
@@ -38,7 +39,8 @@ GPU_SHAPE = Shape(target="vllm", transfer_path="gpu")
 
 
 def _shape(flaw: str) -> Shape:
-    return GPU_SHAPE if flaw in ("checkpoint_mismatch", "probes_failing") else Shape()
+    gpu = ("checkpoint_mismatch", "checkpoint_unverified", "probes_failing")
+    return GPU_SHAPE if flaw in gpu else Shape()
 
 
 def test_every_flaw_switch_is_covered() -> None:
