@@ -21,42 +21,95 @@ GPU byte probes live in ``collectors.probes``.
 
 from __future__ import annotations
 
-from ._assertions import (
-    assertion_event,
-    check_counters_match,
-    check_exact_values,
-    check_full_prefix_hit,
-    check_matches_cold_reference,
-    check_no_external_hits_off,
-    check_output_length,
-    check_stream_complete,
-    check_zero_hits,
-    extract_json_object,
-    shareable_prefix,
-)
-from ._client import (
-    EventSink,
-    Outcome,
-    RequestSpec,
-    payload_digest,
-    request_params,
-    response_data,
-    run_concurrently,
-    send_request,
-)
-from ._host import GpuSampler, code_version, gpu_inventory, host_inventory, package_versions
-from ._metrics import (
-    HitDelta,
-    MetricsError,
-    Scraper,
-    counter_delta,
-    hits_between,
-    parse_exposition,
-    record_hits,
-    record_scrape,
-    sample_key,
-    scrape_metrics,
-)
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._assertions import (
+        assertion_event,
+        check_counters_match,
+        check_exact_values,
+        check_full_prefix_hit,
+        check_matches_cold_reference,
+        check_no_external_hits_off,
+        check_output_length,
+        check_stream_complete,
+        check_zero_hits,
+        extract_json_object,
+        shareable_prefix,
+    )
+    from ._client import (
+        EventSink,
+        Outcome,
+        RequestSpec,
+        payload_digest,
+        request_params,
+        response_data,
+        run_concurrently,
+        send_request,
+    )
+    from ._host import GpuSampler, code_version, gpu_inventory, host_inventory, package_versions
+    from ._metrics import (
+        HitDelta,
+        MetricsError,
+        Scraper,
+        counter_delta,
+        hits_between,
+        parse_exposition,
+        record_hits,
+        record_scrape,
+        sample_key,
+        scrape_metrics,
+    )
+
+# Imported on first use: ``python -m collectors.probes`` on a bare GPU host needs none of these
+# modules' dependencies (httpx, orjson), only torch.
+_EXPORTS: dict[str, str] = {
+    "EventSink": "._client",
+    "GpuSampler": "._host",
+    "HitDelta": "._metrics",
+    "MetricsError": "._metrics",
+    "Outcome": "._client",
+    "RequestSpec": "._client",
+    "Scraper": "._metrics",
+    "assertion_event": "._assertions",
+    "check_counters_match": "._assertions",
+    "check_exact_values": "._assertions",
+    "check_full_prefix_hit": "._assertions",
+    "check_matches_cold_reference": "._assertions",
+    "check_no_external_hits_off": "._assertions",
+    "check_output_length": "._assertions",
+    "check_stream_complete": "._assertions",
+    "check_zero_hits": "._assertions",
+    "code_version": "._host",
+    "counter_delta": "._metrics",
+    "extract_json_object": "._assertions",
+    "gpu_inventory": "._host",
+    "hits_between": "._metrics",
+    "host_inventory": "._host",
+    "package_versions": "._host",
+    "parse_exposition": "._metrics",
+    "payload_digest": "._client",
+    "record_hits": "._metrics",
+    "record_scrape": "._metrics",
+    "request_params": "._client",
+    "response_data": "._client",
+    "run_concurrently": "._client",
+    "sample_key": "._metrics",
+    "scrape_metrics": "._metrics",
+    "send_request": "._client",
+    "shareable_prefix": "._assertions",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "EventSink",

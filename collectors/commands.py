@@ -161,3 +161,41 @@ def pinned_alloc_command(probe_args: tuple[str, ...], db_url: str) -> None:
         ledger probe pinned-alloc --db sqlite:///study.db
     """
     _run_probe("pinned-alloc", db_url, probe_args)
+
+
+@probe_group.command("helpers", context_settings={"ignore_unknown_options": True})
+@click.argument("probe_args", nargs=-1, type=click.UNPROCESSED)
+@db_option
+def helpers_command(probe_args: tuple[str, ...], db_url: str) -> None:
+    """Helper probe: LMCache's lazy and mixed allocators through its GPU copy helpers.
+
+    Moves known bytes between an LMCache memory object (pinned host) and the
+    GPU through lmcache.v1.gpu_connector.gpu_ops, both directions, with the
+    producer stream delayed and not, with LMCache's compiled ops present and
+    masked (its raw cudaMemcpy fallback). Needs CUDA and LMCache (exit 2
+    without). Events: `probe.helper`, one per check. Arguments after the
+    options go to `python -m collectors.probes helper-probes`.
+
+    Example:
+
+        ledger probe helpers --db sqlite:///study.db --devices 0 --trials 5
+    """
+    _run_probe("helper-probes", db_url, probe_args)
+
+
+@probe_group.command("pinned-pool", context_settings={"ignore_unknown_options": True})
+@click.argument("probe_args", nargs=-1, type=click.UNPROCESSED)
+@db_option
+def pinned_pool_command(probe_args: tuple[str, ...], db_url: str) -> None:
+    """Pool probe: LMCache's local CPU pool at sizes around powers of two, reserved vs requested.
+
+    Builds the pool from LMCACHE_MAX_LOCAL_CPU_SIZE as LMCache's local CPU
+    backend does, with its ops present and masked and under each PyTorch
+    host-allocator setting tried (a refused one is recorded). Needs CUDA and
+    LMCache (exit 2 without). Events: `probe.pinned`.
+
+    Example:
+
+        ledger probe pinned-pool --db sqlite:///study.db --deadline 120
+    """
+    _run_probe("pinned-pool", db_url, probe_args)

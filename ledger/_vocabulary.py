@@ -148,6 +148,41 @@ KINDS: dict[str, dict[str, Types]] = {
         "seconds": NUM,
         "alloc_conf": _opt(STR),
     },
+    # One check of an LMCache allocator and GPU copy helper (collectors/probes/lmcache_helpers.py).
+    "probe.helper": {
+        "allocator": STR,
+        "helper": STR,
+        "ops_requested": STR,
+        "with_ops": _opt(BOOL),
+        "direction": STR,
+        "bytes": INT,
+        "delay_cycles": INT,
+        "trial": INT,
+        "passed": BOOL,
+        "mismatching_bytes": _opt(INT),
+        "first_bad_offset": _opt(INT),
+        "error": _opt(STR),
+        "transfer_path": STR,
+        "lmcache_version": _opt(STR),
+        "lmcache_source_sha256": _opt(STR),
+        "torch_version": _opt(STR),
+        "cuda_runtime_version": _opt(STR),
+        "gpu": _opt((dict, int, str)),
+    },
+    # LMCache's local CPU pool at one size and setting (collectors/probes/lmcache_pool.py).
+    "probe.pinned": {
+        "setting": OBJ,
+        "bytes_requested": INT,
+        "bytes_reserved": _opt(INT),
+        "is_pinned": BOOL,
+        "seconds": NUM,
+        "alloc_conf": _opt(STR),
+        "ops_requested": STR,
+        "with_ops": _opt(BOOL),
+        "error": _opt(STR),
+        "transfer_path": STR,
+        "lmcache_version": _opt(STR),
+    },
     "exclusion.declared": {"scope": STR, "target": STR, "reason": STR},
     "note.added": {"text": STR},
 }
@@ -160,6 +195,10 @@ ENUMS: dict[tuple[str, str], frozenset[str]] = {
     ("block.started", "arm"): frozenset({"ON", "OFF"}),
     ("block.finished", "arm"): frozenset({"ON", "OFF"}),
     ("exclusion.declared", "scope"): frozenset({"block", "request", "run"}),
+    ("probe.helper", "allocator"): frozenset({"lazy", "mixed"}),
+    ("probe.helper", "direction"): frozenset({"d2h", "h2d"}),
+    ("probe.helper", "ops_requested"): frozenset({"present", "masked"}),
+    ("probe.pinned", "ops_requested"): frozenset({"present", "masked"}),
 }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,3 +25,14 @@ class ProbeRun:
 
     def probe_events(self) -> list[dict[str, Any]]:
         return [e for e in self.events if e["kind"].startswith("probe.")]
+
+
+def run_child(cmd: list[str], env: dict[str, str], cwd: str, timeout_s: float) -> tuple[int, str]:
+    """Run one probe child; ``(exit code, stderr)``, -9 when it ran past ``timeout_s`` (killed)."""
+    try:
+        proc = subprocess.run(cmd, env=env, cwd=cwd, timeout=timeout_s,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    except subprocess.TimeoutExpired as exc:
+        raw = exc.stderr or ""
+        return -9, raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+    return proc.returncode, proc.stderr

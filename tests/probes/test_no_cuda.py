@@ -55,7 +55,23 @@ def _real_cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
-@pytest.mark.parametrize("command", ["copy-ordering", "pinned-alloc"])
+PROBE_COMMANDS = ["copy-ordering", "pinned-alloc", "helper-probes", "pinned-pool"]
+
+FAKE_TORCH_WITH_DEVICE = """
+__version__ = "0.0.0+cu000"
+class version:
+    cuda = "99.0"
+class cuda:
+    @staticmethod
+    def is_available():
+        return True
+    @staticmethod
+    def device_count():
+        return 1
+"""
+
+
+@pytest.mark.parametrize("command", PROBE_COMMANDS)
 @pytest.mark.parametrize(
     ("fake", "reason"),
     [
@@ -74,12 +90,22 @@ def test_exit_2_without_cuda(command: str, fake: str, reason: str, tmp_path: Pat
 
 
 @pytest.mark.skipif(_real_cuda_available(), reason="this machine has a CUDA device")
-@pytest.mark.parametrize("command", ["copy-ordering", "pinned-alloc"])
+@pytest.mark.parametrize("command", PROBE_COMMANDS)
 def test_exit_2_on_this_machine(command: str, tmp_path: Path) -> None:
     out = tmp_path / "out.jsonl"
     proc = _run([command, "--jsonl", str(out)], None, tmp_path)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.startswith("no CUDA device: ")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("command", ["helper-probes", "pinned-pool"])
+def test_exit_2_without_lmcache(command: str, tmp_path: Path) -> None:
+    # A CUDA device is "there" (a stand-in torch says so); LMCache is not on the path.
+    out = tmp_path / "out.jsonl"
+    proc = _run([command, "--jsonl", str(out)], FAKE_TORCH_WITH_DEVICE, tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("no LMCache: the lmcache package is not importable"), proc.stderr
     assert not out.exists()
 
 
