@@ -48,6 +48,7 @@ __all__ = [
     "SessionPlan",
     "Sink",
     "balanced_order",
+    "check_block_design",
 ]
 
 _REQUEST_TIMEOUT_S = 600.0
@@ -142,6 +143,31 @@ class BlockSpec:
 def balanced_order(pairs: int) -> list[str]:
     """OFF–ON, ON–OFF, OFF–ON, ...: the seed's OFF–ON–ON–OFF for two pairs."""
     return [arm for p in range(pairs) for arm in (("OFF", "ON") if p % 2 == 0 else ("ON", "OFF"))]
+
+
+def check_block_design(pairs: Any, order: Sequence[str] | None = None) -> None:
+    """Refuse a block design the audit would call unbalanced (ValueError: exit 2, nothing written).
+
+    A block pair is two adjacent blocks, one ON and one OFF. ON and OFF have the same mean
+    position (so a drift over the run cannot pass for an arm effect) only when as many pairs
+    run ON first as OFF first: the pair count must be even, and a given order must balance.
+    """
+    if not isinstance(pairs, int) or isinstance(pairs, bool) or pairs < 1:
+        raise ValueError(f"block_pairs must be a positive integer, got {pairs!r}")
+    if pairs % 2:
+        raise ValueError(
+            f"block_pairs must be even, got {pairs}: a balanced order mirrors every OFF–ON pair with an "
+            "ON–OFF pair (OFF–ON–ON–OFF), so ON and OFF blocks have the same mean position and a drift "
+            "over the run cannot pass for an arm effect; with an odd count one pair stays unmirrored")
+    if order is None:
+        return
+    arms = list(order)
+    if len(arms) != 2 * pairs or any(sorted(arms[i:i + 2]) != ["OFF", "ON"] for i in range(0, len(arms), 2)):
+        raise ValueError(f"order must list {pairs} block pairs, each one ON and one OFF, got {arms}")
+    on = sum(i for i, arm in enumerate(arms) if arm == "ON")
+    if 2 * on != sum(range(len(arms))):
+        raise ValueError(f"order {'–'.join(arms)} is unbalanced: ON and OFF blocks differ in mean position "
+                         "(as many pairs must run ON first as OFF first, e.g. OFF–ON–ON–OFF)")
 
 
 @dataclass(frozen=True)

@@ -57,7 +57,7 @@ def run_command(experiment: str, target: str, params: tuple[str, ...], seed: int
     \b
     Example:
       ledger run validation
-      ledger run screening --param sizes='[8000,32000]' --param block_pairs=1
+      ledger run screening --param sizes='[8000,32000]' --param block_pairs=4
       ledger run screening --param fault=namespace-leak
       ledger run validation --param sim_fault=corrupt-transfer   # must fail: exit 1
       ledger run ./my_experiment.py --param n=3

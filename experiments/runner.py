@@ -22,7 +22,7 @@ from typing import Any
 from collectors import code_version, host_inventory, package_versions
 from ledger import Ledger, NewEvent, new_id
 
-from ._context import Counters, RunContext, Sink
+from ._context import Counters, RunContext, Sink, check_block_design
 from ._loader import Experiment
 from ._params import check_params
 from .targets._base import Target
@@ -58,6 +58,8 @@ def prepare_params(exp: Experiment, target: str, given: Mapping[str, Any]) -> di
         # A fresh tag per run, recorded, so a replay reuses it and sends the same bytes.
         params["namespace_tag"] = "kvl" + secrets.token_hex(4)
     check_target_params(target, params)
+    if "block_pairs" in params:
+        check_block_design(params["block_pairs"], params.get("order"))
     exp.check(params)
     return params
 

@@ -102,10 +102,16 @@ def chain_broken(src: Source, run: str | None) -> list[Finding]:
 
 
 def run_incomplete(src: Source, run: str | None) -> list[Finding]:
+    """One finding per killed, failed or aborted run, with its unpaired requests counted inside
+    (a run cut short leaves the partners of its last block pair unsent: one cause, one finding)."""
     rows = src.rows(
-        f"""SELECT run_id, experiment, finish_status FROM kv_runs
-                        WHERE (finish_status IS NULL OR finish_status IN ('aborted', 'failed')) AND {SCOPE}
-                        ORDER BY seq""",
+        f"""SELECT r.run_id, r.experiment, r.finish_status,
+                               (SELECT count(*) FROM kv_pairs p WHERE p.run_id = r.run_id
+                                  AND p.status LIKE 'unpaired-%') AS unpaired
+                        FROM kv_runs r
+                        WHERE (r.finish_status IS NULL OR r.finish_status IN ('aborted', 'failed'))
+                          AND {SCOPE.replace("run_id", "r.run_id")}
+                        ORDER BY r.seq""",
         {"run": run},
     )
     return [
@@ -114,10 +120,17 @@ def run_incomplete(src: Source, run: str | None) -> list[Finding]:
             r,
             r["run_id"],
             f"{r['experiment']} run "
-            + ("has no run.finished" if r["finish_status"] is None else f"finished {r['finish_status']}"),
+            + ("has no run.finished" if r["finish_status"] is None else f"finished {r['finish_status']}")
+            + (f"; {r['unpaired']} measured request(s) left without a partner in the other arm"
+               if r["unpaired"] else ""),
         )
         for r in rows
-    ]
+    ]  # fmt: skip
+
+
+def _incomplete_runs(src: Source) -> set[str]:
+    sql = "SELECT run_id FROM kv_runs WHERE finish_status IS NULL OR finish_status IN ('aborted', 'failed')"
+    return {r["run_id"] for r in src.rows_once(sql)}
 
 
 def namespace_leak(src: Source, run: str | None) -> list[Finding]:
@@ -150,6 +163,7 @@ def pairing(src: Source, run: str | None) -> list[Finding]:
         {"run": run},
     )
     out: list[Finding] = []
+    incomplete = _incomplete_runs(src)
     for r in rows:
         where = ", ".join(
             f"{k} {r[k]}"
@@ -157,6 +171,8 @@ def pairing(src: Source, run: str | None) -> list[Finding]:
             if r[k] is not None
         )
         if r["status"].startswith("unpaired"):
+            if r["run_id"] in incomplete:
+                continue  # counted in the run's run-incomplete finding
             arm, other = ("ON", "OFF") if r["status"] == "unpaired-on" else ("OFF", "ON")
             target = r["on_request"] or r["off_request"]
             out.append(
@@ -522,6 +538,22 @@ def audit(src: Source, run: str | None = None) -> list[Finding]:
     blocks, runs = _acknowledged(src)
     found = [_downgrade(f, blocks, runs) for check in CHECKS for f in check(src, run)]
     return sorted(found, key=Finding.sort_key)
+
+
+EXAMPLES = 3
+
+
+def grouped(findings: list[dict[str, Any]], examples: int = EXAMPLES) -> list[dict[str, Any]]:
+    """Findings grouped by severity and code, in order: ``{severity, code, count, examples}``,
+    with the first ``examples`` instances (the terminal view; ``--json`` keeps every one)."""
+    groups: dict[tuple[str, str], dict[str, Any]] = {}
+    for f in findings:
+        group = groups.setdefault((str(f["severity"]), str(f["code"])), {
+            "severity": f["severity"], "code": f["code"], "count": 0, "examples": []})  # fmt: skip
+        group["count"] += 1
+        if len(group["examples"]) < examples:
+            group["examples"].append(f)
+    return list(groups.values())
 
 
 def audit_json(src: Source, run: str | None = None) -> dict[str, Any]:

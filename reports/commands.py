@@ -12,7 +12,7 @@ from ledger import open_ledger
 from ledger.cli_options import db_option, json_option, run_option
 
 from . import _render
-from ._audit import BLOCKING, audit_json
+from ._audit import BLOCKING, EXAMPLES, audit_json, grouped
 from ._derive import derive_report
 from ._source import Source, open_source
 
@@ -103,25 +103,30 @@ def audit_command(run_id: str | None, publish: bool, as_json: bool, db_url: str)
 
 
 def _print_findings(findings: list[dict[str, object]], head: str | None) -> None:
+    """One row per finding, except that a code found more than EXAMPLES times is one group row
+    (its count) followed by its first EXAMPLES instances."""
     from rich.console import Console
     from rich.table import Table
 
     console = Console()
     blocking = sum(f["severity"] == BLOCKING for f in findings)
-    console.print(f"audit at head {head}: {len(findings)} finding(s), {blocking} blocking")
+    groups = grouped(findings)
+    console.print(f"audit at head {head}: {len(findings)} finding(s) of {len(groups)} code(s), "
+                  f"{blocking} blocking")  # fmt: skip
     if not findings:
         return
     table = Table("severity", "code", "run", "block", "target", "detail")
-    for f in findings:
-        style = {"blocking": "red", "warning": "yellow"}.get(str(f["severity"]), "dim")
-        table.add_row(
-            f"[{style}]{f['severity']}[/{style}]",
-            str(f["code"]),
-            str(f["run_id"] or "")[:13],
-            str(f["block_id"] or "")[:13],
-            str(f["target"] or "")[:20],
-            str(f["detail"]),
-        )
+    for group in groups:
+        style = {"blocking": "red", "warning": "yellow"}.get(str(group["severity"]), "dim")
+        severity, code = f"[{style}]{group['severity']}[/{style}]", str(group["code"])
+        many = group["count"] > EXAMPLES
+        if many:
+            table.add_row(severity, f"{code} ×{group['count']}", "", "", "",
+                          f"{group['count']} findings; the first {EXAMPLES} follow (--json lists all)")
+        for f in group["examples"]:  # every instance when there are no more than EXAMPLES
+            table.add_row("" if many else severity, "  e.g." if many else code,
+                          str(f["run_id"] or "")[:13], str(f["block_id"] or "")[:13],
+                          str(f["target"] or "")[:20], str(f["detail"]))
     console.print(table)
 
 

@@ -1,4 +1,4 @@
-"""A minimal experiment: one ON/OFF block pair, one fixture, cold → local → cross.
+"""A minimal experiment: two ON/OFF block pairs (OFF–ON–ON–OFF), one fixture, cold → local → cross.
 
 Run it with ``ledger run experiments/examples/hello.py --param size=4000``.
 """
@@ -7,7 +7,7 @@ from typing import Any
 
 NAME = "hello"
 SEED = 7
-PARAMS: dict[str, Any] = {"size": 2000, "block_pairs": 1, "namespace_tag": None}
+PARAMS: dict[str, Any] = {"size": 2000, "block_pairs": 2, "namespace_tag": None}
 
 
 def planned(params: dict[str, Any]) -> dict[str, int]:

@@ -13,9 +13,10 @@ from ledger import Event, open_ledger
 
 REPO = Path(__file__).resolve().parents[2]
 
-# A screening shape that exercises every workload in a few seconds.
+# A screening shape that exercises every workload in a few seconds (two block pairs: the
+# smallest balanced design, OFF–ON–ON–OFF).
 SMALL = {
-    "block_pairs": 1, "sizes": [1000, 2000], "chains": 2, "session_sizes": [1500], "sessions": 1,
+    "block_pairs": 2, "sizes": [1000, 2000], "chains": 2, "session_sizes": [1500], "sessions": 1,
     "session_turns": 3, "turn_growth": 300, "generation_sizes": [1000], "generation_outputs": [16, 32],
     "window_sessions": [2, 3], "window_turns": 2, "window_size": 1000, "warmups": 2,
     "warmup_tokens": 300,

@@ -41,6 +41,10 @@ def test_check_params_names_the_culprit() -> None:
     (["run", "screening", "--param", "sim_fault=no-such-fault"], "no-such-fault"),
     (["run", "no_such_experiment"], "no_such_experiment"),
     (["run", "./missing.py"], "missing.py"),
+    (["run", "screening", "--param", "block_pairs=3"], "block_pairs must be even, got 3"),
+    (["run", "screening", "--param", "block_pairs=1"], "same mean position"),
+    (["run", "screening", "--param", "order=[\"OFF\",\"ON\",\"OFF\",\"ON\"]"], "OFF–ON–OFF–ON is unbalanced"),
+    (["run", "screening", "--param", "order=[\"OFF\",\"ON\",\"ON\",\"ON\"]"], "each one ON and one OFF"),
 ])  # fmt: skip
 def test_bad_usage_exits_2_and_writes_nothing(tmp_path: Path, args: list[str], needle: str) -> None:
     db = tmp_path / "ledger.db"

@@ -27,7 +27,7 @@ def test_counts_follow_the_shape(sqlite_url: str) -> None:
     sent = events(sqlite_url, "request.sent", rid)
     per_block: Counter[tuple[str | None, bool]] = Counter((e.block_id, e.data["warmup"]) for e in sent)
     blocks = [e for e in events(sqlite_url, "block.started", rid)]
-    assert [b.data["arm"] for b in blocks] == ["OFF", "ON"]
+    assert [b.data["arm"] for b in blocks] == ["OFF", "ON", "ON", "OFF"]
     for b in blocks:
         assert per_block[(b.block_id, False)] == plan["requests_per_block"] == 20 + 6 + 4 + 20
         assert per_block[(b.block_id, True)] == 2
@@ -35,7 +35,7 @@ def test_counts_follow_the_shape(sqlite_url: str) -> None:
     warm = {(e.block_id, e.data["replica"]) for e in sent if e.data["warmup"]}
     assert len(warm) == 2 * len(blocks)
     finished = events(sqlite_url, "run.finished", rid)[0].data
-    assert finished["status"] == "completed" and finished["measured"] == 2 * 50
+    assert finished["status"] == "completed" and finished["measured"] == 4 * 50
     # ON and OFF send identical payloads (pairing by payload SHA-256).
     by_arm: dict[str, set[str]] = {}
     arm_of = {b.block_id: b.data["arm"] for b in blocks}
@@ -107,7 +107,7 @@ def test_server_faults_are_recorded_not_raised(sqlite_url: str) -> None:
     (rid,) = run_ids(sqlite_url)
     errors = [e.data for e in events(sqlite_url, "response.received", rid) if e.data["error"]]
     assert errors and all(d["status"] == 500 for d in errors)
-    assert [b.data["status"] for b in events(sqlite_url, "block.finished", rid)] == ["completed"] * 2
+    assert [b.data["status"] for b in events(sqlite_url, "block.finished", rid)] == ["completed"] * 4
 
 
 def test_a_dying_replica_fails_its_block_and_the_run_goes_on(sqlite_url: str) -> None:
@@ -117,10 +117,10 @@ def test_a_dying_replica_fails_its_block_and_the_run_goes_on(sqlite_url: str) ->
     assert result.exit_code == 1, result.output
     (rid,) = run_ids(sqlite_url)
     finished = events(sqlite_url, "block.finished", rid)
-    assert [b.data["status"] for b in finished] == ["failed", "failed"]  # both blocks ran
+    assert [b.data["status"] for b in finished] == ["failed"] * 4  # every block ran
     assert "unhealthy" in finished[0].data["error"]
     run = events(sqlite_url, "run.finished", rid)[0].data
-    assert run["status"] == "failed" and run["failed_blocks"] == [0, 1]
+    assert run["status"] == "failed" and run["failed_blocks"] == [0, 1, 2, 3]
 
 
 def test_params_recorded_for_replay(sqlite_url: str, tmp_path: Path) -> None:
@@ -164,4 +164,4 @@ def test_progress_bars_render(sqlite_url: str) -> None:
         result = asyncio.run(run_experiment(led, exp, prepare_params(exp, "sim", {}), progress=True))
     finally:
         led.close()
-    assert result.exit_code == 0 and result.counters.measured == 6
+    assert result.exit_code == 0 and result.counters.measured == 4 * 3  # two block pairs, 3 each

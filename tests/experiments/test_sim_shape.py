@@ -11,7 +11,7 @@ from .._cli import ledger_cli, param_args
 from .conftest import events, run_ids
 
 DEMO_SCALE = 0.05  # scripts/demo's --time-scale
-SHAPE = {"workloads": ["micro"], "sizes": [128000], "chains": 1, "block_pairs": 1, "warmups": 2,
+SHAPE = {"workloads": ["micro"], "sizes": [128000], "chains": 1, "block_pairs": 2, "warmups": 2,
          "warmup_tokens": 300, "time_scale": DEMO_SCALE}  # fmt: skip
 
 

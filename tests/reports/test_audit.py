@@ -83,6 +83,22 @@ def test_unpaired_names_the_orphan(build: Any) -> None:
     assert "ON request" in f.detail and f.target in sent  # ...so its ON request is the orphan
 
 
+def test_a_killed_run_is_one_finding_with_its_unpaired_requests_counted(build: Any) -> None:
+    """A SIGKILL leaves a prefix of the run (events land in whole batches): cut it in block 3."""
+    events, _ = generate()
+    screening = [e for e in events if e["kind"] == "run.started"][-1]["run_id"]
+    blocks = [e["block_id"] for e in events if e["kind"] == "block.started" and e["run_id"] == screening]
+    cut = next(i for i, e in enumerate(events) if e["block_id"] == blocks[3] and e["kind"] == "request.sent")
+    killed = events[:cut]
+    findings = audit(build(killed))
+    (incomplete,) = [f for f in findings if f.code == "run-incomplete"]
+    sent = {e["data"]["request_id"]: e for e in killed if e["kind"] == "request.sent"}
+    orphans = sum(e["block_id"] == blocks[2] and not e["data"]["warmup"] for e in sent.values())
+    assert f"; {orphans} measured request(s) left without a partner" in incomplete.detail and orphans > 100
+    assert incomplete.target == screening and incomplete.severity == "blocking"
+    assert not [f for f in findings if f.code == "unpaired-request"]
+
+
 def test_declared_exclusion_acknowledges_findings_in_that_block(build: Any) -> None:
     events, planted = generate(flaws=Flaws(namespace_leak=True))
     leaked = planted["namespace_leak"]

@@ -71,6 +71,23 @@ def test_audit_publish_gate(sqlite_url: str, tmp_path: Path) -> None:
     assert _run("audit", "--db", bad_url).exit_code == 0  # without --publish it only reports
 
 
+def test_audit_terminal_groups_repeated_codes_and_json_keeps_every_instance(sqlite_url: str) -> None:
+    url, events = _ledger(sqlite_url)
+    requests = [e["data"]["request_id"] for e in events if e["kind"] == "request.sent"][:5]
+    led = open_ledger(url)
+    led.append_many([NewEvent("exclusion.declared", {"scope": "request", "target": r, "reason": f"r{i}"},
+                              run_id=events[0]["run_id"]) for i, r in enumerate(requests)])  # fmt: skip
+    led.close()
+    every = json.loads(_run("audit", "--db", url, "--json").stdout)["findings"]
+    declared = [f for f in every if f["code"] == "declared-exclusion"]
+    assert sorted(f["target"] for f in declared) == sorted(requests)
+    shown = CliRunner().invoke(cli, ["audit", "--db", url], env={"COLUMNS": "250"}).stdout
+    assert f"{len(every)} finding(s) of 2 code(s), 0 blocking" in shown
+    assert "declared-exclusion ×5" in shown and "the first 3 follow (--json lists all)" in shown
+    assert shown.count("  e.g.") == 3 and sum(r[:13] in shown for r in requests) == 3
+    assert "assertion-not-independent" in shown  # a code found once is one plain row
+
+
 def _keys(tmp_path: Path) -> tuple[Path, Path]:
     key = Ed25519PrivateKey.generate()
     priv, pub = tmp_path / "key.pem", tmp_path / "key.pub.pem"
