@@ -16,7 +16,7 @@ import duckdb
 import pyarrow as pa
 
 from ._errors import QueryError
-from ._snapshot import Snapshot, sql_literal
+from ._snapshot import Proof, Snapshot, sql_literal
 from ._store import Ledger
 
 _ENVELOPE_COLUMNS = ("seq", "id", "ts", "kind", "run_id", "block_id")
@@ -130,7 +130,7 @@ def check_read_only(statement: str) -> None:
 
 
 class Analytics:
-    """DuckDB queries over a ledger's Parquet snapshot.
+    """DuckDB queries over a ledger's Parquet snapshot (proven on open: ledger/_snapshot.py).
 
     ``projections`` (view name → SQL over ``events``, row by row) are kept per
     snapshot segment and served as views of those names: readers that parse
@@ -138,16 +138,23 @@ class Analytics:
     """
 
     def __init__(self, ledger: Ledger, snapshot_root: Path | None = None,
-                 projections: Mapping[str, str] | None = None) -> None:
+                 projections: Mapping[str, str] | None = None, up_to_seq: int | None = None) -> None:
         self.ledger = ledger
         self.snapshot = Snapshot.for_ledger(ledger, snapshot_root)
         self.projections = dict(projections or {})
+        self.up_to_seq = up_to_seq
         self._con: duckdb.DuckDBPyConnection | None = None
 
+    @property
+    def proof(self) -> Proof:
+        """What the snapshot's proof checked when the connection opened, its cost and mismatches."""
+        return self.snapshot.proof
+
     def connection(self) -> duckdb.DuckDBPyConnection:
-        """A DuckDB connection whose views reflect the ledger's current head."""
+        """A DuckDB connection whose views reflect the ledger's current head (or ``up_to_seq``),
+        served only from snapshot files proven against the ledger (rebuilt where they fail)."""
         if self._con is None:
-            segments = self.snapshot.refresh(self.ledger, self.projections)
+            segments = self.snapshot.refresh(self.ledger, self.projections, self.up_to_seq)
             self._con = connect(segments, self.snapshot.fields())
             for name, sql in self.projections.items():
                 self._con.execute(f"CREATE VIEW {_quote(name)} AS "

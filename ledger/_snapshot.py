@@ -1,25 +1,54 @@
-"""An incrementally maintained Parquet snapshot of the events table.
+"""An incrementally maintained Parquet snapshot of the events table, proven on every read.
 
 DuckDB's sqlite/postgres scanners download at run time and fail offline, so
 analytics read Parquet segments instead. Each refresh appends one segment
-with the events recorded since the last one; the snapshot remembers the chain
-at its last seq and is rebuilt if the ledger no longer has that chain there.
+with the events recorded since the last one.
 
 A reader may also ask for *projections*: SQL that maps a segment's ``events``
 row by row (filter, extract typed fields from the JSON). Each projection is
 kept per segment, next to it, under a name that includes the digest of its
 SQL, so the JSON of an event is parsed once when its segment is written, not
 on every report; changing the SQL starts a new projection.
+
+The proof. The snapshot lives outside the database, so nothing in it is
+trusted for being there:
+
+- When a segment is written, its rows (read from the database) are checked
+  link by link, each digest recomputed from the envelope, from the chain that
+  ends the segment before (GENESIS for the first). Its first and last seq,
+  the chain at its last seq and its data fields go into the file's own
+  Parquet metadata. A segment whose rows fail that check is served (the
+  report shows the database as it is; the audit's chain verification names
+  the row) but marked unproven, and read again from the database on every
+  refresh.
+- ``state.json`` lists the segments with the SHA-256 of each file, and for
+  each projection file the SHA-256 of its bytes and of the segment it was
+  derived from.
+- Every refresh re-hashes every file it will serve, checks that the segments
+  tile seq 1..S with no gap or overlap, and that the chain each segment ends
+  on is the chain the database stores at that seq (the chain the audit
+  verifies, link by link, in the same command). Rows chained from GENESIS to
+  the database's own chain value at S are the database's rows 1..S.
+
+A file that differs from its recorded digest (or does not tile) is a
+:class:`Mismatch`: it is rebuilt from the database, and the mismatch is
+reported (the audit's ``snapshot-mismatch``). Missing or stale files (an
+older format, a deleted file, a ledger replaced at the same path) are rebuilt
+without one: nothing served differed from the ledger.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
+import mmap
 import os
 import shutil
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +56,9 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ._events import GENESIS
 from ._store import Ledger
+from ._verify import scan_rows
 
 SCHEMA = pa.schema([
     ("seq", pa.int64()), ("id", pa.string()), ("ts", pa.string()), ("kind", pa.string()),
@@ -36,12 +67,13 @@ SCHEMA = pa.schema([
 ])
 _MAX_SEGMENTS = 24
 _BATCH = 200_000
+_VERSION = 2
+_META_KEY = b"kvledger.segment"
 
 
-def rows_to_table(rows: Iterable[tuple[Any, ...]]) -> pa.Table:
+def rows_to_table(rows: list[tuple[Any, ...]]) -> pa.Table:
     """Arrow table of stored rows (data kept as canonical JSON text)."""
-    batch = list(rows)
-    columns = list(zip(*batch, strict=True)) if batch else [() for _ in SCHEMA]
+    columns = list(zip(*rows, strict=True)) if rows else [() for _ in SCHEMA]
     return pa.Table.from_arrays([pa.array(c, type=f.type) for c, f in zip(columns, SCHEMA, strict=True)],
                                 schema=SCHEMA)
 
@@ -51,36 +83,33 @@ def sql_literal(path: Path) -> str:
     return "'" + str(path).replace("'", "''") + "'"
 
 
-def _empty() -> dict[str, Any]:
-    return {"seq": 0, "chain": None, "segments": [], "fields": {}}
+def table_fields(table: pa.Table) -> dict[str, dict[str, list[str]]]:
+    """Kind → data field → the JSON types its values have in ``table`` (a segment's rows).
 
-
-def segment_fields(path: Path) -> dict[str, dict[str, list[str]]]:
-    """Kind → data field → the JSON types its values have in one segment file.
-
-    Kept in the snapshot's state so that opening the views does not rescan
-    every event's data; each refresh only looks at the new segment.
+    Kept in each segment's metadata so that opening the views does not rescan
+    every event's data.
     """
     con = duckdb.connect(":memory:")
     try:
+        con.register("segment", table)
         rows = con.execute(
-            "WITH k AS (SELECT kind, unnest(json_keys(data)) AS field, data FROM read_parquet(?)) "
+            "WITH k AS (SELECT kind, unnest(json_keys(data)) AS field, data FROM segment) "
             "SELECT kind, field, list(DISTINCT json_type(data, '$.' || '\"' || field || '\"')) "
-            "FROM k GROUP BY kind, field", [str(path)]
+            "FROM k GROUP BY kind, field"
         ).fetchall()
     finally:
         con.close()
     fields: dict[str, dict[str, list[str]]] = {}
-    for kind, field, types in rows:
-        fields.setdefault(kind, {})[field] = sorted(types)
+    for kind, name, types in rows:
+        fields.setdefault(kind, {})[name] = sorted(types)
     return fields
 
 
 def _merge_fields(into: dict[str, dict[str, list[str]]], new: dict[str, dict[str, list[str]]]) -> None:
     for kind, fields in new.items():
         known = into.setdefault(kind, {})
-        for field, types in fields.items():
-            known[field] = sorted(set(known.get(field, [])) | set(types))
+        for name, types in fields.items():
+            known[name] = sorted(set(known.get(name, [])) | set(types))
 
 
 def default_root() -> Path:
@@ -88,11 +117,84 @@ def default_root() -> Path:
     return Path(base) / "snapshots"
 
 
+def file_sha256(path: Path) -> str:
+    """SHA-256 of a file's bytes (mapped, not copied: about 1.5 GB/s here)."""
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            return hashlib.sha256(b"").hexdigest()
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            return hashlib.sha256(mapped).hexdigest()
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """A snapshot file whose content is not what was proven when it was written."""
+
+    file: Path
+    problem: str
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One proven raw segment: its file, digest and what its metadata says it holds."""
+
+    path: Path
+    sha256: str
+    first: int
+    last: int
+    chain: str
+    fields: dict[str, dict[str, list[str]]]
+    proven: bool
+
+
+@dataclass
+class Proof:
+    """What the last refresh checked and what it cost (wall and this thread's CPU seconds)."""
+
+    files: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+    cpu_seconds: float = 0.0
+    mismatches: list[Mismatch] = field(default_factory=list)
+    head_seq: int = 0
+    head_chain: str | None = None
+
+    @contextmanager
+    def timed(self) -> Iterator[None]:
+        wall, cpu = time.perf_counter(), time.thread_time()
+        try:
+            yield
+        finally:
+            self.seconds += time.perf_counter() - wall
+            self.cpu_seconds += time.thread_time() - cpu
+
+    def hashed(self, path: Path) -> str:
+        self.files += 1
+        self.bytes += path.stat().st_size
+        return file_sha256(path)
+
+
+def _empty() -> dict[str, Any]:
+    return {"version": _VERSION, "segments": [], "projections": {}}
+
+
+def _segment_meta(path: Path) -> dict[str, Any] | None:
+    try:
+        raw = (pq.read_metadata(path).metadata or {}).get(_META_KEY)
+        meta = json.loads(raw) if raw else None
+    except (OSError, ValueError, pa.ArrowException):
+        return None
+    keys = {"first", "last", "chain", "fields", "proven"}
+    return meta if isinstance(meta, dict) and keys <= meta.keys() else None
+
+
 @dataclass
 class Snapshot:
     """Parquet segments of one ledger under ``directory``."""
 
     directory: Path
+    proof: Proof = field(default_factory=Proof)
+    _segments: list[Segment] = field(default_factory=list)
 
     @classmethod
     def for_ledger(cls, ledger: Ledger, root: Path | None = None) -> Snapshot:
@@ -108,96 +210,234 @@ class Snapshot:
 
     def _state(self) -> dict[str, Any]:
         try:
-            return dict(json.loads(self._state_path.read_text()))
+            state = json.loads(self._state_path.read_text())
         except (OSError, ValueError):
             return _empty()
+        if not isinstance(state, dict) or state.get("version") != _VERSION \
+                or not isinstance(state.get("segments"), list) \
+                or not isinstance(state.get("projections"), dict):
+            return _empty()  # an older format or not ours: rebuilt, nothing was served from it
+        return state
 
     def _save(self, state: dict[str, Any]) -> None:
-        tmp = self._state_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state))
+        tmp = self._state_path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(state, indent=1))
         os.replace(tmp, self._state_path)
 
-    def segments(self) -> list[Path]:
-        return [self.directory / name for name in self._state()["segments"]]
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        # One refresher at a time per snapshot: a state file always describes the files beside it.
+        with open(self.directory / ".lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
 
-    def refresh(self, ledger: Ledger, projections: Mapping[str, str] | None = None) -> list[Path]:
-        """Bring the snapshot (and ``projections``, name → SQL over ``events``) up to the
-        ledger's head; returns the segment files."""
+    def segments(self) -> list[Path]:
+        """The segment files the last refresh proved (in seq order)."""
+        return [s.path for s in self._segments]
+
+    def fields(self) -> dict[str, dict[str, list[str]]]:
+        """Each kind's data fields and the JSON types seen in them (from the proven segments)."""
+        merged: dict[str, dict[str, list[str]]] = {}
+        for segment in self._segments:
+            _merge_fields(merged, segment.fields)
+        return merged
+
+    def refresh(self, ledger: Ledger, projections: Mapping[str, str] | None = None,
+                up_to_seq: int | None = None) -> list[Path]:
+        """Prove the snapshot against the ledger, rebuild what fails, bring it (and
+        ``projections``, name → SQL over ``events``) up to the ledger's head (or
+        ``up_to_seq``, where a verification in progress covers that far); returns the
+        segment files. :attr:`proof` says what was checked and what it cost."""
         self.directory.mkdir(parents=True, exist_ok=True)
+        self.proof = Proof()
+        with self._locked():
+            state = self._state()
+            kept, dropped = self._prove(ledger, state)
+            for entry in dropped:
+                (self.directory / str(entry.get("name", ""))).unlink(missing_ok=True)
+            state["segments"] = [{"name": s.path.name, "sha256": s.sha256} for s in kept]
+            head = ledger.head()
+            until = 0 if head is None else head.seq if up_to_seq is None else min(head.seq, up_to_seq)
+            if until > (kept[-1].last if kept else 0):
+                kept += self._append_segments(ledger, kept, until)
+            if len(kept) > _MAX_SEGMENTS and all(s.proven for s in kept):
+                kept = [self._compact(kept, state)]
+            state["segments"] = [{"name": s.path.name, "sha256": s.sha256} for s in kept]
+            self._segments = kept
+            for sql in (projections or {}).values():
+                self._project(sql, kept, state)
+            self._save(state)
+        if kept:
+            self.proof.head_seq, self.proof.head_chain = kept[-1].last, kept[-1].chain
+        return self.segments()
+
+    def check(self, ledger: Ledger) -> Proof:
+        """The proof of the snapshot as it stands, changing nothing (``ledger verify --snapshot``):
+        every listed segment, and every projection file recorded for a proven segment."""
+        self.proof = Proof()
+        if not self._state_path.exists():
+            return self.proof
         state = self._state()
-        if not self._still_valid(ledger, state):
-            shutil.rmtree(self.directory)
-            self.directory.mkdir(parents=True)
-            state = _empty()
-        head = ledger.head()
-        if head is not None and head.seq > state["seq"]:
-            self._append_segments(ledger, state, head.seq)
-        if len(state["segments"]) > _MAX_SEGMENTS:
-            self._compact(state)
-        self._save(state)
-        segments = [self.directory / name for name in state["segments"]]
-        for sql in (projections or {}).values():
-            self._project(sql, segments)
-        return segments
+        kept, _ = self._prove(ledger, state)
+        by_name = {s.path.name: s for s in kept}
+        with self.proof.timed():
+            for digest in sorted(state["projections"]):
+                files = state["projections"][digest].get("files", {})
+                for name, record in sorted(files.items()):
+                    segment = by_name.get(name)
+                    path = self.directory / f"projection-{digest}" / name
+                    if segment is None or record.get("from") != segment.sha256 or not path.exists():
+                        continue  # stale: a reader re-derives it, nothing is served from it
+                    if self.proof.hashed(path) != record.get("sha256"):
+                        self.proof.mismatches.append(Mismatch(path, "content differs from the digest "
+                                                              "recorded when it was derived"))
+        if kept:
+            self.proof.head_seq, self.proof.head_chain = kept[-1].last, kept[-1].chain
+        return self.proof
+
+    def _prove(self, ledger: Ledger, state: dict[str, Any]) -> tuple[list[Segment], list[dict[str, Any]]]:
+        """The listed segments that prove out, in order, and the entries dropped after them."""
+        kept: list[Segment] = []
+        entries = list(state["segments"])
+        with self.proof.timed():
+            for index, entry in enumerate(entries):
+                segment, problem = self._segment(entry, kept[-1].last + 1 if kept else 1)
+                if segment is None:
+                    if problem is not None:
+                        path = self.directory / str(entry.get("name"))
+                        self.proof.mismatches.append(Mismatch(path, problem))
+                    return kept, entries[index:]
+                kept.append(segment)
+            stored = self._stored_chains(ledger, [s.last for s in kept])
+            for index, segment in enumerate(kept):
+                if stored.get(segment.last) != segment.chain or not segment.proven:
+                    # The ledger there is not what the segment holds (replaced, rewritten), or
+                    # its rows did not verify when written: read them again.
+                    return kept[:index], entries[index:]
+        return kept, []
+
+    def _segment(self, entry: Any, first: int) -> tuple[Segment | None, str | None]:
+        """The segment of one state entry, or None with the problem (None: missing, rebuilt quietly)."""
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str) \
+                or "/" in entry["name"] or not entry["name"].startswith("events-"):
+            return None, "state.json lists a segment that is not one"
+        path = self.directory / entry["name"]
+        if not path.is_file():
+            return None, None
+        if self.proof.hashed(path) != entry.get("sha256"):
+            return None, "content differs from the digest recorded when it was written"
+        meta = _segment_meta(path)
+        if meta is None:
+            return None, "no segment metadata (first, last, chain, fields)"
+        if meta["first"] != first or meta["last"] < meta["first"]:
+            return None, f"holds seq {meta['first']}..{meta['last']} where seq {first} comes next"
+        return Segment(path, entry["sha256"], int(meta["first"]), int(meta["last"]), str(meta["chain"]),
+                       dict(meta["fields"]), bool(meta["proven"])), None
+
+    @staticmethod
+    def _stored_chains(ledger: Ledger, seqs: list[int]) -> dict[int, str]:
+        if not seqs:
+            return {}
+        listed = ", ".join(str(int(s)) for s in seqs)
+        with ledger.engine.connect() as conn:
+            rows = conn.exec_driver_sql(f"SELECT seq, chain FROM events WHERE seq IN ({listed})").all()
+        return {int(seq): str(chain) for seq, chain in rows}
 
     def projection_files(self, sql: str) -> list[Path]:
-        """The files of the projection ``sql``, one per segment, in segment order."""
+        """The files of the projection ``sql``, one per proven segment, in segment order."""
         folder = self._projection_dir(sql)
-        return [folder / name for name in self._state()["segments"]]
+        return [folder / s.path.name for s in self._segments]
 
     def _projection_dir(self, sql: str) -> Path:
-        return self.directory / f"projection-{hashlib.sha256(sql.encode()).hexdigest()[:20]}"
+        return self.directory / f"projection-{self._sql_digest(sql)}"
 
-    def _project(self, sql: str, segments: list[Path]) -> None:
+    @staticmethod
+    def _sql_digest(sql: str) -> str:
+        return hashlib.sha256(sql.encode()).hexdigest()[:20]
+
+    def _project(self, sql: str, segments: list[Segment], state: dict[str, Any]) -> None:
+        """Prove each projection file of ``sql`` or derive it again from its proven segment."""
         folder = self._projection_dir(sql)
-        missing = [s for s in segments if not (folder / s.name).exists()]
+        entry = state["projections"].get(self._sql_digest(sql))
+        if not isinstance(entry, dict) or entry.get("sql") != sql or not isinstance(entry.get("files"), dict):
+            entry = {"sql": sql, "files": {}}
+        records: dict[str, Any] = entry["files"]
+        missing = []
+        with self.proof.timed():
+            for segment in segments:
+                path, record = folder / segment.path.name, records.get(segment.path.name)
+                if not isinstance(record, dict) or record.get("from") != segment.sha256 or not path.exists():
+                    missing.append(segment)  # never derived from this segment: derive it
+                elif self.proof.hashed(path) != record.get("sha256"):
+                    self.proof.mismatches.append(Mismatch(path, "content differs from the digest recorded "
+                                                          "when it was derived"))
+                    missing.append(segment)
+        entry["files"] = {s.path.name: records[s.path.name] for s in segments
+                          if s.path.name in records and s not in missing}
+        state["projections"][self._sql_digest(sql)] = entry
         if not missing:
             return
         folder.mkdir(exist_ok=True)
         con = duckdb.connect(":memory:")
         try:
             for segment in missing:
-                con.execute(f"CREATE OR REPLACE VIEW events AS FROM read_parquet({sql_literal(segment)})")
-                tmp = folder / f"{segment.name}.{os.getpid()}.tmp"  # readers refreshing at once
+                source = sql_literal(segment.path)
+                con.execute(f"CREATE OR REPLACE VIEW events AS FROM read_parquet({source})")
+                tmp = folder / f"{segment.path.name}.{os.getpid()}.tmp"
                 con.execute(f"COPY ({sql}) TO {sql_literal(tmp)} (FORMAT parquet, COMPRESSION zstd)")
-                os.replace(tmp, folder / segment.name)
+                digest = file_sha256(tmp)
+                os.replace(tmp, folder / segment.path.name)
+                entry["files"][segment.path.name] = {"sha256": digest, "from": segment.sha256}
         finally:
             con.close()
 
-    def fields(self) -> dict[str, dict[str, list[str]]]:
-        """Each kind's data fields and the JSON types seen in them (kept with the segments)."""
-        return dict(self._state().get("fields", {}))
+    def _write(self, table: pa.Table, first: int, last: int, chain: str, proven: bool,
+               fields: dict[str, dict[str, list[str]]]) -> Segment:
+        name = f"events-{first:012d}-{last:012d}.parquet"
+        meta = {"first": first, "last": last, "chain": chain, "fields": fields, "proven": proven}
+        table = table.replace_schema_metadata({_META_KEY: json.dumps(meta).encode()})
+        tmp = self.directory / f"{name}.{os.getpid()}.tmp"
+        pq.write_table(table, tmp, compression="zstd")
+        digest = file_sha256(tmp)
+        os.replace(tmp, self.directory / name)
+        return Segment(self.directory / name, digest, first, last, chain, fields, proven)
 
-    def _still_valid(self, ledger: Ledger, state: dict[str, Any]) -> bool:
-        if state["seq"] == 0:
-            return True
-        if "fields" not in state:
-            return False  # written by an older version: rebuild
-        rows = list(ledger.raw_rows(after_seq=state["seq"] - 1, until_seq=state["seq"]))
-        return bool(rows) and rows[0][8] == state["chain"]
-
-    def _append_segments(self, ledger: Ledger, state: dict[str, Any], until: int) -> None:
-        start = state["seq"]
+    def _append_segments(self, ledger: Ledger, kept: list[Segment], until: int) -> list[Segment]:
+        start = kept[-1].last if kept else 0
+        previous = kept[-1].chain if kept else GENESIS
+        written = []
         while start < until:
             stop = min(start + _BATCH * 5, until)
-            table = rows_to_table(ledger.raw_rows(after_seq=start, until_seq=stop))
-            name = f"events-{start + 1:012d}-{stop:012d}.parquet"
-            pq.write_table(table, self.directory / name, compression="zstd")
-            state["segments"].append(name)
-            _merge_fields(state["fields"], segment_fields(self.directory / name))
-            state["seq"], state["chain"] = stop, table.column("chain")[-1].as_py()
-            start = stop
+            rows = list(ledger.raw_rows(after_seq=start, until_seq=stop))
+            if not rows:
+                break
+            # The rows are checked as they are written: a segment holds only rows whose digests
+            # and links it has recomputed, or says that it does not.
+            checked = scan_rows(rows, start + 1, previous)
+            last = int(rows[-1][0])
+            proven = checked.bad_seq is None and checked.last_seq == last
+            table = rows_to_table(rows)
+            written.append(self._write(table, start + 1, last, str(rows[-1][8]), proven, table_fields(table)))
+            previous, start = str(rows[-1][8]), last
+            if not proven:
+                break  # the next refresh reads from here again
+        return written
 
-    def _compact(self, state: dict[str, Any]) -> None:
+    def _compact(self, segments: list[Segment], state: dict[str, Any]) -> Segment:
         # Projections of the old segments go too; the next reader projects the merged one.
         for folder in self.directory.glob("projection-*"):
             shutil.rmtree(folder)
-        files = [self.directory / n for n in state["segments"]]
-        table = pa.concat_tables(pq.read_table(f) for f in files)
-        name = f"events-{1:012d}-{state['seq']:012d}.parquet"
-        tmp = self.directory / (name + ".tmp")
-        pq.write_table(table, tmp, compression="zstd")
-        for f in files:
-            f.unlink()
-        os.replace(tmp, self.directory / name)
-        state["segments"] = [name]
+        state["projections"] = {}
+        table = pa.concat_tables(pq.read_table(s.path).replace_schema_metadata(None) for s in segments)
+        fields: dict[str, dict[str, list[str]]] = {}
+        for segment in segments:
+            _merge_fields(fields, segment.fields)
+        last = segments[-1]
+        merged = self._write(table, 1, last.last, last.chain, True, fields)
+        for segment in segments:
+            if segment.path != merged.path:
+                segment.path.unlink(missing_ok=True)
+        return merged

@@ -20,6 +20,7 @@ from ._validation import config_coverage, copy_probes, pinned_probes, service_re
 BLOCKING, WARNING, INFO = "blocking", "warning", "info"
 SEVERITY: dict[str, str] = {
     "chain-broken": BLOCKING,
+    "snapshot-mismatch": BLOCKING,
     "run-incomplete": BLOCKING,
     "namespace-leak": BLOCKING,
     "unpaired-request": BLOCKING,
@@ -99,6 +100,20 @@ def chain_broken(src: Source, run: str | None) -> list[Finding]:
             f"first bad seq {result.first_bad_seq}: {result.problem}",
         )
     ]
+
+
+def snapshot_mismatch(src: Source, run: str | None) -> list[Finding]:
+    """Snapshot files that failed their proof when the source opened (rebuilt before use)."""
+    folder = src.analytics.snapshot.directory
+    found = [finding("snapshot-mismatch", {}, m.file.relative_to(folder) if m.file.is_relative_to(folder)
+                     else m.file, f"{m.file}: {m.problem}; rebuilt from the ledger")
+             for m in src.snapshot_mismatches]
+    proof, verified = src.snapshot_proof, src.verification()
+    if verified.ok and proof.head_seq > (verified.head_seq or 0):
+        found.append(finding("snapshot-mismatch", {}, proof.head_seq,
+                             f"the snapshot holds seq {proof.head_seq}, past the verified head "
+                             f"{verified.head_seq}"))
+    return found
 
 
 def run_incomplete(src: Source, run: str | None) -> list[Finding]:
@@ -496,6 +511,7 @@ def declared_exclusion(src: Source, run: str | None) -> list[Finding]:
 
 CHECKS: tuple[Check, ...] = (
     chain_broken,
+    snapshot_mismatch,
     run_incomplete,
     namespace_leak,
     pairing,
@@ -524,7 +540,7 @@ def _acknowledged(src: Source) -> tuple[set[str], set[str]]:
 
 
 def _downgrade(f: Finding, blocks: set[str], runs: set[str]) -> Finding:
-    if f.severity != BLOCKING or f.code in ("chain-broken", "validation-missing"):
+    if f.severity != BLOCKING or f.code in ("chain-broken", "snapshot-mismatch", "validation-missing"):
         return f
     if (f.block_id and f.block_id in blocks) or (f.run_id and f.run_id in runs):
         return Finding(

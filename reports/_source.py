@@ -5,6 +5,13 @@ snapshot outside the database and serves it through an in-memory DuckDB; our
 views are TEMP views on that connection. The head a report names is the
 snapshot's last event, so the numbers and the head always agree even while
 others append.
+
+The snapshot is proven against the database when the source opens (every file
+re-hashed, every segment's last chain compared with the stored one); files
+that fail are rebuilt and listed in :attr:`Source.snapshot_mismatches`, which
+the audit reports as ``snapshot-mismatch``. With ``verify``, the snapshot
+stops at the head read before the verification started, so every row a report
+reads is one that the same command verifies.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import duckdb
 
 import ledger as ledger_api
 from ledger import Analytics, Head, Ledger, Verification, open_ledger
+from ledger._snapshot import Mismatch, Proof
 
 from ._views import create_views, projections
 
@@ -40,6 +48,16 @@ class Source:
             self._verification = Future()
             self._verification.set_result(ledger_api.verify(self.ledger))
         return self._verification.result()
+
+    @property
+    def snapshot_proof(self) -> Proof:
+        """What proving the snapshot checked when the source opened, and what it cost."""
+        return self.analytics.proof
+
+    @property
+    def snapshot_mismatches(self) -> list[Mismatch]:
+        """Snapshot files that differed from what was proven when they were written (rebuilt)."""
+        return list(self.analytics.proof.mismatches)
 
     def rows(self, sql: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         """Rows of ``sql`` as dicts (ORDER BY in ``sql`` keeps them deterministic)."""
@@ -90,8 +108,14 @@ def open_source(
     full chain verification now, beside the views (the audit asks for it).
     """
     ledger = open_ledger(url_or_ledger, create=False) if isinstance(url_or_ledger, str) else url_or_ledger
-    started = _verify_in_background(ledger) if verify else None
-    analytics = Analytics(ledger, snapshot_root, projections())
+    started, verified_from = None, None
+    if verify:
+        # The verification reads the ledger's last seq after this: it covers at least this head,
+        # and the snapshot goes no further.
+        head_now = ledger.head()
+        verified_from = head_now.seq if head_now else 0
+        started = _verify_in_background(ledger)
+    analytics = Analytics(ledger, snapshot_root, projections(), up_to_seq=verified_from)
     con = analytics.connection()
     create_views(con, until_seq)
     bound = "" if until_seq is None else f"WHERE seq <= {int(until_seq)}"

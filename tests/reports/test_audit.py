@@ -49,7 +49,8 @@ def test_every_flaw_switch_is_covered() -> None:
 
 def test_every_design_code_has_a_severity() -> None:
     codes = set(SEVERITY)
-    assert {code for code, _ in PLANTED.values()} | {"chain-broken", "assertion-not-independent"} == codes
+    assert {code for code, _ in PLANTED.values()} | {"chain-broken", "snapshot-mismatch",
+                                                           "assertion-not-independent"} == codes
     assert SEVERITY["assertion-not-independent"] == SEVERITY["declared-exclusion"] == "info"
 
 
