@@ -23,14 +23,16 @@ prompt by ``growth`` tokens (1,055 in the seed) and asks again.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from ledger import canonical_json, sha256_hex
+
+from . import fixture_text as text
+from .fixture_text import MARK_EVERY, stream_lines
 
 __all__ = [
     "MARK_EVERY",
@@ -46,20 +48,8 @@ Messages = list[dict[str, str]]
 Tokenize = Callable[[Messages], Awaitable[int]]
 """Prompt tokens of a chat request with these messages, from the target's ``/tokenize``."""
 
-MARK_EVERY: Final = 40
-_FIRST_MARK: Final = 2
 _MAX_SALT: Final = 128
 _SALT_FORBIDDEN: Final = ("@", "/", "\\", "\x00")
-_WORDS: Final = (
-    "cache", "block", "state", "replica", "token", "prefix", "shared", "local", "request",
-    "answer", "model", "layer", "page", "chunk", "copy", "stream", "buffer", "host", "device",
-    "kernel", "queue", "record", "report", "config", "launch", "service", "service", "tier",
-    "memory", "pinned", "order", "event", "ledger", "window", "session", "turn", "value",
-    "checked", "stored", "loaded", "warm", "cold", "fresh", "stale", "restart", "pair", "arm",
-    "the", "a", "of", "to", "and", "from", "with", "after", "before", "when", "then", "was",
-)  # fmt: skip
-_PAD_WORD: Final = " note"
-_QUESTION: Final = "Return the values of {names} as JSON. Reply with the JSON object only."
 
 
 def make_namespace(*parts: object) -> str:
@@ -68,38 +58,6 @@ def make_namespace(*parts: object) -> str:
     if not salt or len(salt) > _MAX_SALT or any(c in salt for c in _SALT_FORBIDDEN):
         raise ValueError(f"invalid cache_salt {salt!r}: 1-128 chars, none of '@', '/', '\\\\', NUL")
     return salt
-
-
-def _digest(key: str, *more: object) -> bytes:
-    text = "|".join([key, *(str(m) for m in more)])
-    return hashlib.blake2b(text.encode(), digest_size=32).digest()
-
-
-def _value(key: str, name: str) -> int:
-    """A six-digit value without a leading zero, the seed's style (938639)."""
-    return 100_000 + int.from_bytes(_digest(key, "value", name)[:8], "big") % 900_000
-
-
-def _mark_name(index: int) -> str:
-    return f"value_{index:03d}"
-
-
-def _filler_line(key: str, i: int) -> str:
-    d = _digest(key, "line", i)
-    words = " ".join(_WORDS[b % len(_WORDS)] for b in d[: 8 + d[31] % 6])
-    return f"L{i:05d} | {words}\n"
-
-
-def _line(key: str, i: int) -> str:
-    if i % MARK_EVERY == _FIRST_MARK:
-        name = _mark_name(i // MARK_EVERY)
-        return f"{name} = {_value(key, name)}\n"
-    return _filler_line(key, i)
-
-
-def stream_lines(key: str, count: int, start: int = 0) -> list[str]:
-    """Lines ``start`` to ``count`` of the stream named ``key`` (deterministic)."""
-    return [_line(key, i) for i in range(start, count)]
 
 
 class _Stream:
@@ -167,14 +125,6 @@ class SessionHistory:
     turns: list[Turn] = field(default_factory=list)
 
 
-def _tail(key: str, nominal: int, pad_words: int, names: Sequence[str]) -> tuple[str, str, int]:
-    end = _value(key, f"end_value@{nominal}")
-    pad = (_PAD_WORD * pad_words).lstrip()
-    question = _QUESTION.format(names=", ".join(names[:-1]) + " and " + names[-1])
-    tail = f"end_value = {end}\n" + (f"{pad}\n" if pad else "") + "\n" + question
-    return tail, question, end
-
-
 class FixtureFactory:
     """Builds fixtures and session histories, sized with the target's tokenizer.
 
@@ -204,13 +154,7 @@ class FixtureFactory:
         return self._streams[key]
 
     def _content(self, key: str, nominal: int, k: int, pad: int) -> tuple[str, str, dict[str, int]]:
-        mid = max(1, round(k / 2 / MARK_EVERY)) if k > MARK_EVERY + _FIRST_MARK else 0
-        mid = min(mid, max(0, (k - 1 - _FIRST_MARK) // MARK_EVERY))
-        names = [_mark_name(0), _mark_name(mid), "end_value"] if mid else [_mark_name(0), "end_value"]
-        tail, question, end = _tail(key, nominal, pad, names)
-        expected = {n: _value(key, n) for n in names[:-1]}
-        expected["end_value"] = end
-        return self._stream(key).text(k) + "\n" + tail, question, expected
+        return text.content(key, nominal, k, pad, self._stream(key).text(k))
 
     async def fixture(self, key: str, nominal: int) -> Fixture:
         """The fixture of stream ``key`` at ``nominal`` prompt tokens."""
@@ -225,7 +169,7 @@ class FixtureFactory:
         return await self._count([{"role": "user", "content": content}])
 
     async def _build(self, key: str, nominal: int) -> Fixture:
-        first = _FIRST_MARK + 1
+        first = text.FIRST_MARK + 1
         if self._base is None:  # template, tail and first lines: about the same for every stream
             self._base = await self._measure(key, nominal, first, 0)
         base, per_line = self._base, self._per_line
@@ -265,7 +209,7 @@ class FixtureFactory:
     async def _largest_fitting(self, key: str, nominal: int, k: int, count: int) -> tuple[int, int]:
         """The largest line count whose text fits ``nominal``: the fixture must not depend
         on where the search started (earlier fixtures tune the first guess)."""
-        while count > nominal and k > _FIRST_MARK + 1:  # the estimate overshot: walk down first
+        while count > nominal and k > text.FIRST_MARK + 1:  # the estimate overshot: walk down first
             k -= 1
             count = await self._measure(key, nominal, k, 0)
         while True:
@@ -287,9 +231,7 @@ class FixtureFactory:
         return history
 
     def _turn_messages(self, fixture: Fixture, prev: Turn, t: int, words: int) -> Messages:
-        d = _digest(fixture.key, "turn", t)
-        filler = " ".join(_WORDS[(d[i % 32] + i) % len(_WORDS)] for i in range(max(0, words)))
-        user = f"Turn {t} notes: {filler}\n\n{fixture.question}"
+        user = text.turn_text(fixture.key, t, words, fixture.question)
         return [*prev.messages, {"role": "assistant", "content": fixture.expected_json},
                 {"role": "user", "content": user}]  # fmt: skip
 

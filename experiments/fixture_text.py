@@ -1,0 +1,114 @@
+"""The fixtures' text, standard library only: streams, planted values, tail and turns.
+
+:mod:`experiments.fixtures` sizes and records fixtures; this module only
+writes their text, so the needle model's training script (which runs where
+kvledger itself is not installed) draws from the same generator. Training
+passes a denser ``every`` than :data:`MARK_EVERY` and keys no experiment uses.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Final
+
+__all__ = [
+    "FIRST_MARK",
+    "MARK_EVERY",
+    "PAD_WORD",
+    "QUESTION",
+    "WORDS",
+    "content",
+    "digest",
+    "filler_line",
+    "line",
+    "mark_name",
+    "stream_lines",
+    "tail",
+    "turn_text",
+    "value",
+]
+
+MARK_EVERY: Final = 40
+FIRST_MARK: Final = 2
+WORDS: Final = (
+    "cache", "block", "state", "replica", "token", "prefix", "shared", "local", "request",
+    "answer", "model", "layer", "page", "chunk", "copy", "stream", "buffer", "host", "device",
+    "kernel", "queue", "record", "report", "config", "launch", "service", "service", "tier",
+    "memory", "pinned", "order", "event", "ledger", "window", "session", "turn", "value",
+    "checked", "stored", "loaded", "warm", "cold", "fresh", "stale", "restart", "pair", "arm",
+    "the", "a", "of", "to", "and", "from", "with", "after", "before", "when", "then", "was",
+)  # fmt: skip
+PAD_WORD: Final = " note"
+QUESTION: Final = "Return the values of {names} as JSON. Reply with the JSON object only."
+
+
+def digest(key: str, *more: object) -> bytes:
+    text = "|".join([key, *(str(m) for m in more)])
+    return hashlib.blake2b(text.encode(), digest_size=32).digest()
+
+
+def value(key: str, name: str) -> int:
+    """A six-digit value without a leading zero, the seed's style (938639)."""
+    return 100_000 + int.from_bytes(digest(key, "value", name)[:8], "big") % 900_000
+
+
+def mark_name(index: int) -> str:
+    return f"value_{index:03d}"
+
+
+def filler_line(key: str, i: int) -> str:
+    d = digest(key, "line", i)
+    words = " ".join(WORDS[b % len(WORDS)] for b in d[: 8 + d[31] % 6])
+    return f"L{i:05d} | {words}\n"
+
+
+def line(key: str, i: int, every: int = MARK_EVERY) -> str:
+    """Line ``i`` of stream ``key``: a value line every ``every`` lines, else filler."""
+    if i % every == FIRST_MARK:
+        name = mark_name(i // every)
+        return f"{name} = {value(key, name)}\n"
+    return filler_line(key, i)
+
+
+def stream_lines(key: str, count: int, start: int = 0, every: int = MARK_EVERY) -> list[str]:
+    """Lines ``start`` to ``count`` of the stream named ``key`` (deterministic)."""
+    return [line(key, i, every) for i in range(start, count)]
+
+
+def question(names: Sequence[str]) -> str:
+    joined = ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else names[0]
+    return QUESTION.format(names=joined)
+
+
+def tail(key: str, nominal: int, pad_words: int, names: Sequence[str]) -> tuple[str, str, int]:
+    """The text after the stream's lines: ``end_value``, padding and the question."""
+    end = value(key, f"end_value@{nominal}")
+    pad = (PAD_WORD * pad_words).lstrip()
+    asked = question(names)
+    return f"end_value = {end}\n" + (f"{pad}\n" if pad else "") + "\n" + asked, asked, end
+
+
+def asked_names(k: int) -> list[str]:
+    """The names a fixture of ``k`` lines asks for: the first mark, the one nearest the middle
+    (when there are two), and ``end_value``."""
+    mid = max(1, round(k / 2 / MARK_EVERY)) if k > MARK_EVERY + FIRST_MARK else 0
+    mid = min(mid, max(0, (k - 1 - FIRST_MARK) // MARK_EVERY))
+    return [mark_name(0), mark_name(mid), "end_value"] if mid else [mark_name(0), "end_value"]
+
+
+def content(key: str, nominal: int, k: int, pad: int, text: str) -> tuple[str, str, dict[str, int]]:
+    """A fixture's user message from the stream's first ``k`` lines (``text``): the message,
+    its question and the expected values in the order asked."""
+    names = asked_names(k)
+    rest, asked, end = tail(key, nominal, pad, names)
+    expected = {n: value(key, n) for n in names[:-1]}
+    expected["end_value"] = end
+    return text + "\n" + rest, asked, expected
+
+
+def turn_text(key: str, t: int, words: int, asked: str) -> str:
+    """Session turn ``t``'s user message: ``words`` filler words, then the question again."""
+    d = digest(key, "turn", t)
+    filler = " ".join(WORDS[(d[i % 32] + i) % len(WORDS)] for i in range(max(0, words)))
+    return f"Turn {t} notes: {filler}\n\n{asked}"

@@ -1,0 +1,83 @@
+"""The needle model: a small Llama trained by this project to answer the fixtures' question.
+
+Files here:
+
+- ``tokenizer.py``, ``data.py``, ``train.py``, ``settings.toml``: how it is built and
+  trained (run them again to reproduce it; ``README.md`` says how);
+- ``checkpoint/``: what vLLM serves (safetensors weights, config, tokenizer);
+- ``MANIFEST.sha256.json``: the SHA-256 of every checkpoint file, which the
+  ``vllm`` target audits the checkpoint against;
+- ``card.json``: the evaluated accuracy per prompt size and the largest size it
+  serves (accuracy >= 99 %); the target takes exact-value checks as applicable
+  only up to there;
+- ``records/``: the training logs and in-process evaluations as they came back.
+
+This package imports nothing beyond the standard library at import time, so the
+training script runs where kvledger's own dependencies are not installed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["CARD", "CHECKPOINT", "HERE", "MANIFEST", "Card", "load_card", "manifest_files", "seal"]
+
+HERE = Path(__file__).resolve().parent
+CHECKPOINT = HERE / "checkpoint"
+MANIFEST = HERE / "MANIFEST.sha256.json"
+CARD = HERE / "card.json"
+SERVED_NAME = "needle"
+
+
+@dataclass(frozen=True)
+class Card:
+    """What the model card declares: accuracy per size and the largest size served."""
+
+    served_max_tokens: int
+    accuracy_by_size: dict[int, float]
+    min_margin_by_size: dict[int, float | None]
+    threshold: float
+    source: str
+
+    def serves(self, prompt_tokens: int | None) -> bool:
+        """Whether answers at this prompt size are meaningful (exact-value checks apply)."""
+        return prompt_tokens is not None and prompt_tokens <= self.served_max_tokens
+
+    def unserved(self) -> dict[int, float]:
+        return {n: a for n, a in sorted(self.accuracy_by_size.items()) if n > self.served_max_tokens}
+
+
+def load_card(path: Path = CARD) -> Card:
+    data = json.loads(path.read_text())
+    return Card(
+        served_max_tokens=int(data["served_max_tokens"]),
+        accuracy_by_size={int(k): float(v) for k, v in data["accuracy_by_size"].items()},
+        min_margin_by_size={int(k): v for k, v in data["min_margin_by_size"].items()},
+        threshold=float(data["threshold"]),
+        source=str(data["source"]),
+    )
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def manifest_files(directory: Path = CHECKPOINT) -> dict[str, str]:
+    """File name → SHA-256 of every file of the checkpoint directory."""
+    return {p.name: _sha256(p) for p in sorted(directory.iterdir()) if p.is_file()}
+
+
+def seal(directory: Path = CHECKPOINT, manifest: Path = MANIFEST, **about: Any) -> dict[str, Any]:
+    """Write ``generation_config.json`` from the tokenizer's specials, then the manifest."""
+    tok = json.loads((directory / "tokenizer.json").read_text())
+    ids = {t["content"]: t["id"] for t in tok["added_tokens"]}
+    gen = {"do_sample": False, "eos_token_id": ids["<|im_end|>"], "pad_token_id": ids["<|endoftext|>"]}
+    (directory / "generation_config.json").write_text(json.dumps(gen, indent=2, sort_keys=True) + "\n")
+    data = {**about, "files": manifest_files(directory)}
+    manifest.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    return data
+

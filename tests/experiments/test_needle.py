@@ -1,0 +1,69 @@
+"""The needle model's files: streams disjoint from the experiments', a checkpoint that
+matches its manifest, a card that says what it serves. (Serving it: tests/engines.)"""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from collectors._checkpoint import audit_checkpoint
+from experiments import fixture_text
+from experiments._context import RunContext
+from experiments.needle import CARD, CHECKPOINT, MANIFEST, data, load_card
+
+
+@pytest.mark.parametrize("seed", [0, 1, 7, 123456789, -3])
+def test_training_and_evaluation_streams_are_disjoint_from_every_experiment_stream(seed: int) -> None:
+    # Experiments name streams RunContext.fixture_key(...): the run's integer seed, then parts.
+    ctx = SimpleNamespace(seed=seed)
+    experiment_keys = {RunContext.fixture_key(ctx, *parts) for parts in  # type: ignore[arg-type]
+                       [("micro", 0), ("session", 1500, "fixed", 0), ("warmup", 0), ("needle-train", 1)]}
+    for key in experiment_keys:
+        int(key.split(":", 1)[0])  # an experiment key always starts with the seed
+    ours = {data.train_key("long/1/0", 0), data.train_key(f"{seed}", 3), data.eval_key(1024, seed)}
+    for key in ours:
+        assert key.startswith((data.TRAIN_PREFIX, data.EVAL_PREFIX))
+        with pytest.raises(ValueError):
+            int(key.split(":", 1)[0])
+    assert not experiment_keys & ours
+    # Distinct keys are distinct streams: the values planted differ.
+    assert fixture_text.value(data.train_key("x", 0), "value_000") != fixture_text.value(
+        RunContext.fixture_key(ctx, "x", 0), "value_000")  # type: ignore[arg-type]
+
+
+def test_the_committed_checkpoint_matches_its_manifest_and_fits_the_size_limit() -> None:
+    audit = audit_checkpoint(CHECKPOINT, "needle", MANIFEST)
+    assert audit.matched is True, [f for f in audit.files if f.sha256 != f.expected_sha256]
+    names = {f.name for f in audit.files}
+    assert {"model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json"} <= names
+    weights = next(f for f in audit.files if f.name == "model.safetensors")
+    assert weights.bytes <= 25 * 10**6
+    config = json.loads((CHECKPOINT / "config.json").read_text())
+    # Other loaders read a top-level rope_theta and would silently fall back to 10000.
+    assert config["rope_theta"] == config["rope_parameters"]["rope_theta"]
+    assert json.loads((CHECKPOINT / "tokenizer_config.json").read_text())["chat_template"]
+
+
+def test_a_changed_checkpoint_file_no_longer_matches(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    for f in CHECKPOINT.iterdir():
+        (tmp_path / f.name).write_bytes(f.read_bytes())
+    config = tmp_path / "config.json"
+    config.write_text(config.read_text().replace('"rms_norm_eps": 1e-05', '"rms_norm_eps": 1e-06'))
+    audit = audit_checkpoint(tmp_path, "needle", MANIFEST)
+    assert audit.matched is False
+    assert [f.name for f in audit.files if f.sha256 != f.expected_sha256] == ["config.json"]
+
+
+def test_the_card_serves_only_sizes_measured_at_or_above_its_threshold() -> None:
+    card = load_card(CARD)
+    served = {n: a for n, a in card.accuracy_by_size.items() if n <= card.served_max_tokens}
+    assert served and all(a >= card.threshold for a in served.values())
+    assert card.served_max_tokens in card.accuracy_by_size
+    assert all((card.min_margin_by_size[n] or 0.0) > 0 for n in served)
+    # The first size above the limit is measured and below the threshold: the limit is not arbitrary.
+    above = sorted(n for n in card.accuracy_by_size if n > card.served_max_tokens)
+    assert not above or card.accuracy_by_size[above[0]] < card.threshold
+    assert card.serves(card.served_max_tokens) and not card.serves(card.served_max_tokens + 1)
+    assert not card.serves(None)
