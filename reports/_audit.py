@@ -28,6 +28,8 @@ SEVERITY: dict[str, str] = {
     "pair-gpu-mismatch": BLOCKING,
     "warmup-in-measurement": BLOCKING,
     "assertion-failed": BLOCKING,
+    "assertion-inconsistent": BLOCKING,
+    "hits-inconsistent": BLOCKING,
     "assertion-not-independent": INFO,
     "off-arm-external-hits": BLOCKING,
     "missing-full-prefix-hit": BLOCKING,
@@ -149,10 +151,13 @@ def _incomplete_runs(src: Source) -> set[str]:
 
 
 def namespace_leak(src: Source, run: str | None) -> list[Finding]:
+    """Cold measured requests that reused anything: hit counters or the response's cached tokens."""
     rows = src.rows(
-        f"""SELECT run_id, block_id, request_id, nominal_tokens, local_hit_tokens, external_hit_tokens
+        f"""SELECT run_id, block_id, request_id, nominal_tokens, local_hit_tokens, external_hit_tokens,
+                               cached_tokens
                         FROM kv_requests WHERE step = 'cold' AND NOT warmup AND arm IS NOT NULL
-                          AND (coalesce(local_hit_tokens, 0) > 0 OR coalesce(external_hit_tokens, 0) > 0)
+                          AND (coalesce(local_hit_tokens, 0) > 0 OR coalesce(external_hit_tokens, 0) > 0
+                               OR coalesce(cached_tokens, 0) > 0)
                           AND {SCOPE} ORDER BY seq""",
         {"run": run},
     )
@@ -162,7 +167,9 @@ def namespace_leak(src: Source, run: str | None) -> list[Finding]:
             r,
             r["request_id"],
             f"cold {r['nominal_tokens']}-token request saw {r['local_hit_tokens'] or 0} local and "
-            f"{r['external_hit_tokens'] or 0} external hit tokens; whole block excluded",
+            f"{r['external_hit_tokens'] or 0} external hit tokens"
+            + (f" and {r['cached_tokens']} cached tokens" if r["cached_tokens"] else "")
+            + "; whole block excluded",
         )
         for r in rows
     ]
@@ -234,21 +241,91 @@ def warmup_in_measurement(src: Source, run: str | None) -> list[Finding]:
     ]
 
 
+def _verdict(passed: bool | None) -> str:
+    return "unknown" if passed is None else ("passed" if passed else "failed")
+
+
 def assertion_failed(src: Source, run: str | None) -> list[Finding]:
+    """Checks that fail: as recorded, or as recomputed from their observations (kv_rederived)."""
+    src.rederive()
     rows = src.rows(
-        f"""SELECT run_id, block_id, request_id, "check", expected, observed FROM kv_assertions
-                        WHERE NOT coalesce(passed, false) AND {SCOPE} ORDER BY seq""",
+        f"""SELECT run_id, block_id, request_id, "window", "check", recorded_passed, recorded_expected,
+                               recorded_observed, derived_passed, derived_expected, derived_observed
+                        FROM kv_rederived
+                        WHERE (NOT coalesce(recorded_passed, false) OR NOT coalesce(derived_passed, true))
+                          AND {SCOPE} ORDER BY seq""",
+        {"run": run},
+    )
+    out = []
+    for r in rows:
+        if not r["recorded_passed"]:
+            detail = (f"{r['check']} failed: expected {r['recorded_expected']}, "
+                      f"observed {r['recorded_observed']}")
+        else:
+            detail = (f"{r['check']} fails on its observations: expected {r['derived_expected']}, observed "
+                      f"{r['derived_observed']} (recorded as passed)")
+        out.append(finding("assertion-failed", r, _assertion_target(r), detail))
+    return out
+
+
+def _assertion_target(r: dict[str, Any]) -> str:
+    return r["request_id"] or f"window {r['window']}"
+
+
+def assertion_inconsistent(src: Source, run: str | None) -> list[Finding]:
+    """Recorded verdicts (or exact-value expectations) that their own observations contradict."""
+    src.rederive()
+    rows = src.rows(
+        f"""SELECT run_id, block_id, request_id, "window", "check", recorded_passed, recorded_expected,
+                               recorded_observed, derived_passed, derived_expected, derived_observed,
+                               expectation_differs
+                        FROM kv_rederived
+                        WHERE derived_passed IS NOT NULL
+                          AND (derived_passed <> coalesce(recorded_passed, false) OR expectation_differs)
+                          AND {SCOPE} ORDER BY seq""",
         {"run": run},
     )
     return [
         finding(
-            "assertion-failed",
+            "assertion-inconsistent",
             r,
-            r["request_id"],
-            f"{r['check']} failed: expected {r['expected']}, observed {r['observed']}",
+            _assertion_target(r),
+            f"{r['check']} recorded {_verdict(r['recorded_passed'])} (expected {r['recorded_expected']}, "
+            f"observed {r['recorded_observed']}); its observations give {_verdict(r['derived_passed'])} "
+            f"(expected {r['derived_expected']}, observed {r['derived_observed']})"
+            + (" — the recorded expectation is not its fixture's" if r["expectation_differs"] else ""),
         )
         for r in rows
     ]
+
+
+def hits_inconsistent(src: Source, run: str | None) -> list[Finding]:
+    """hits.observed deltas that the window's own scrapes (metrics.scraped) do not give."""
+    src.rederive()
+    rows = src.rows(
+        f"""SELECT run_id, block_id, scope, replica, scraped, prefix_queries, local_hit_tokens,
+                               external_hit_tokens, counter_reset, scraped_prefix_queries,
+                               scraped_local_hit_tokens, scraped_external_hit_tokens, scraped_counter_reset
+                        FROM kv_hits_rederived WHERE inconsistent AND {SCOPE} ORDER BY seq""",
+        {"run": run},
+    )
+
+    def values(r: dict[str, Any], prefix: str) -> str:
+        return (f"prefix queries {r[prefix + 'prefix_queries']}, local {r[prefix + 'local_hit_tokens']}, "
+                f"external {r[prefix + 'external_hit_tokens']}"
+                + (", counter reset" if r[prefix + "counter_reset"] else ""))
+
+    return [
+        finding(
+            "hits-inconsistent",
+            r,
+            r["scope"],
+            f"replica {r['replica']}: hits.observed records {values(r, '')}; "
+            + (f"its metrics.scraped before/after give {values(r, 'scraped_')}" if r["scraped"]
+               else "no metrics.scraped before/after stands behind it"),
+        )
+        for r in rows
+    ]  # fmt: skip
 
 
 def assertion_not_independent(src: Source, run: str | None) -> list[Finding]:
@@ -291,17 +368,30 @@ def off_arm_external_hits(src: Source, run: str | None) -> list[Finding]:
 
 
 def missing_full_prefix_hit(src: Source, run: str | None) -> list[Finding]:
+    """ON micro cross-replica steps whose hit counters do not cover the shareable prefix.
+
+    From observations: the response's prompt tokens P, the window's local (L) and external (E)
+    hit deltas, and the connector's chunk C as its check recorded it (configuration, not an
+    outcome): shareable S = floor((P - 1) / C) * C, full when L + E >= S and (E > 0 or L >= S).
+    Without a recorded chunk only E > 0 can be required.
+    """
     rows = src.rows(
-        f"""SELECT m.run_id, m.block_id, m.request_id, m.nominal_tokens, m.external_hit_tokens,
-                               a.expected, a.passed
-                        FROM kv_measured m LEFT JOIN (SELECT request_id, arg_max(expected, seq) AS expected,
-                                                             bool_and(passed) AS passed FROM kv_assertions
-                                                      WHERE "check" = 'full_prefix_hit' GROUP BY request_id) a
-                          USING (request_id)
-                        WHERE m.arm = 'ON' AND m.step = 'cross' AND m.workload = 'micro'
-                          AND (NOT coalesce(a.passed, true)
-                               OR (a.passed IS NULL AND coalesce(m.external_hit_tokens, 0) = 0))
-                          AND {SCOPE.replace("run_id", "m.run_id")} ORDER BY m.seq""",
+        f"""WITH c AS (SELECT request_id, max(chunk_size) AS chunk_size FROM kv_assertions
+                                      WHERE "check" = 'full_prefix_hit' GROUP BY request_id),
+                             m AS (SELECT m.*, c.chunk_size,
+                                          CASE WHEN m.prompt_tokens IS NULL OR c.chunk_size IS NULL THEN NULL
+                                               WHEN m.prompt_tokens < 1 OR c.chunk_size < 1 THEN 0
+                                               ELSE (m.prompt_tokens - 1) // c.chunk_size * c.chunk_size
+                                          END AS shareable
+                                   FROM kv_measured m LEFT JOIN c USING (request_id)
+                                   WHERE m.arm = 'ON' AND m.step = 'cross' AND m.workload = 'micro')
+                        SELECT run_id, block_id, request_id, prompt_tokens, chunk_size, shareable,
+                               local_hit_tokens, external_hit_tokens FROM m
+                        WHERE CASE WHEN shareable IS NULL THEN coalesce(external_hit_tokens, 0) = 0
+                                   ELSE NOT coalesce(local_hit_tokens + external_hit_tokens >= shareable
+                                                     AND (external_hit_tokens > 0
+                                                          OR local_hit_tokens >= shareable), false) END
+                          AND {SCOPE} ORDER BY seq""",
         {"run": run},
     )
     return [
@@ -309,29 +399,48 @@ def missing_full_prefix_hit(src: Source, run: str | None) -> list[Finding]:
             "missing-full-prefix-hit",
             r,
             r["request_id"],
-            f"cross-replica step hit {r['external_hit_tokens'] or 0} external tokens; shareable prefix "
-            f"{r['expected'] if r['expected'] is not None else 'unknown'}",
+            f"cross-replica step hit {_count(r['external_hit_tokens'])} external "
+            f"(+{_count(r['local_hit_tokens'])} local) tokens of a shareable prefix of "
+            + (f"{r['shareable']} ({r['prompt_tokens']} prompt tokens, chunk {r['chunk_size']})"
+               if r["shareable"] is not None else "unknown size (no chunk recorded)"),
         )
         for r in rows
-    ]
+    ]  # fmt: skip
+
+
+def _count(value: Any) -> str:
+    return "unknown" if value is None else str(value)
 
 
 def counter_mismatch(src: Source, run: str | None) -> list[Finding]:
+    """Single-request windows (complete responses) whose counter deltas disagree with the response:
+    prefix queries ≠ prompt tokens, local + external hits ≠ cached tokens (when reported), or a
+    counter that went down during the window."""
     rows = src.rows(
-        f"""SELECT run_id, block_id, request_id, prefix_queries, prompt_tokens FROM kv_requests
-                        WHERE has_hits AND prompt_tokens IS NOT NULL AND status = 200
-                          AND prefix_queries IS DISTINCT FROM prompt_tokens AND {SCOPE} ORDER BY seq""",
+        f"""SELECT run_id, block_id, request_id, prefix_queries, prompt_tokens, cached_tokens,
+                               local_hit_tokens + coalesce(external_hit_tokens, 0) AS hit_tokens,
+                               coalesce(counter_reset, false) AS counter_reset FROM kv_requests
+                        WHERE has_hits AND prompt_tokens IS NOT NULL AND status = 200 AND error IS NULL
+                          AND (prefix_queries IS DISTINCT FROM prompt_tokens
+                               OR (cached_tokens IS NOT NULL
+                                   AND local_hit_tokens + coalesce(external_hit_tokens, 0) IS DISTINCT FROM
+                                       cached_tokens)
+                               OR coalesce(counter_reset, false))
+                          AND {SCOPE} ORDER BY seq""",
         {"run": run},
     )
-    return [
-        finding(
-            "counter-mismatch",
-            r,
-            r["request_id"],
-            f"prefix-query increment {r['prefix_queries']} ≠ prompt tokens {r['prompt_tokens']}",
-        )
-        for r in rows
-    ]
+    out = []
+    for r in rows:
+        problems = []
+        if r["prefix_queries"] != r["prompt_tokens"]:
+            problems.append(f"prefix-query increment {_count(r['prefix_queries'])} "
+                            f"≠ prompt tokens {r['prompt_tokens']}")
+        if r["cached_tokens"] is not None and r["hit_tokens"] != r["cached_tokens"]:
+            problems.append(f"hit increments {_count(r['hit_tokens'])} ≠ cached tokens {r['cached_tokens']}")
+        if r["counter_reset"]:
+            problems.append("a counter went down during the window (restart)")
+        out.append(finding("counter-mismatch", r, r["request_id"], "; ".join(problems)))
+    return out
 
 
 _MANIFEST_HELP = (
@@ -517,6 +626,8 @@ CHECKS: tuple[Check, ...] = (
     pairing,
     warmup_in_measurement,
     assertion_failed,
+    assertion_inconsistent,
+    hits_inconsistent,
     assertion_not_independent,
     off_arm_external_hits,
     missing_full_prefix_hit,

@@ -27,7 +27,7 @@ import ledger as ledger_api
 from ledger import Analytics, Head, Ledger, Verification, open_ledger
 from ledger._snapshot import Mismatch, Proof
 
-from ._views import create_views, projections
+from ._views import create_audit_views, create_views, projections
 
 
 @dataclass
@@ -40,6 +40,13 @@ class Source:
     head: Head | None
     _cache: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     _verification: Future[Verification] | None = None
+    _rederived: bool = False
+
+    def rederive(self) -> None:
+        """Build the audit's re-derivations (reports/_views.py AUDIT_VIEWS) once per source."""
+        if not self._rederived:
+            create_audit_views(self.con)
+            self._rederived = True
 
     def verification(self) -> Verification:
         """The ledger's full chain verification, run once per source (started at open when

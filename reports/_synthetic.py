@@ -45,6 +45,8 @@ class Flaws:
     gpu_mismatch: bool = False
     warmup_in_measurement: bool = False
     assertion_failed: bool = False
+    assertion_inconsistent: bool = False  # an exact-value check recorded passed on wrong values
+    hits_inconsistent: bool = False  # an ON cross step's hits.observed cut to a third of its scrapes'
     off_external_hits: bool = False
     missing_full_prefix: bool = False
     counter_mismatch: bool = False
@@ -118,6 +120,17 @@ class Generator:
         self.rng = random.Random(self.seed)
         self.out: list[Envelope] = []
         self.planted: dict[str, Any] = {}
+        self.fixtures: dict[tuple[str, str], dict[str, int]] = {}
+
+    def fixture(self, run_id: str, label: str) -> dict[str, int]:
+        """The expected values of fixture ``label`` (its ``fixture.created``, once per run)."""
+        if (run_id, label) not in self.fixtures:
+            expected = {"value_000": int(sha(f"needle|{label}")[:5], 16)}
+            self.fixtures[(run_id, label)] = expected
+            self.emit("fixture.created", {"fixture_id": label, "namespace": f"ns-{label}",
+                                          "nominal_tokens": 0, "payload_sha256": sha(label),
+                                          "expected": expected}, run_id)  # fmt: skip
+        return self.fixtures[(run_id, label)]
 
     # -- envelopes ------------------------------------------------------------
 
@@ -260,13 +273,15 @@ class Generator:
         self.launch(run_id, None, "ON")
         for i in range(8):
             rid = self.ids.new()
+            expected = self.fixture(run_id, f"v{i}")
             self.emit(
                 "request.sent",
                 _request(rid, i % 2, self.gpu(i % 2), "validation", "cold", f"v{i}", sha(f"val{i}"), 8192),
                 run_id,
             )
             self.emit("response.received", _response(rid, 0.5, 8192, 64), run_id)
-            self.emit("assertion.evaluated", _assertion(rid, "exact_values", True, True, config), run_id)
+            self.emit("assertion.evaluated", _assertion(rid, "exact_values", True, True, config, expected,
+                                                        expected), run_id)  # fmt: skip
         self.run_finished(run_id)
         return run_id
 
@@ -342,7 +357,8 @@ def _request(
     return data
 
 
-def _response(rid: str, ttft: float, prompt: int, out: int, decode: float = 60.0) -> dict[str, Any]:
+def _response(rid: str, ttft: float, prompt: int, out: int, decode: float = 60.0,
+              cached: int = 0) -> dict[str, Any]:  # fmt: skip
     t_last = ttft + (out - 1) / decode
     return {
         "request_id": rid,
@@ -353,7 +369,7 @@ def _response(rid: str, ttft: float, prompt: int, out: int, decode: float = 60.0
         "e2e_s": round(t_last + 0.001, 6),
         "prompt_tokens": prompt,
         "output_tokens": out,
-        "cached_tokens": 0,
+        "cached_tokens": cached,
         "decode_rate": decode,
         "text_sha256": sha(rid),
         "finish_reason": "stop",
@@ -380,6 +396,28 @@ def _assertion(
         "independent": independent,
         "config_sha256": config,
     }
+
+
+_COUNTER_KEYS = {
+    "prefix_queries": 'vllm:prefix_cache_queries_total{engine="0"}',
+    "local_hit_tokens": 'vllm:prefix_cache_hits_total{engine="0"}',
+    "external_hit_tokens": 'vllm:external_prefix_cache_hits_total{engine="0"}',
+}
+
+
+class _Counters:
+    """Each replica's cumulative hit counters, as its /metrics would show them."""
+
+    def __init__(self) -> None:
+        self.values: dict[int, dict[str, float]] = {}
+
+    def samples(self, replica: int) -> dict[str, float]:
+        return dict(self.values.setdefault(replica, {key: 0.0 for key in _COUNTER_KEYS.values()}))
+
+    def advance(self, replica: int, **deltas: int) -> None:
+        current = self.values.setdefault(replica, {key: 0.0 for key in _COUNTER_KEYS.values()})
+        for name, delta in deltas.items():
+            current[_COUNTER_KEYS[name]] += delta
 
 
 @dataclass
@@ -446,6 +484,7 @@ class Screening:
         )
         g.launch(self.run_id, block_id, arm, swap)
         self.block_id, self.arm, self.pair, self.swap = block_id, arm, pair, swap
+        self.counters = _Counters()  # every block starts on fresh replicas
         self.config = config_digest(arm, self.shape)
         self.warmup_ids = [
             self.single(_Req("micro", "cold", i % 2, 8192, f"warm{i}", 0.9, warmup=True))
@@ -585,31 +624,39 @@ class Screening:
         ):
             return rid  # the OFF partner was never sent
         meta = self.meta(req, rid)
-        g.emit(
-            "metrics.scraped",
-            {"replica": req.replica, "endpoint": "e", "samples": {}, "phase": "before", "request_id": rid},
-            self.run_id,
-            self.block_id,
-        )
-        g.emit("request.sent", meta, self.run_id, self.block_id)
         prompt = meta["prompt_tokens_expected"]
+        local, external, queries = self.hit_deltas(req, rid, prompt)
+        self.scrape(req.replica, "before", request_id=rid)
+        g.emit("request.sent", meta, self.run_id, self.block_id)
         decode = 60.0 * self.noise()
         g.emit(
             "response.received",
-            _response(rid, round(req.ttft, 6), prompt, req.out, round(decode, 4)),
+            _response(rid, round(req.ttft, 6), prompt, req.out, round(decode, 4), cached=local + external),
             self.run_id,
             self.block_id,
         )
-        g.emit(
-            "metrics.scraped",
-            {"replica": req.replica, "endpoint": "e", "samples": {}, "phase": "after", "request_id": rid},
-            self.run_id,
-            self.block_id,
-        )
-        self.hits(req, rid, prompt)
+        self.counters.advance(req.replica, prefix_queries=queries, local_hit_tokens=local,
+                              external_hit_tokens=external)  # fmt: skip
+        self.scrape(req.replica, "after", request_id=rid)
+        if external and self.arm == "ON" and req.step == "cross" and g._plant("hits_inconsistent", rid):
+            external //= 3  # recorded hits no longer what the counters say; the verdict left as it was
+            self.hits(req, rid, prompt, local, external, queries)
+            self.last_hits = (local, external * 3)
+        else:
+            self.hits(req, rid, prompt, local, external, queries)
         if not req.warmup:
-            self.assertions(req, rid)
+            self.assertions(req, rid, prompt)
         return rid
+
+    def scrape(self, replica: int, phase: str, request_id: str | None = None,
+               window: str | None = None) -> None:  # fmt: skip
+        self.g.emit(
+            "metrics.scraped",
+            {"replica": replica, "endpoint": "e", "samples": self.counters.samples(replica), "phase": phase,
+             "request_id": request_id, "window": window, "error": None},
+            self.run_id,
+            self.block_id,
+        )  # fmt: skip
 
     def meta(self, req: _Req, rid: str) -> dict[str, Any]:
         gpu = self.g.gpu(req.replica ^ int(self.swap))
@@ -629,7 +676,8 @@ class Screening:
         data["prompt_tokens_expected"] = req.nominal + 1055 * int(req.extra.get("turn") or 0)
         return data
 
-    def hits(self, req: _Req, rid: str, prompt: int) -> None:
+    def hit_deltas(self, req: _Req, rid: str, prompt: int) -> tuple[int, int, int]:
+        """(local, external, prefix queries) of a single-request window, flaws planted."""
         local, external, queries = req.local, req.external, prompt
         measured = not req.warmup
         if (
@@ -651,6 +699,9 @@ class Screening:
             external = 0
         if measured and req.step == "local1" and self.g._plant("counter_mismatch", rid):
             queries = 0
+        return local, external, queries
+
+    def hits(self, req: _Req, rid: str, prompt: int, local: int, external: int, queries: int) -> None:
         self.g.emit(
             "hits.observed",
             {
@@ -668,15 +719,16 @@ class Screening:
         )
         self.last_hits = (local, external)
 
-    def assertions(self, req: _Req, rid: str) -> None:
+    def assertions(self, req: _Req, rid: str, prompt: int) -> None:
         emit = self.g.emit
 
         def check(
-            name: str, passed: bool, independent: bool = True, expected: Any = None, observed: Any = None
-        ) -> None:
+            name: str, passed: bool, independent: bool = True, expected: Any = None, observed: Any = None,
+            **extra: Any,
+        ) -> None:  # fmt: skip
             emit(
                 "assertion.evaluated",
-                _assertion(rid, name, passed, independent, self.config, expected, observed),
+                {**_assertion(rid, name, passed, independent, self.config, expected, observed), **extra},
                 self.run_id,
                 self.block_id,
             )
@@ -685,13 +737,19 @@ class Screening:
         if req.workload == "generation":
             check("output_length", True, expected=req.out, observed=req.out)
         else:
+            expected = self.g.fixture(self.run_id, req.label)
             ok = not self.g._plant("assertion_failed", rid)
-            check("exact_values", ok, req.independent)
+            observed = expected if ok else {k: v + 1 for k, v in expected.items()}
+            if ok and self.g._plant("assertion_inconsistent", rid):
+                observed = {k: v + 1 for k, v in expected.items()}  # recorded passed all the same
+            check("exact_values", ok, req.independent, expected, observed)
         if req.step == "cold":
             check("zero_hits", local == 0 and external == 0, expected=0, observed=local + external)
         if req.step == "cross" and self.arm == "ON":
-            share = req.nominal // CHUNK * CHUNK
-            check("full_prefix_hit", external >= share, expected=share, observed=external)
+            share = (prompt - 1) // CHUNK * CHUNK
+            check("full_prefix_hit", local + external >= share and external > 0, expected=share,
+                  observed=external, local_hit_tokens=local, prompt_tokens=prompt,
+                  chunk_size=CHUNK)  # fmt: skip
 
     def windows(self) -> None:
         for sessions in WINDOW_SESSIONS:
@@ -703,6 +761,8 @@ class Screening:
         window = f"w-{sessions}-{placement}-{self.pair}"
         rids: list[str] = []
         out_total = 0
+        for replica in (0, 1):
+            self.scrape(replica, "before", window=window)
         for s in range(sessions):
             session = f"{window}-s{s}"
             for turn in range(self.shape.window_turns):
@@ -726,11 +786,14 @@ class Screening:
                     self.block_id,
                 )
                 self.last_hits = (0, 0)
-                self.assertions(req, rid)
+                self.assertions(req, rid, 32768 + 1055 * turn)
                 rids.append(rid)
                 out_total += 64
         speed = 1.85 if (placement == "alternating" and self.arm == "ON") else 1.0
         wall = round(len(rids) * 0.8 / speed * self.noise(), 6)
+        for replica in (0, 1):
+            self.counters.advance(replica, prefix_queries=1000, local_hit_tokens=500, external_hit_tokens=0)
+            self.scrape(replica, "after", window=window)
         for replica in (0, 1):
             g.emit(
                 "hits.observed",

@@ -61,6 +61,7 @@ _REQUEST_FIELDS = {
     "namespace": "VARCHAR",
     "nominal_tokens": "BIGINT",
     "params": {"max_tokens": "BIGINT"},
+    "fixture_id": "VARCHAR",
 }
 _RESPONSE_FIELDS = {
     "request_id": "VARCHAR",
@@ -73,6 +74,9 @@ _RESPONSE_FIELDS = {
     "output_tokens": "BIGINT",
     "decode_rate": "DOUBLE",
     "error": "VARCHAR",
+    "cached_tokens": "BIGINT",
+    "text_sha256": "VARCHAR",
+    "output_text_prefix": "VARCHAR",
 }
 _HITS_FIELDS = {
     "request_id": "VARCHAR",
@@ -82,6 +86,7 @@ _HITS_FIELDS = {
     "local_hit_tokens": "BIGINT",
     "external_hit_tokens": "BIGINT",
     "prompt_tokens": "BIGINT",
+    "counter_reset": "BOOLEAN",
 }
 
 # (name, SQL) in dependency order. Names are prefixed kv_ so they never shadow ledger views.
@@ -149,20 +154,23 @@ FROM ({
         "kv_hits",
         f"""
 SELECT h.seq, h.run_id, h.block_id, b.arm, h.request_id, h."window", h.replica, h.prefix_queries,
-       h.local_hit_tokens, h.external_hit_tokens, h.prompt_tokens
+       h.local_hit_tokens, h.external_hit_tokens, h.prompt_tokens, h.counter_reset
 FROM ({_extract("hits.observed", _HITS_FIELDS)}) h LEFT JOIN kv_blocks b USING (block_id)""",
     ),
-    # Each request with its first response and first single-request hits (by seq).
+    # Each request with its first response and first single-request hits (by seq). prompt_tokens
+    # is the response's own count (the hits record's copy only when the response has none).
     (
         "kv_requests",
         f"""
 SELECT q.seq, q.run_id, q.block_id, b.arm, b.pair, q.request_id, q.replica, CAST(q.gpu AS VARCHAR) AS gpu,
        q.workload, q.step, q.chain, q.session, q."window", q.turn, q.placement, q.warmup,
-       q.payload_sha256, q.namespace, q.nominal_tokens, q.params.max_tokens AS max_tokens,
-       r.status, r.error, r.ttft_s, r.t_first, r.t_last, r.e2e_s, r.output_tokens,
+       q.payload_sha256, q.namespace, q.nominal_tokens, q.params.max_tokens AS max_tokens, q.fixture_id,
+       r.status, r.error, r.ttft_s, r.t_first, r.t_last, r.e2e_s, r.output_tokens, r.cached_tokens,
+       r.text_sha256,
        coalesce(r.decode_rate, (r.output_tokens - 1) / nullif(r.t_last - r.t_first, 0)) AS decode_rate,
-       coalesce(h.prompt_tokens, r.prompt_tokens) AS prompt_tokens,
-       h.request_id IS NOT NULL AS has_hits, h.prefix_queries, h.local_hit_tokens, h.external_hit_tokens
+       coalesce(r.prompt_tokens, h.prompt_tokens) AS prompt_tokens,
+       h.request_id IS NOT NULL AS has_hits, h.prefix_queries, h.local_hit_tokens, h.external_hit_tokens,
+       h.counter_reset
 FROM ({_extract("request.sent", _REQUEST_FIELDS)}) q
 LEFT JOIN kv_blocks b ON b.block_id = q.block_id
 LEFT JOIN (WITH r AS ({_extract("response.received", _RESPONSE_FIELDS)})
@@ -174,7 +182,8 @@ LEFT JOIN (SELECT * FROM kv_hits WHERE seq IN (SELECT min(seq) FROM kv_hits WHER
         "kv_assertions",
         f"""
 SELECT a.seq, a.run_id, a.block_id, a.request_id, a."check", a.passed, a.independent, a.config_sha256,
-       CAST(a.expected AS VARCHAR) AS expected, CAST(a.observed AS VARCHAR) AS observed
+       CAST(a.expected AS VARCHAR) AS expected, CAST(a.observed AS VARCHAR) AS observed,
+       a."window", a.replica, a.chunk_size, a.reference_request_id
 FROM ({
             _extract(
                 "assertion.evaluated",
@@ -186,6 +195,10 @@ FROM ({
                     "config_sha256": "VARCHAR",
                     "expected": "JSON",
                     "observed": "JSON",
+                    "window": "VARCHAR",
+                    "replica": "VARCHAR",
+                    "chunk_size": "BIGINT",
+                    "reference_request_id": "VARCHAR",
                 },
             )
         }) a""",
@@ -216,8 +229,9 @@ SELECT seq, run_id, block_id AS event_block, scope, target, reason
 FROM ({_extract("exclusion.declared", {"scope": "VARCHAR", "target": "VARCHAR", "reason": "VARCHAR"})})""",
     ),
     # Whole blocks kept out of every count, pair and median: a cold measured request with any
-    # local or external hit (namespace leak), a block that finished failed or aborted, and
-    # declared exclusions (block or run scope). A block may be listed once per source.
+    # local or external hit, or cached tokens in its response (namespace leak), a block that
+    # finished failed or aborted, and declared exclusions (block or run scope). A block may be
+    # listed once per source.
     (
         "kv_excluded_blocks",
         """
@@ -227,10 +241,12 @@ FROM kv_blocks WHERE finish_status IN ('failed', 'aborted')
 UNION ALL
 SELECT run_id, block_id, 'namespace-leak' AS source,
        'cold request ' || request_id || ' saw ' || coalesce(local_hit_tokens, 0) || ' local and '
-       || coalesce(external_hit_tokens, 0) || ' external hit tokens' AS reason, seq
+       || coalesce(external_hit_tokens, 0) || ' external hit tokens'
+       || coalesce(' (' || cached_tokens || ' cached tokens in its response)', '') AS reason, seq
 FROM kv_requests
 WHERE step = 'cold' AND NOT warmup AND arm IS NOT NULL
-  AND (coalesce(local_hit_tokens, 0) > 0 OR coalesce(external_hit_tokens, 0) > 0)
+  AND (coalesce(local_hit_tokens, 0) > 0 OR coalesce(external_hit_tokens, 0) > 0
+       OR coalesce(cached_tokens, 0) > 0)
 UNION ALL
 SELECT b.run_id, b.block_id, 'declared' AS source, d.reason, d.seq
 FROM kv_declared d JOIN kv_blocks b
@@ -430,6 +446,190 @@ FROM kv_blocks b JOIN kv_launches l ON l.block_id = b.block_id WHERE b.arm = 'ON
     ),
 ]
 
+# The counters behind hit deltas (collectors/_metrics.py's names): a window's delta is summed
+# over each counter's label sets; a series that went down restarted and counts its after value.
+COUNTERS: dict[str, str] = {
+    "prefix_queries": "vllm:prefix_cache_queries_total",
+    "local_hit_tokens": "vllm:prefix_cache_hits_total",
+    "external_queries": "vllm:external_prefix_cache_queries_total",
+    "external_hit_tokens": "vllm:external_prefix_cache_hits_total",
+    "lmcache_requested_tokens": "lmcache_mp_lookup_requested_tokens_total",
+    "lmcache_hit_tokens": "lmcache_mp_lookup_hit_tokens_total",
+}
+
+
+def _counter_samples() -> str:
+    """The hit-counter samples of every scrape, one row per series (the rest of a scrape is
+    not read): ``kv_x_counter_samples``, kept as a projection like the other extractions."""
+    of = " ".join(f"WHEN s.key = '{m}' OR starts_with(s.key, '{m}{{') THEN '{c}'"
+                  for c, m in COUNTERS.items())
+    sql = (f"SELECT e.seq, e.run_id, e.block_id, CASE {of} END AS counter, s.key AS series, "
+           "TRY_CAST(s.value AS DOUBLE) AS value FROM events e, json_each(e.data, '$.samples') s "
+           f"WHERE e.kind = 'metrics.scraped' AND (CASE {of} END) IS NOT NULL")
+    EXTRACTIONS["kv_x_counter_samples"] = sql
+    return "SELECT * FROM kv_x_counter_samples"
+
+
+# The audit's re-derivations (created on demand, by the audit only): each check recomputed from
+# the raw observations (scrapes, responses, requests, fixtures) to cross-check recorded verdicts.
+AUDIT_VIEWS: list[tuple[str, str]] = [
+    # Each metric window: its before and after scrapes (one each, neither failed, for a delta).
+    (
+        "kv_scrape_windows",
+        f"""
+SELECT run_id, block_id, request_id, "window", replica, coalesce(request_id, 'window ' || "window") AS scope,
+       count(*) FILTER (WHERE phase = 'before') AS befores, count(*) FILTER (WHERE phase = 'after') AS afters,
+       min(seq) FILTER (WHERE phase = 'before') AS before_seq,
+       max(seq) FILTER (WHERE phase = 'after') AS after_seq,
+       bool_or(error IS NOT NULL) AS failed
+FROM ({_extract("metrics.scraped", {"replica": "VARCHAR", "phase": "VARCHAR", "request_id": "VARCHAR",
+                                     "window": "VARCHAR", "error": "VARCHAR"})})
+GROUP BY ALL""",
+    ),
+    # Counter deltas of each window, recomputed from its two scrapes' samples (NULL when a scrape
+    # is missing or failed, or neither scrape has the counter), as collectors/_metrics.py defines them.
+    (
+        "kv_scrape_deltas",
+        f"""
+WITH c AS ({_counter_samples()}),
+     b AS (SELECT w.before_seq AS wid, c.counter, c.series, c.value FROM kv_scrape_windows w
+           JOIN c ON c.seq = w.before_seq),
+     a AS (SELECT w.before_seq AS wid, c.counter, c.series, c.value FROM kv_scrape_windows w
+           JOIN c ON c.seq = w.after_seq),
+     s AS (SELECT coalesce(b.wid, a.wid) AS wid, coalesce(b.counter, a.counter) AS counter,
+                  CASE WHEN a.value IS NULL THEN 0 WHEN b.value IS NULL OR a.value < b.value THEN a.value
+                       ELSE a.value - b.value END AS increase,
+                  a.value IS NULL OR coalesce(a.value < b.value, false) AS reset
+           FROM b FULL JOIN a ON a.wid = b.wid AND a.series = b.series),
+     d AS (SELECT wid, max(delta) FILTER (WHERE counter = 'prefix_queries') AS prefix_queries,
+                  max(delta) FILTER (WHERE counter = 'local_hit_tokens') AS local_hit_tokens,
+                  max(delta) FILTER (WHERE counter = 'external_hit_tokens') AS external_hit_tokens,
+                  bool_or(reset) AS reset
+           FROM (SELECT wid, counter, CAST(round(sum(increase)) AS BIGINT) AS delta, bool_or(reset) AS reset
+                 FROM s GROUP BY ALL) GROUP BY wid)
+SELECT w.run_id, w.block_id, w.request_id, w."window", w.replica, w.scope, w.before_seq, w.after_seq,
+       w.complete, CASE WHEN w.complete THEN d.prefix_queries END AS prefix_queries,
+       CASE WHEN w.complete THEN d.local_hit_tokens END AS local_hit_tokens,
+       CASE WHEN w.complete THEN d.external_hit_tokens END AS external_hit_tokens,
+       w.complete AND coalesce(d.reset, false) AS counter_reset
+FROM (SELECT *, befores = 1 AND afters = 1 AND NOT failed AS complete FROM kv_scrape_windows) w
+LEFT JOIN d ON d.wid = w.before_seq""",
+    ),
+    # Every hits.observed beside the deltas its window's scrapes give (inconsistent: they differ,
+    # or no scrape window stands behind it).
+    (
+        "kv_hits_rederived",
+        """
+SELECT h.seq, h.run_id, h.block_id, h.arm, h.request_id, h."window", h.replica,
+       coalesce(h.request_id, 'window ' || h."window") AS scope,
+       h.prefix_queries, h.local_hit_tokens, h.external_hit_tokens,
+       coalesce(h.counter_reset, false) AS counter_reset,
+       w.scope IS NOT NULL AS scraped, w.prefix_queries AS scraped_prefix_queries,
+       w.local_hit_tokens AS scraped_local_hit_tokens, w.external_hit_tokens AS scraped_external_hit_tokens,
+       coalesce(w.counter_reset, false) AS scraped_counter_reset,
+       h.prefix_queries IS DISTINCT FROM w.prefix_queries
+       OR h.local_hit_tokens IS DISTINCT FROM w.local_hit_tokens
+       OR h.external_hit_tokens IS DISTINCT FROM w.external_hit_tokens
+       OR coalesce(h.counter_reset, false) <> coalesce(w.counter_reset, false) AS inconsistent
+FROM kv_hits h LEFT JOIN kv_scrape_deltas w
+  ON w.block_id IS NOT DISTINCT FROM h.block_id AND w.replica = h.replica
+ AND w.scope = coalesce(h.request_id, 'window ' || h."window")""",
+    ),
+    # Every assertion.evaluated of a known check beside its verdict recomputed from observations:
+    # the request's first response and single-request hits, its request.sent, its fixture's
+    # expected values (fixture.created), and for text checks the response digests. expected and
+    # observed are JSON text; the rules are collectors/_assertions.py's, written again in SQL.
+    (
+        "kv_rederived",
+        f"""
+WITH fx AS (SELECT fixture_id, CAST(expected AS VARCHAR) AS expected
+            FROM ({_extract("fixture.created", {"fixture_id": "VARCHAR", "expected": "JSON"})}) f
+            WHERE seq IN (SELECT min(seq) FROM kv_x_fixture_created GROUP BY fixture_id)),
+     resp AS (SELECT request_id, output_text_prefix AS text, text_sha256 FROM kv_x_response_received
+              WHERE seq IN (SELECT min(seq) FROM kv_x_response_received GROUP BY request_id)),
+     a AS (SELECT a.*, q.status, q.error, q.status = 200 AND q.error IS NULL AS ok, q.output_tokens,
+                  q.max_tokens, q.prompt_tokens, q.cached_tokens, q.text_sha256, q.prefix_queries,
+                  q.local_hit_tokens AS loc, q.external_hit_tokens AS ext, q.counter_reset,
+                  q.fixture_id, fx.expected AS fixture_expected,
+                  -- The whole answer is stored when its prefix has the answer's digest: then its JSON
+                  -- object is read from the text itself, else from the recorded observed values.
+                  CASE WHEN t.text IS NOT NULL AND sha256(t.text) = t.text_sha256 AND json_valid(t.text)
+                            AND json_type(t.text) = 'OBJECT' THEN t.text END AS answer_text
+           FROM kv_assertions a LEFT JOIN kv_requests q USING (request_id)
+           LEFT JOIN fx ON fx.fixture_id = q.fixture_id LEFT JOIN resp t ON t.request_id = a.request_id),
+     -- Each expected name against the answer's value: JSON-equal, or an integer written as a string.
+     pairs AS (SELECT a.seq, e.key, e.value AS want, e.type AS want_type,
+                      json_extract(coalesce(a.answer_text, a.observed),
+                                   '$."' || replace(e.key, '"', '\\"') || '"') AS got
+               FROM a, json_each(a.fixture_expected) e WHERE a."check" = 'exact_values'),
+     exact AS (SELECT seq,
+                      bool_and(coalesce(CAST(got AS VARCHAR) = CAST(want AS VARCHAR)
+                                        OR (want_type IN ('BIGINT', 'UBIGINT') AND json_type(got) = 'VARCHAR'
+                                            AND TRY_CAST(nullif(regexp_extract(got ->> '$',
+                                                                '^\\s*(-?[0-9]+)\\s*$', 1), '') AS HUGEINT)
+                                                = CAST(want AS HUGEINT)), false)) AS same,
+                      CAST(map_from_entries(list({{'k': key, 'v': got}} ORDER BY key)) AS JSON) AS observed
+               FROM pairs GROUP BY seq),
+     ref AS (SELECT r.request_id, r.status = 200 AND r.error IS NULL AS ok, r.text_sha256 FROM kv_requests r),
+     win AS (SELECT block_id, "window", replica, external_hit_tokens FROM kv_hits WHERE request_id IS NULL),
+     derived AS (
+SELECT a.*, CASE WHEN a.prompt_tokens IS NULL OR a.chunk_size IS NULL THEN NULL
+                 WHEN a.prompt_tokens < 1 OR a.chunk_size < 1 THEN 0
+                 ELSE (a.prompt_tokens - 1) // a.chunk_size * a.chunk_size END AS shareable,
+       x.same, CAST(x.observed AS VARCHAR) AS exact_observed, ref.ok AS ref_ok,
+       ref.text_sha256 AS ref_text_sha256,
+       CASE WHEN a.request_id IS NULL THEN w.external_hit_tokens ELSE a.ext END AS off_ext
+FROM a LEFT JOIN exact x USING (seq) LEFT JOIN ref ON ref.request_id = a.reference_request_id
+LEFT JOIN win w ON a.request_id IS NULL AND w.block_id = a.block_id AND w."window" = a."window"
+               AND w.replica = a.replica)
+SELECT seq, run_id, block_id, request_id, "check", "window", passed AS recorded_passed,
+       expected AS recorded_expected, observed AS recorded_observed,
+       CASE "check"
+         WHEN 'stream_complete' THEN coalesce(ok, false)
+         WHEN 'exact_values' THEN coalesce(ok, false) AND fixture_expected IS NOT NULL
+                                  AND (answer_text IS NOT NULL OR coalesce(observed, 'null') <> 'null')
+                                  AND coalesce(same, true)
+         WHEN 'output_length' THEN coalesce(output_tokens = max_tokens, false)
+         WHEN 'zero_hits' THEN coalesce(loc = 0 AND ext = 0, false) AND coalesce(cached_tokens = 0, true)
+         WHEN 'full_prefix_hit' THEN coalesce(loc + ext >= shareable AND (ext > 0 OR loc >= shareable), false)
+         WHEN 'matches_cold_reference' THEN coalesce(ok AND ref_ok AND text_sha256 = ref_text_sha256, false)
+         WHEN 'no_external_hits_off' THEN coalesce(off_ext = 0, false)
+         WHEN 'counters_match' THEN coalesce(prefix_queries = prompt_tokens, false)
+                                    AND coalesce(loc + coalesce(ext, 0) = cached_tokens,
+                                                 cached_tokens IS NULL)
+                                    AND NOT coalesce(counter_reset, false)
+         WHEN 'salt_control' THEN coalesce(loc + coalesce(ext, 0) = 0 AND ok, false)
+       END AS derived_passed,
+       CASE "check"
+         WHEN 'stream_complete' THEN '{{"error":null,"status":200}}'
+         WHEN 'exact_values' THEN fixture_expected
+         WHEN 'output_length' THEN CAST(max_tokens AS VARCHAR)
+         WHEN 'zero_hits' THEN '{{"cached_tokens":0,"external_hit_tokens":0,"local_hit_tokens":0}}'
+         WHEN 'full_prefix_hit' THEN CAST(shareable AS VARCHAR)
+         WHEN 'matches_cold_reference' THEN to_json(ref_text_sha256)::VARCHAR
+         WHEN 'no_external_hits_off' THEN '0'
+         WHEN 'counters_match' THEN json_object('hit_tokens', cached_tokens,
+                                                'prefix_queries', prompt_tokens)::VARCHAR
+         WHEN 'salt_control' THEN '0'
+       END AS derived_expected,
+       CASE "check"
+         WHEN 'stream_complete' THEN json_object('error', error, 'status', status)::VARCHAR
+         WHEN 'exact_values' THEN coalesce(exact_observed, 'null')
+         WHEN 'output_length' THEN CAST(output_tokens AS VARCHAR)
+         WHEN 'zero_hits' THEN json_object('cached_tokens', cached_tokens, 'external_hit_tokens', ext,
+                                           'local_hit_tokens', loc)::VARCHAR
+         WHEN 'full_prefix_hit' THEN CAST(ext AS VARCHAR)
+         WHEN 'matches_cold_reference' THEN to_json(text_sha256)::VARCHAR
+         WHEN 'no_external_hits_off' THEN CAST(off_ext AS VARCHAR)
+         WHEN 'counters_match' THEN json_object('prefix_queries', prefix_queries,
+                                                'hit_tokens', loc + coalesce(ext, 0))::VARCHAR
+         WHEN 'salt_control' THEN CAST(loc + coalesce(ext, 0) AS VARCHAR)
+       END AS derived_observed,
+       "check" = 'exact_values' AND fixture_expected IS DISTINCT FROM expected AS expectation_differs
+FROM derived""",
+    ),
+]
+
 ORDERED_METHODS = ("wait_then_fallback", "memcpy_async_current_stream", "same_stream_tensor_copy")
 
 
@@ -447,9 +647,16 @@ def create_views(con: duckdb.DuckDBPyConnection, until_seq: int | None = None) -
         con.execute(f"CREATE OR REPLACE TEMP TABLE {name} AS {sql.strip()}")
 
 
+def create_audit_views(con: duckdb.DuckDBPyConnection) -> None:
+    """Materialise the audit's re-derivations (after :func:`create_views`, on the same bound)."""
+    for name, sql in AUDIT_VIEWS:
+        con.execute(f"CREATE OR REPLACE TEMP TABLE {name} AS {sql.strip()}")
+
+
 def with_clause(query: str) -> str:
     """``query`` prefixed by every extraction and view as a CTE: pasteable into ``ledger sql``."""
-    ctes = ",\n".join(f"{name} AS ({sql.strip()})" for name, sql in [*EXTRACTIONS.items(), *VIEWS])
+    views = [*EXTRACTIONS.items(), *VIEWS, *AUDIT_VIEWS]
+    ctes = ",\n".join(f"{name} AS ({sql.strip()})" for name, sql in views)
     return f"WITH {ctes}\n{query}"
 
 
@@ -518,6 +725,12 @@ def views_markdown() -> str:
         lines += [f"### `{name}`", "", "```sql", sql, "```", ""]
     lines += ["## The views", ""]
     for name, sql in VIEWS:
+        lines += [f"### `{name}`", "", "```sql", sql.strip(), "```", ""]
+    lines += ["## The audit's re-derivations", "",
+              "Built by `ledger audit` only (reports/AUDIT.md): each hit delta recomputed from its two",
+              "scrapes, and each recorded assertion's verdict recomputed from the observations, beside",
+              "what was recorded.", ""]
+    for name, sql in AUDIT_VIEWS:
         lines += [f"### `{name}`", "", "```sql", sql.strip(), "```", ""]
     lines += ["## Pasteable prefix", "",
               "`ledger sql \"$(python -c 'from reports._views import with_clause; "

@@ -22,6 +22,8 @@ PLANTED: dict[str, tuple[str, str | None]] = {
     "gpu_mismatch": ("pair-gpu-mismatch", None),
     "warmup_in_measurement": ("warmup-in-measurement", "target"),
     "assertion_failed": ("assertion-failed", "target"),
+    "assertion_inconsistent": ("assertion-inconsistent", "target"),
+    "hits_inconsistent": ("hits-inconsistent", "target"),
     "off_external_hits": ("off-arm-external-hits", "target"),
     "missing_full_prefix": ("missing-full-prefix-hit", "target"),
     "counter_mismatch": ("counter-mismatch", "target"),
