@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from ledger import Ledger, open_ledger, read_jsonl
+from ledger._snapshot import file_sha256
 from reports import audit_json, derive_report, open_source, to_json
 from reports._synthetic import generate
 from tests._cli import ledger_cli
@@ -222,3 +223,44 @@ def test_audit_publish_blocks_on_a_halved_ttft_projection(sqlite_url: str, tmp_p
     (found,) = [f for f in json.loads(result.stdout)["findings"] if f["code"] == "snapshot-mismatch"]
     assert found["target"] == f"{path.parent.name}/{path.name}" and str(path) in found["detail"]
     assert ledger_cli("report", "--db", sqlite_url, "--json").stdout == before
+
+
+def test_verify_snapshot_finds_files_forged_with_their_digests(ledger: Ledger, ledger_url: str) -> None:
+    """Every read re-hashes each file against state.json; a forger who rewrites both is beyond that
+    check, and `ledger verify --snapshot` (rows verified again, projections derived again) names it."""
+    src = open_source(ledger)  # the default cache, as the CLI finds it
+    clean, folder = to_json(derive_report(src)), src.analytics.snapshot.directory
+    src.close()
+    result = ledger_cli("verify", "--db", ledger_url, "--snapshot", "--json")
+    proof = json.loads(result.stdout)["snapshot"]
+    assert result.exit_code == 0 and proof["ok"] and proof["mismatches"] == []
+    assert proof["files"] > 2 and proof["head_seq"] == ledger.head().seq  # type: ignore[union-attr]
+    state = _state(folder)
+    raw = folder / state["segments"][0]["name"]
+    (projection,) = [p for p in folder.glob("projection-*/*.parquet")
+                     if p.name == raw.name and "ttft_s" in pq.read_schema(p).names]
+    _halve_ttft_in_raw(raw)
+    _halve(projection, "ttft_s")
+    state["segments"][0]["sha256"] = file_sha256(raw)
+    state["projections"][projection.parent.name.removeprefix("projection-")]["files"][raw.name].update(
+        sha256=file_sha256(projection), **{"from": state["segments"][0]["sha256"]})
+    _write_state(folder, state)
+    result = ledger_cli("verify", "--db", ledger_url, "--snapshot", "--json")
+    assert result.exit_code == 1
+    out = json.loads(result.stdout)
+    assert out["ok"] is True  # the ledger itself is whole
+    found = {m["file"]: m["problem"] for m in out["snapshot"]["mismatches"]}
+    assert set(found) == {str(raw)} and "digest" in found[str(raw)]
+    # A whole snapshot again, then only the projection forged with its digest: derived again, it differs.
+    shutil.rmtree(folder)
+    src = open_source(ledger)
+    assert to_json(derive_report(src)) == clean
+    src.close()
+    _halve(projection, "ttft_s")
+    state = _state(folder)
+    state["projections"][projection.parent.name.removeprefix("projection-")]["files"][raw.name][
+        "sha256"] = file_sha256(projection)
+    _write_state(folder, state)
+    text = ledger_cli("verify", "--db", ledger_url, "--snapshot")
+    assert text.exit_code == 1 and "snapshot mismatch" in text.stdout and projection.name in text.stdout
+    assert "rows differ from its segment derived again" in text.stdout
