@@ -264,3 +264,38 @@ def test_verify_snapshot_finds_files_forged_with_their_digests(ledger: Ledger, l
     text = ledger_cli("verify", "--db", ledger_url, "--snapshot")
     assert text.exit_code == 1 and "snapshot mismatch" in text.stdout and projection.name in text.stdout
     assert "rows differ from its segment derived again" in text.stdout
+
+
+@pytest.mark.slow
+def test_a_sim_run_attested_over_a_tampered_cache(tmp_path: Path) -> None:
+    """A real `sim` run: `ledger attest` over a cache whose TTFT projection was halved writes the
+    ledger's own report files, with snapshot-mismatch in its audit (not publishable); the
+    statement made over the clean cache fails `--verify` against the tampered one."""
+    from tests.reports.test_sim_pipeline import FAST, SMALL, VALIDATION
+
+    url = f"sqlite:///{tmp_path / 'sim.db'}"
+    for experiment, params in (("validation", VALIDATION), ("screening", SMALL)):
+        result = ledger_cli("run", experiment, "--db", url, "--target", "sim", *FAST, *params)
+        assert result.exit_code == 0, result.output
+    src = open_source(url)
+    run_id = src.tuples("SELECT run_id FROM kv_runs ORDER BY seq DESC LIMIT 1")[0][0]
+    src.close()
+    src.ledger.close()
+    clean, tampered = tmp_path / "clean", tmp_path / "tampered"
+    made = ledger_cli("attest", "--db", url, "--run", run_id, "--out", str(clean / "s.json"))
+    assert made.exit_code == 0 and ledger_cli("audit", "--db", url, "--publish").exit_code == 0
+    cache = tmp_path / "cache" / "snapshots"
+    responses = [p for p in cache.glob("*/projection-*/*.parquet") if "ttft_s" in pq.read_schema(p).names]
+    assert responses
+    for path in responses:
+        _halve(path, "ttft_s")
+    assert ledger_cli("attest", "--db", url, "--verify", str(clean / "s.json")).exit_code == 1
+    for path in responses:
+        _halve(path, "ttft_s")
+    made = ledger_cli("attest", "--db", url, "--run", run_id, "--out", str(tampered / "s.json"))
+    assert made.exit_code == 0
+    predicate = json.loads((tampered / "s.json").read_text())["predicate"]
+    assert predicate["audit"]["publishable"] is False
+    assert predicate["audit"]["findings"]["snapshot-mismatch (blocking)"] == len(responses)
+    for name in ("report.json", "report.md"):
+        assert (tampered / name).read_bytes() == (clean / name).read_bytes()
