@@ -22,7 +22,15 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-__all__ = ["GpuSampler", "code_version", "gpu_inventory", "host_inventory", "package_versions"]
+__all__ = [
+    "GpuSampler",
+    "code_version",
+    "gpu_inventory",
+    "gpu_processes",
+    "host_inventory",
+    "package_versions",
+    "session_id",
+]
 
 
 def _nvml() -> ModuleType | None:
@@ -62,6 +70,41 @@ def gpu_inventory() -> list[dict[str, Any]]:
     finally:
         with contextlib.suppress(Exception):
             nv.nvmlShutdown()
+
+
+def gpu_processes() -> dict[int, list[dict[str, Any]]]:
+    """PID → the GPUs (index, name, UUID) on which NVML sees it computing; {} without NVML.
+
+    PIDs are as NVML reports them (the host's PID namespace in some containers,
+    so a caller must accept finding nothing).
+    """
+    nv = _nvml()
+    if nv is None:
+        return {}
+    found: dict[int, list[dict[str, Any]]] = {}
+    try:
+        for i in range(nv.nvmlDeviceGetCount()):
+            h = nv.nvmlDeviceGetHandleByIndex(i)
+            gpu = {"index": i, "name": _text(nv.nvmlDeviceGetName(h)), "uuid": _text(nv.nvmlDeviceGetUUID(h))}
+            for proc in nv.nvmlDeviceGetComputeRunningProcesses(h):
+                found.setdefault(int(proc.pid), []).append(gpu)
+        return found
+    except Exception:
+        return found
+    finally:
+        with contextlib.suppress(Exception):
+            nv.nvmlShutdown()
+
+
+def session_id(pid: int) -> int | None:
+    """The session (``setsid``) a process belongs to, from /proc; None when it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # comm may hold spaces and parentheses: fields after the last ')' are fixed.
+    fields = stat[stat.rfind(")") + 2 :].split()
+    return int(fields[3]) if len(fields) > 3 else None
 
 
 def _cpu_model() -> str | None:

@@ -20,6 +20,7 @@ TARGET_PARAMS: Final[dict[str, Any]] = {
     "replicas": 2,
     "time_scale": 0.005,
     "sim_fault": None,
+    "hash_seed": 0,
 }
 """Options of the sim target (not of the experiment), settable by ``--param`` for every experiment.
 
@@ -30,6 +31,10 @@ reuse's few modelled milliseconds are then below the server's own work on a
 128k prompt (transfer, parsing, hashing: 5-20 ms on a small, busy machine),
 so cross and local reuse look alike; ``scripts/demo`` runs at 0.05, where
 cross-replica reuse (23 ms modelled at 128k) is clearly slower than local.
+
+``hash_seed`` is the ``PYTHONHASHSEED`` the sim's replicas record, as the vllm
+target's do (the sim hashes chunks with SHA-256 and shares either way):
+``--param hash_seed=null`` records replicas launched without one.
 """
 
 

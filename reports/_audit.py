@@ -40,6 +40,7 @@ SEVERITY: dict[str, str] = {
     "validation-missing": BLOCKING,
     "order-unbalanced": BLOCKING,
     "blocks-not-restarted": WARNING,
+    "hash-seed-unset": BLOCKING,
     "declared-exclusion": INFO,
 }
 _RANK = {BLOCKING: 0, WARNING: 1, INFO: 2}
@@ -607,6 +608,25 @@ def blocks_not_restarted(src: Source, run: str | None) -> list[Finding]:
     ]  # fmt: skip
 
 
+def hash_seed_unset(src: Source, run: str | None) -> list[Finding]:
+    """ON configs whose replicas lack one common recorded PYTHONHASHSEED: they may share nothing."""
+    rows = src.rows(
+        f"""SELECT run_id, config_sha256, min(block_id) AS block_id,
+                   list(coalesce(hash_seed, '(unset)') ORDER BY seq) AS seeds
+            FROM kv_launches WHERE arm = 'ON' AND {SCOPE}
+            GROUP BY run_id, config_sha256 ORDER BY run_id, config_sha256""",
+        {"run": run},
+    )
+    out = []
+    for r in rows:
+        seeds = [str(s) for s in r["seeds"]]
+        if "(unset)" in seeds or len(set(seeds)) > 1:
+            out.append(finding("hash-seed-unset", r, r["config_sha256"],
+                               f"ON replicas launched with PYTHONHASHSEED {', '.join(sorted(set(seeds)))}: "
+                               "replicas hashing chunks with different seeds share nothing, silently"))
+    return out
+
+
 def declared_exclusion(src: Source, run: str | None) -> list[Finding]:
     rows = src.rows(
         f"""SELECT run_id, event_block AS block_id, scope, target, reason FROM kv_declared
@@ -638,6 +658,7 @@ CHECKS: tuple[Check, ...] = (
     validation_missing,
     order_unbalanced,
     blocks_not_restarted,
+    hash_seed_unset,
     declared_exclusion,
 )
 

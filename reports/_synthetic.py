@@ -59,6 +59,7 @@ class Flaws:
     probes_failing: bool = False
     block_failed: bool = False  # an ON block whose replica died half-way (status failed, partial data)
     not_restarted: bool = False  # attach mode: blocks share one deployment's caches and counters
+    hash_seed_unset: bool = False  # an ON replica launched without the others' PYTHONHASHSEED
 
 
 @dataclass(frozen=True)
@@ -183,6 +184,10 @@ class Generator:
     def launch(self, run_id: str, block_id: str | None, arm: str, gpu_swap: bool = False) -> None:
         for replica in (0, 1):
             gpu = replica ^ int(gpu_swap)
+            seed: int | None = 0
+            digest = config_digest(arm, self.shape)
+            if arm == "ON" and replica == 1 and self._plant("hash_seed_unset", digest):
+                seed = None
             self.emit(
                 "deployment.launched",
                 {
@@ -198,6 +203,8 @@ class Generator:
                     "kv_connector": "lmcache" if arm == "ON" else None,
                     "target": self.shape.target,
                     "transfer_path": self.shape.transfer_path,
+                    "arm": arm,
+                    "hash_seed": seed,
                 },
                 run_id,
                 block_id,

@@ -135,7 +135,8 @@ WHERE b.run_id NOT IN (SELECT run_id FROM kv_runs WHERE experiment = 'validation
     (
         "kv_launches",
         f"""
-SELECT run_id, block_id, seq, replica, config_sha256, transfer_path, target, model->>'revision' AS revision
+SELECT run_id, block_id, seq, replica, config_sha256, transfer_path, target, model->>'revision' AS revision,
+       arm, hash_seed
 FROM ({
             _extract(
                 "deployment.launched",
@@ -145,6 +146,8 @@ FROM ({
                     "transfer_path": "VARCHAR",
                     "target": "VARCHAR",
                     "model": "JSON",
+                    "arm": "VARCHAR",
+                    "hash_seed": "VARCHAR",
                 },
             )
         })""",

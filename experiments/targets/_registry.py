@@ -42,7 +42,7 @@ def make_target(name: str, params: Mapping[str, Any]) -> Target:
 
         try:
             return SimTarget(replicas=int(params["replicas"]), time_scale=float(params["time_scale"]),
-                             fault=params.get("sim_fault"))  # fmt: skip
+                             fault=params.get("sim_fault"), hash_seed=params.get("hash_seed", 0))  # fmt: skip
         except ValueError as exc:
             raise ParamError(str(exc)) from exc
     target: Target = _vllm_module().make_target(dict(params))

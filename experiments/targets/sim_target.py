@@ -41,11 +41,12 @@ class SimTarget:
     name = "sim"
 
     def __init__(self, *, replicas: int = 2, time_scale: float = 0.005,
-                 fault: str | None = None) -> None:  # fmt: skip
+                 fault: str | None = None, hash_seed: int | None = 0) -> None:  # fmt: skip
         if replicas < 2:
             raise ValueError("the sim target needs at least two replicas (cross-replica steps)")
         self.replicas = replicas
         self.time_scale = float(time_scale)
+        self.hash_seed = hash_seed
         self.fault = FaultSet(fault).spec()  # validates and normalises; "none" when empty
         self.config = SimConfig(time_scale=self.time_scale)
         self._proc: subprocess.Popen[str] | None = None
@@ -163,7 +164,7 @@ class SimTarget:
             "config_sha256": digest,
             "kv_connector": {"kv_connector": _CONNECTOR, "kv_role": "kv_both"} if arm == "ON" else None,
             "target": "sim", "transfer_path": "sim", "arm": arm, "config": self._config(arm),
-            "time_scale": self.time_scale,
+            "time_scale": self.time_scale, "hash_seed": self.hash_seed,
         }  # fmt: skip
 
     async def stop(self) -> tuple[LaunchRecord, ...]:

@@ -36,6 +36,7 @@ PLANTED: dict[str, tuple[str, str | None]] = {
     "probes_failing": ("validation-missing", None),
     "block_failed": ("run-incomplete", None),  # the run finished failed; the block is excluded
     "not_restarted": ("blocks-not-restarted", "block_id"),
+    "hash_seed_unset": ("hash-seed-unset", "target"),
 }
 GPU_SHAPE = Shape(target="vllm", transfer_path="gpu")
 

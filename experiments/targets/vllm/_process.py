@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import time
 import urllib.error
@@ -37,6 +38,7 @@ __all__ = [
     "start",
     "tail",
     "wait_http",
+    "wait_tcp",
 ]
 
 
@@ -236,6 +238,30 @@ def wait_http(
             if process is not None:
                 msg += "\n" + process.logs_tail()
             raise StartupError(msg)
+        time.sleep(interval)
+
+
+def wait_tcp(host: str, port: int, timeout: float, *, interval: float = 0.25,
+             process: Process | None = None) -> None:  # fmt: skip
+    """Wait until ``host:port`` accepts a connection (a server without a health URL).
+
+    Raises StartupError when ``timeout`` s pass, or at once when ``process`` exits.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        if process is not None and process.poll() is not None:
+            raise StartupError(f"{process.name} exited with {process.poll()} before {host}:{port} accepted\n"
+                               + process.logs_tail())  # fmt: skip
+        try:
+            with socket.create_connection((host, port), timeout=2.0):
+                if process is not None:
+                    process.ready_seconds = time.monotonic() - process.started_mono
+                return
+        except OSError as e:
+            last = repr(e)
+        if time.monotonic() >= deadline:
+            msg = f"{host}:{port} not accepting after {timeout:.0f} s ({last})"
+            raise StartupError(msg + ("\n" + process.logs_tail() if process is not None else ""))
         time.sleep(interval)
 
 

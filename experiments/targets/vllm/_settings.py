@@ -19,7 +19,7 @@ from collectors._secrets import is_secret_name, redact_command, redact_value
 
 from ..._params import ParamError
 
-__all__ = ["PARAMS", "Settings", "parse_attach", "parse_gpus"]
+__all__ = ["PARAMS", "Settings", "parse_attach", "parse_gpus", "parse_hash_seed"]
 
 PARAMS: dict[str, Any] = {
     "replicas": 2,
@@ -35,7 +35,10 @@ PARAMS: dict[str, Any] = {
     "gpus": None,  # "0,1" / [0,1]: physical GPUs; None: NVML's GPUs when present, else CPU
     "kv_cache_gb": 1,  # VLLM_CPU_KVCACHE_SPACE on CPU hosts
     "gpu_memory_utilization": None,
-    "lmcache_l1_gb": 1,
+    "lmcache_l1_gb": 1,  # the service's L1 (mp), or each replica's local CPU cache (remote)
+    "lmcache_mode": None,  # "mp" / "remote"; None: by the installed LMCache (mp from 0.5.6)
+    "lmcache_allocator": None,  # "mixed" / "lazy"; None: LMCache's default (recorded either way)
+    "hash_seed": None,  # PYTHONHASHSEED of every replica; None: 0 (managed) / unknown (attach); "unset"
     "replica_command": None,  # argv template; None: python -m vllm.entrypoints.openai.api_server ...
     "service_command": None,  # argv template; None: python -m lmcache.cli.main server ...
     "extra_args": [],  # appended to every replica's argv (recorded, part of the config digest)
@@ -129,6 +132,27 @@ def check(params: Mapping[str, Any]) -> None:
     for name in ("startup_timeout_s", "stop_grace_s"):
         if params[name] <= 0:
             raise ParamError(f"{name} must be > 0")
+    parse_hash_seed(params["hash_seed"])
+    if params["lmcache_mode"] not in (None, "mp", "remote"):
+        raise ParamError(f"lmcache_mode must be mp, remote or null, got {params['lmcache_mode']!r}")
+    if params["lmcache_allocator"] not in (None, "mixed", "lazy"):
+        given = params["lmcache_allocator"]
+        raise ParamError(f"lmcache_allocator must be mixed, lazy or null, got {given!r}")
+    if "PYTHONHASHSEED" in params["env"]:
+        raise ParamError("env PYTHONHASHSEED: give --param hash_seed=N (recorded and checked by the audit)")
+
+
+def parse_hash_seed(value: Any) -> int | str | None:
+    """An integer 0..4294967295, ``"unset"`` (replicas hash with random seeds), or None (the default)."""
+    if value is None or value == "unset":
+        return value
+    try:
+        seed = int(value)
+    except (TypeError, ValueError):
+        seed = -1
+    if isinstance(value, bool) or not 0 <= seed <= 4294967295:
+        raise ParamError(f"hash_seed must be an integer 0..4294967295 or \"unset\", got {value!r}")
+    return seed
 
 
 @dataclass(frozen=True)
@@ -146,6 +170,12 @@ class Settings:
     @property
     def gpu_list(self) -> tuple[int, ...] | None:
         return parse_gpus(self.params["gpus"])
+
+    @property
+    def managed_hash_seed(self) -> int | None:
+        """The PYTHONHASHSEED a managed target gives every replica (None: left unset)."""
+        seed = parse_hash_seed(self.params["hash_seed"])
+        return None if seed == "unset" else 0 if seed is None else int(seed)
 
     @property
     def attach_urls(self) -> tuple[tuple[str, ...], str | None] | None:

@@ -39,7 +39,7 @@ from .._base import Launch, LaunchRecord, Replica, Target, TargetError
 from ._engine import resolve
 from ._managed import VllmTarget, gpu_facts
 from ._observe import Observed, observe, observed_config
-from ._settings import PARAMS, Settings, check
+from ._settings import PARAMS, Settings, check, parse_hash_seed
 
 __all__ = ["PARAMS", "AttachedTarget", "VllmTarget", "check_params", "make_target"]
 
@@ -133,6 +133,12 @@ class AttachedTarget:
         return int(observed) if isinstance(observed, int) and observed > 0 else int(self.s.chunk_size)
 
     @property
+    def hash_seed(self) -> int | None:
+        """The PYTHONHASHSEED the researcher says the replicas run with (None: not known)."""
+        seed = parse_hash_seed(self.s.hash_seed)
+        return None if seed is None or seed == "unset" else int(seed)
+
+    @property
     def model_name(self) -> str:
         names = self.observed[0].served_names
         return str(self.s.served_name) if self.s.served_name in names or not names else names[0]
@@ -148,7 +154,7 @@ class AttachedTarget:
             "target": "vllm", "mode": "attach", "arm": arm, "chunk_size": self.chunk_size,
             "transfer_path": self.transfer_path,
             "replicas": [observed_config(o) for o in self.observed],
-            "service": self.service_config() if arm == "ON" else None,
+            "service": self.service_config() if arm == "ON" else None, "hash_seed": self.hash_seed,
         }  # fmt: skip
 
     def config_sha256(self, arm: str) -> str:
@@ -209,7 +215,7 @@ class AttachedTarget:
             "replica": i, "gpu": self._gpu(i), "endpoint": o.endpoint, "engine": "vllm",
             "engine_version": o.version, "command": None, "env": {},
             "model": {"path": o.model_root, "served_name": self.model_name, "revision": self.s.revision},
-            "config_sha256": digest, "kv_connector": None, "target": "vllm",
+            "config_sha256": digest, "kv_connector": None, "target": "vllm", "hash_seed": self.hash_seed,
             "transfer_path": self.transfer_path, "arm": arm, "attached": True, "restarted": False,
             "config": config, "observed_config": observed_config(o), "models": o.models,
             "cache_config": o.cache_config, "metrics": o.metrics,
