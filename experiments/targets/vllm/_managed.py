@@ -337,6 +337,7 @@ class VllmTarget:
             "kv_connector": self.lmcache.connector_config(self.s.host, service_port) if on else None,
             "lmcache": lmcache,
             "hash_seed": _seed_of(env), "device": "cuda" if gpu is not None else "cpu",
+            "packages": self.r.packages,
             "target": "vllm", "transfer_path": self.transfer_path, "arm": arm, "config": config,
             "restarted": True, "attached": False, "pid": proc.pid, "ready_s": proc.ready_seconds,
             "served_names": obs.served_names, "cache_config": obs.cache_config,

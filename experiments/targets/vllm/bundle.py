@@ -342,6 +342,7 @@ def build(
     archives: Sequence[str] | None = None,
     python: str = sys.executable,
     index_args: Sequence[str] = (),
+    preset: int = 6,
     out: IO[str] | None = sys.stderr,
 ) -> Path:
     """Build the bundle's parts; the directory holding them, ``SHA256SUMS`` and ``BUNDLE.json``.
@@ -359,11 +360,11 @@ def build(
     if unknown:
         raise BundleError(f"unknown archive(s): {sorted(unknown)}")
     wheels_dir.mkdir(parents=True, exist_ok=True)
-    manifest: dict[str, Any] = {"key": key, "host": dict(host), "part_bytes": part_bytes,
+    manifest: dict[str, Any] = {"key": key, "host": dict(host), "part_bytes": part_bytes, "xz_preset": preset,
                                 "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                                 "archives": {}}  # fmt: skip
     built = {name: _build_archive(name, pins["archives"][name], host, work, wheels_dir, part_bytes,
-                                  python=python, index_args=index_args, out=out)
+                                  python=python, index_args=index_args, preset=preset, out=out)
              for name in names}  # fmt: skip
     parts_dir = work / "parts"
     if parts_dir.exists():
@@ -382,9 +383,10 @@ def build(
 
 def _build_archive(name: str, spec: Mapping[str, Any], host: Mapping[str, Any], work: Path,
                    wheels_dir: Path, part_bytes: int, *, python: str, index_args: Sequence[str],
-                   out: IO[str] | None) -> tuple[Path, dict[str, Any]]:  # fmt: skip
+                   preset: int, out: IO[str] | None) -> tuple[Path, dict[str, Any]]:  # fmt: skip
     """One archive's parts, in a directory named by what decides them (reused when complete)."""
-    digest = hashlib.sha256(json.dumps([dict(host), dict(spec), part_bytes], sort_keys=True).encode())
+    decided_by: list[Any] = [dict(host), dict(spec), part_bytes] + ([preset] if preset != 6 else [])
+    digest = hashlib.sha256(json.dumps(decided_by, sort_keys=True).encode())
     where = work / "archives" / f"{name}-{digest.hexdigest()[:HASH_LEN]}"
     done = where / "info.json"
     if done.exists():
@@ -408,7 +410,7 @@ def _build_archive(name: str, spec: Mapping[str, Any], host: Mapping[str, Any], 
     unpacked = _dir_bytes(site)
     archive = where / f"{name}.tar.xz"
     _log(out, f"{name}: compressing {unpacked / MIB:.0f} MiB (xz)")
-    compress_site(site, archive)
+    compress_site(site, archive, preset=preset)
     compressed = archive.stat().st_size
     parts = split_file(archive, part_bytes)
     info = {"required": bool(spec.get("required", True)), "wheels": list(chosen), "pruned": removed,
@@ -626,6 +628,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     b.add_argument("--pins", type=Path, default=DEFAULT_PINS)
     b.add_argument("--part-mib", type=int, default=60, help="largest part, MiB (default 60)")
     b.add_argument("--no-ledger", action="store_true", help="leave out kvledger's own dependencies")
+    b.add_argument("--preset", type=int, default=6, choices=range(10), metavar="0-9",
+                   help="xz preset (default 6; 9 is smaller and slower)")
     b.add_argument("--root", type=Path, default=None,
                    help="default ${KVLEDGER_CACHE:-~/.cache/kvledger}/bundles")
     s = sub.add_parser("stage", help="copy the parts into folders c1, c2, ... of bounded size")
@@ -643,7 +647,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.cmd == "build":
             pins = load_pins(args.pins)
             names = [a for a in pins["archives"] if not (args.no_ledger and a == "ledger")]
-            parts = build(pins, root=args.root, part_bytes=args.part_mib * MIB, archives=names)
+            parts = build(pins, root=args.root, part_bytes=args.part_mib * MIB, archives=names,
+                          preset=args.preset)
             for line in (parts / SUMS).read_text().splitlines():
                 digest, name = line.split("  ", 1)
                 print(f"{(parts / name).stat().st_size:>12}  {digest}  {parts / name}")

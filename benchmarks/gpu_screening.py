@@ -1,0 +1,113 @@
+"""The committed GPU screening, re-read: request rate and the seed's Table 3 ratios per size.
+
+``python -m benchmarks gpu-screening [--data DIR]`` (default ``tests/data/gpu``)
+
+Imports the study's export (``ledger.jsonl.xz``) into a fresh SQLite ledger
+and prints, for its screening run:
+
+- measured requests per second of wall time (``run.started`` to ``run.finished``);
+- per prompt size, the median TTFT of the micro chains' steps by arm, and the
+  seed's ratios: ON/OFF cross-replica TTFT, cross-replica reuse against the
+  first local reuse (ON ``cross`` / ON ``local1``), cold against cross (ON).
+  The seed's Table 3 has the shape cold ≫ cross > local: both last ratios > 1.
+
+The last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import lzma
+import shutil
+import statistics
+import sys
+import tempfile
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from benchmarks._common import emit
+from ledger import open_ledger
+from ledger._jsonl import import_jsonl
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT = REPO / "tests" / "data" / "gpu"
+
+
+def _seconds(ts: str) -> float:
+    return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a is not None and b else None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks gpu-screening")
+    parser.add_argument("--data", type=Path, default=DEFAULT, help="a study folder with ledger.jsonl.xz")
+    args = parser.parse_args()
+    export = args.data / "ledger.jsonl.xz"
+    if not export.is_file():
+        print(f"error: no committed export at {export}", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="kvledger-gpu-") as tmp:
+        jsonl = Path(tmp) / "ledger.jsonl"
+        with lzma.open(export, "rb") as src, open(jsonl, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        ledger = open_ledger(f"sqlite:///{Path(tmp) / 'ledger.db'}")
+        try:
+            import_jsonl(ledger, jsonl)
+            runs = ledger.sql("""SELECT s.run_id, s.ts AS started, f.ts AS finished, f.data
+                                 FROM (SELECT * FROM run_started WHERE experiment = 'screening') s
+                                 LEFT JOIN (SELECT run_id, ts, status AS data FROM run_finished) f
+                                 USING (run_id)""").to_pylist()  # fmt: skip
+            if not runs:
+                print(f"error: {export} holds no screening run", file=sys.stderr)
+                return 2
+            run = runs[-1]
+            rows = ledger.sql(f"""
+                SELECT b.arm, q.step, q.nominal_tokens, r.ttft_s
+                FROM request_sent q JOIN block_started b USING (block_id)
+                JOIN response_received r USING (request_id)
+                WHERE q.run_id = '{run["run_id"]}' AND q.workload = 'micro' AND NOT q.warmup
+                  AND r.ttft_s IS NOT NULL""").to_pylist()  # fmt: skip
+            measured = ledger.sql(f"""SELECT count(*) AS n FROM request_sent
+                                      WHERE run_id = '{run["run_id"]}' AND NOT warmup""").to_pylist()[0]["n"]
+        finally:
+            ledger.close()
+    wall = _seconds(str(run["finished"])) - _seconds(str(run["started"])) if run["finished"] else None
+    medians: dict[tuple[str, str, int], float] = {}
+    groups: dict[tuple[str, str, int], list[float]] = {}
+    for r in rows:
+        groups.setdefault((r["arm"], r["step"], int(r["nominal_tokens"])), []).append(float(r["ttft_s"]))
+    medians = {k: statistics.median(v) for k, v in groups.items()}
+    sizes = sorted({k[2] for k in medians})
+    per_size: list[dict[str, Any]] = []
+    print(f"{args.data.name}: screening {run['run_id']}, status {run['data']}")
+    print(f"{measured} measured requests in {wall:.1f} s of wall time: {measured / wall:.2f} requests/s"
+          if wall else f"{measured} measured requests; the run did not finish")  # fmt: skip
+    print(f"{'size':>8} {'cold ON':>9} {'cross ON':>9} {'cross OFF':>9} {'local1 ON':>9} "
+          f"{'cross ON/OFF':>12} {'cross/local1':>12} {'cold/cross':>10}")
+    for size in sizes:
+        m = {(arm, step): medians.get((arm, step, size)) for arm in ("ON", "OFF")
+             for step in ("cold", "cross", "local1")}  # fmt: skip
+        row = {"size": size, "median_ttft_s": {f"{s}_{a}": v for (a, s), v in m.items()},
+               "cross_on_over_off": _ratio(m["ON", "cross"], m["OFF", "cross"]),
+               "cross_over_local1_on": _ratio(m["ON", "cross"], m["ON", "local1"]),
+               "cold_over_cross_on": _ratio(m["ON", "cold"], m["ON", "cross"])}  # fmt: skip
+        per_size.append(row)
+
+        def ms(v: float | None) -> str:
+            return f"{v * 1000:8.1f}ms" if v is not None else f"{'-':>10}"
+
+        ratios = [row["cross_on_over_off"], row["cross_over_local1_on"], row["cold_over_cross_on"]]
+        print(f"{size:>8} {ms(m['ON', 'cold'])} {ms(m['ON', 'cross'])} {ms(m['OFF', 'cross'])} "
+              f"{ms(m['ON', 'local1'])} {ratios[0]!s:>12} {ratios[1]!s:>12} {ratios[2]!s:>10}")
+    emit({"benchmark": "gpu-screening", "data": str(args.data), "run_id": run["run_id"],
+          "measured": measured, "wall_s": round(wall, 2) if wall else None,
+          "requests_per_s": round(measured / wall, 3) if wall else None, "sizes": per_size})  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
