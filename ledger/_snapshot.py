@@ -45,6 +45,7 @@ import json
 import logging
 import mmap
 import os
+import re
 import shutil
 import time
 from collections.abc import Iterator, Mapping
@@ -179,6 +180,11 @@ class Proof:
         return file_sha256(path)
 
 
+def _is_segment_name(name: Any) -> bool:
+    """A segment file's own name (state.json is not trusted to name anything else)."""
+    return isinstance(name, str) and re.fullmatch(r"events-\d{12}-\d{12}\.parquet", name) is not None
+
+
 def _empty() -> dict[str, Any]:
     return {"version": _VERSION, "segments": [], "projections": {}}
 
@@ -262,7 +268,8 @@ class Snapshot:
             state = self._state()
             kept, dropped = self._prove(ledger, state)
             for entry in dropped:
-                (self.directory / str(entry.get("name", ""))).unlink(missing_ok=True)
+                if _is_segment_name(entry.get("name") if isinstance(entry, dict) else None):
+                    (self.directory / entry["name"]).unlink(missing_ok=True)
             state["segments"] = [{"name": s.path.name, "sha256": s.sha256} for s in kept]
             head = ledger.head()
             until = 0 if head is None else head.seq if up_to_seq is None else min(head.seq, up_to_seq)
@@ -368,8 +375,7 @@ class Snapshot:
 
     def _segment(self, entry: Any, first: int) -> tuple[Segment | None, str | None]:
         """The segment of one state entry, or None with the problem (None: missing, rebuilt quietly)."""
-        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str) \
-                or "/" in entry["name"] or not entry["name"].startswith("events-"):
+        if not isinstance(entry, dict) or not _is_segment_name(entry.get("name")):
             return None, "state.json lists a segment that is not one"
         path = self.directory / entry["name"]
         if not path.is_file():

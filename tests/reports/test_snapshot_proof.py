@@ -299,3 +299,17 @@ def test_a_sim_run_attested_over_a_tampered_cache(tmp_path: Path) -> None:
     assert predicate["audit"]["findings"]["snapshot-mismatch (blocking)"] == len(responses)
     for name in ("report.json", "report.md"):
         assert (tampered / name).read_bytes() == (clean / name).read_bytes()
+
+
+def test_state_naming_a_file_outside_the_snapshot_is_a_mismatch_and_touches_nothing(
+        ledger: Ledger, tmp_path: Path) -> None:
+    root = tmp_path / "snapshots"
+    clean, _, folder = _derive(ledger, root)
+    outside = root / "keep.parquet"
+    outside.write_bytes(b"not a segment")
+    state = _state(folder)
+    state["segments"].insert(0, {"name": "../keep.parquet", "sha256": file_sha256(outside)})
+    _write_state(folder, state)
+    report, findings, _ = _derive(ledger, root)
+    assert report == clean and [f["target"] for f in _mismatches(findings)] == ["../keep.parquet"]
+    assert outside.read_bytes() == b"not a segment"
