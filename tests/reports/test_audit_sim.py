@@ -1,0 +1,438 @@
+"""Every audit code planted in the ledger of a real ``sim`` run, and found where it was planted.
+
+One validation run and one clean screening run (small shape, fast sim clock) are shared by the
+module; the sim's own faults make their own runs. Flaws that no fault produces are planted the
+way an imported or hand-edited ledger carries them: the run's envelopes are edited and imported
+into a fresh ledger (sealed again, so the chain verifies), or appended through the ledger's API.
+A SIGKILL is a prefix of the run's envelopes (events land in whole batches). Planting tests check
+the code, its severity and the finding's target; a clean run draws no blocking finding.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from ledger import NewEvent, export_jsonl, open_ledger
+from ledger._cli import cli
+from reports import SEVERITY, Finding, audit, open_source
+from tests.ledger._helpers import tamper_sqlite
+
+pytestmark = pytest.mark.slow
+
+Envelope = dict[str, Any]
+FAST = ["--param", "time_scale=0.001", "--no-progress"]
+_SHAPE = ["sizes=[1000,2000]", "session_sizes=[1000]", "generation_sizes=[1000]", "generation_outputs=[16]",
+          "window_sessions=[2]", "window_size=1000", "session_turns=3", "window_turns=2", "chains=1",
+          "sessions=1", "warmups=1"]
+SMALL = [arg for p in _SHAPE for arg in ("--param", p)]
+VALIDATION = ["--param", "size=2000", "--param", "reverse_size=1000", "--param", "session_size=1000"]
+PLANTED: set[str] = set()
+
+
+def plants(*codes: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Mark a test as planting ``codes`` (the module must plant every code the audit has)."""
+    PLANTED.update(codes)
+    return lambda test: test
+
+
+def _envelopes(url: str) -> list[Envelope]:
+    led = open_ledger(url)
+    try:
+        buf = io.BytesIO()
+        export_jsonl(led, buf)
+    finally:
+        led.close()
+    keys = ("id", "ts", "kind", "run_id", "block_id", "data")
+    return [{k: e[k] for k in keys} for e in map(orjson.loads, buf.getvalue().splitlines())]
+
+
+def _run(url: str, experiment: str, *params: str) -> list[Envelope]:
+    """``ledger run EXPERIMENT`` on the sim into a fresh ledger at ``url``; its envelopes."""
+    result = CliRunner().invoke(cli, ["run", experiment, "--db", url, "--target", "sim", *FAST, *params],
+                                catch_exceptions=False)  # fmt: skip
+    assert result.exit_code in (0, 1), result.output  # 1: the run itself found a failure
+    return _envelopes(url)
+
+
+class Sim:
+    """The module's sim runs: validation + clean screening, and one screening per fault (cached)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.validation = _run(self._url("validation"), "validation", *VALIDATION)
+        self.screening = _run(self._url("clean"), "screening", *SMALL)
+        self._faults: dict[str, list[Envelope]] = {}
+
+    def _url(self, name: str) -> str:
+        return f"sqlite:///{self.folder / (name + '.db')}"
+
+    def clean(self) -> list[Envelope]:
+        """Validation then the clean screening: a publishable ledger (a fresh copy to edit)."""
+        return copy.deepcopy(self.validation + self.screening)
+
+    def fault(self, *params: str) -> list[Envelope]:
+        """Validation then a screening run with ``params`` (e.g. a sim fault)."""
+        key = " ".join(params)
+        if key not in self._faults:
+            self._faults[key] = _run(self._url(f"fault{len(self._faults)}"), "screening", *SMALL, *params)
+        return copy.deepcopy(self.validation + self._faults[key])
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory: pytest.TempPathFactory) -> Sim:
+    return Sim(tmp_path_factory.mktemp("sim"))
+
+
+@pytest.fixture
+def found(build_lite: Any) -> Callable[[list[Envelope]], list[Finding]]:
+    """Import envelopes into a fresh SQLite ledger (sealed again) and audit it."""
+    return lambda envelopes: audit(build_lite(envelopes))
+
+
+# --- reading and editing envelopes ---------------------------------------------------------------
+
+
+def _screening_run(envs: list[Envelope]) -> str:
+    return next(e["run_id"] for e in envs
+                if e["kind"] == "run.started" and e["data"]["experiment"] == "screening")  # fmt: skip
+
+
+def _screening(envs: list[Envelope], kind: str) -> list[Envelope]:
+    run_id = _screening_run(envs)
+    return [e for e in envs if e["kind"] == kind and e["run_id"] == run_id]
+
+
+def _arms(envs: list[Envelope]) -> dict[str, str]:
+    return {e["block_id"]: e["data"]["arm"] for e in envs if e["kind"] == "block.started"}
+
+
+def _request(envs: list[Envelope], arm: str, step: str, workload: str = "micro", nth: int = 0) -> Envelope:
+    """The ``nth`` measured request.sent of ``arm`` at ``step``."""
+    arms = _arms(envs)
+    return [e for e in envs if e["kind"] == "request.sent" and not e["data"]["warmup"]
+            and arms.get(e["block_id"]) == arm and e["data"]["step"] == step
+            and e["data"]["workload"] == workload][nth]  # fmt: skip
+
+
+def _of(envs: list[Envelope], kind: str, request_id: str, **match: Any) -> Envelope:
+    return next(e for e in envs if e["kind"] == kind and e["data"].get("request_id") == request_id
+                and all(e["data"].get(k) == v for k, v in match.items()))  # fmt: skip
+
+
+def _fixture(envs: list[Envelope], check: Envelope) -> Envelope:
+    """The fixture.created of a check's request."""
+    fixture_id = _of(envs, "request.sent", check["data"]["request_id"])["data"]["fixture_id"]
+    return next(e for e in envs if e["kind"] == "fixture.created" and e["data"]["fixture_id"] == fixture_id)
+
+
+def _codes(findings: list[Finding]) -> dict[str, set[str | None]]:
+    out: dict[str, set[str | None]] = {}
+    for f in findings:
+        out.setdefault(f.code, set()).add(f.target)
+    return out
+
+
+def _one(findings: list[Finding], code: str, target: str | None = None) -> Finding:
+    hits = [f for f in findings if f.code == code and (target is None or f.target == target)]
+    assert hits, f"no {code} finding{'' if target is None else ' at ' + target}: {_codes(findings)}"
+    assert all(f.severity == SEVERITY[code] for f in hits)
+    return hits[0]
+
+
+def _blocking(findings: list[Finding]) -> set[str]:
+    return {f.code for f in findings if f.severity == "blocking"}
+
+
+# --- the clean run ---------------------------------------------------------------------------------
+
+
+@plants("assertion-not-independent")
+def test_a_clean_sim_run_has_no_blocking_finding(sim: Sim, found: Any) -> None:
+    findings = found(sim.clean())
+    assert _blocking(findings) == set(), [f.detail for f in findings if f.severity == "blocking"]
+    assert {f.code for f in findings} == {"assertion-not-independent"}
+    assert _screening_run(sim.clean()) in _codes(findings)["assertion-not-independent"]
+
+
+# --- the sim's own faults ----------------------------------------------------------------------------
+
+
+@plants("namespace-leak")
+def test_namespace_leak_fault(sim: Sim, found: Any) -> None:
+    envs = sim.fault("--param", "fault=namespace-leak")
+    findings = found(envs)
+    leaked = {f.target for f in findings if f.code == "namespace-leak"}
+    cold = {e["data"]["request_id"]: e["data"]["nominal_tokens"] for e in _screening(envs, "request.sent")
+            if e["data"]["step"] == "cold" and not e["data"]["warmup"]}  # fmt: skip
+    assert leaked and {cold[r] for r in leaked if r} == {2000}  # the larger size hit its sibling's prefix
+    assert "cached tokens" in _one(findings, "namespace-leak").detail
+
+
+@plants("assertion-failed")
+def test_corrupt_transfer_fault_fails_the_checks_and_draws_no_inconsistency(sim: Sim, found: Any) -> None:
+    findings = found(sim.fault("--param", "sim_fault=corrupt-transfer"))
+    failed = _one(findings, "assertion-failed")
+    assert "failed: expected" in failed.detail
+    assert not {"assertion-inconsistent", "hits-inconsistent"} & _blocking(findings)
+
+
+@plants("counter-mismatch", "missing-full-prefix-hit")
+def test_stale_counters_fault(sim: Sim, found: Any) -> None:
+    envs = sim.fault("--param", "sim_fault=stale-counters")
+    findings = found(envs)
+    assert "prefix-query increment 0" in _one(findings, "counter-mismatch").detail
+    cross = {_request(envs, "ON", "cross", nth=i)["data"]["request_id"] for i in range(2)}
+    assert cross <= {f.target for f in findings if f.code == "missing-full-prefix-hit"}
+    # Stale counters are what the scrapes say: the recorded hits and verdicts agree with them.
+    assert not {"assertion-inconsistent", "hits-inconsistent"} & _blocking(findings)
+
+
+@plants("hash-seed-unset")
+def test_replicas_launched_without_a_hash_seed(sim: Sim, found: Any) -> None:
+    envs = sim.fault("--param", "hash_seed=null")
+    config = next(e["data"]["config_sha256"] for e in _screening(envs, "deployment.launched")
+                  if _arms(envs)[e["block_id"]] == "ON")  # fmt: skip
+    assert "PYTHONHASHSEED (unset)" in _one(found(envs), "hash-seed-unset", config).detail
+
+
+@plants("run-incomplete")
+def test_a_dying_replica_fails_the_run(sim: Sim, found: Any) -> None:
+    envs = sim.fault("--param", "sim_fault=truncated-stream:die=1@replica=1")
+    findings = found(envs)
+    incomplete = _one(findings, "run-incomplete", _screening_run(envs))
+    assert incomplete.detail == "screening run finished failed"
+    assert "unpaired-request" not in _codes(findings)
+
+
+def test_a_killed_run_is_one_finding_with_its_unpaired_requests_counted(sim: Sim, found: Any) -> None:
+    """SIGKILL in the fourth block: the run is a prefix of its batches, without run.finished."""
+    envs = sim.clean()
+    blocks = [e["block_id"] for e in _screening(envs, "block.started")]
+    cut = next(i for i, e in enumerate(envs)
+               if e["block_id"] == blocks[3] and e["kind"] == "session.finished")  # fmt: skip
+    findings = found(envs[:cut])
+    third = sum(e["kind"] == "request.sent" and e["block_id"] == blocks[2] and not e["data"]["warmup"]
+                for e in envs)  # fmt: skip
+    partial = sum(e["kind"] == "request.sent" and e["block_id"] == blocks[3] and not e["data"]["warmup"]
+                  for e in envs[:cut])  # fmt: skip
+    detail = _one(findings, "run-incomplete", _screening_run(envs)).detail
+    assert detail == (f"screening run has no run.finished; {third - partial} measured request(s) left "
+                      "without a partner in the other arm")  # fmt: skip
+    assert third - partial > 10 and "unpaired-request" not in _codes(findings)
+
+
+# --- the issue's tampering: a verdict its observations contradict ------------------------------------
+
+
+@plants("hits-inconsistent", "assertion-inconsistent")
+def test_cutting_recorded_external_hits_to_a_third_is_found(sim: Sim, found: Any) -> None:
+    envs = sim.clean()
+    rid = _request(envs, "ON", "cross")["data"]["request_id"]
+    hits = _of(envs, "hits.observed", rid)["data"]
+    full = hits["external_hit_tokens"]
+    hits["external_hit_tokens"] = full // 3  # the full_prefix_hit assertion still says passed
+    assert _of(envs, "assertion.evaluated", rid, check="full_prefix_hit")["data"]["passed"] is True
+    findings = found(envs)
+    assert _one(findings, "hits-inconsistent", rid).detail == (
+        f"replica {hits['replica']}: hits.observed records prefix queries {hits['prefix_queries']}, local 0, "
+        f"external {full // 3}; its metrics.scraped before/after give prefix queries "
+        f"{hits['prefix_queries']}, local 0, external {full}")
+    inconsistent = {f.detail.split(" ")[0]: f.detail for f in findings
+                    if f.code == "assertion-inconsistent" and f.target == rid}  # fmt: skip
+    shareable = _of(envs, "assertion.evaluated", rid, check="full_prefix_hit")["data"]["expected"]
+    assert inconsistent["full_prefix_hit"] == (
+        f"full_prefix_hit recorded passed (expected {shareable}, observed {full}); its observations give "
+        f"failed (expected {shareable}, observed {full // 3})")
+    assert "counters_match recorded passed" in inconsistent["counters_match"]
+    assert f"hit {full // 3} external" in _one(findings, "missing-full-prefix-hit", rid).detail
+
+
+def test_a_hand_edited_verdict_is_inconsistent(sim: Sim, found: Any) -> None:
+    """A failing check (corrupt transfer) edited to say passed."""
+    envs = sim.fault("--param", "sim_fault=corrupt-transfer")
+    edited = next(e for e in envs if e["kind"] == "assertion.evaluated" and not e["data"]["passed"]
+                  and e["data"]["check"] == "matches_cold_reference")  # fmt: skip
+    edited["data"]["passed"] = True
+    rid = edited["data"]["request_id"]
+    findings = found(envs)
+    detail = _one(findings, "assertion-inconsistent", rid).detail
+    assert detail.startswith("matches_cold_reference recorded passed")
+    assert "observations give failed" in detail
+    failed = [f.detail for f in findings if f.code == "assertion-failed" and f.target == rid]
+    assert any(d.startswith("matches_cold_reference fails on its observations") for d in failed)
+    assert all(d.endswith("(recorded as passed)") for d in failed if "fails on its observations" in d)
+
+
+def test_an_exact_value_check_against_another_expectation_is_inconsistent(sim: Sim, found: Any) -> None:
+    envs = sim.clean()
+    check = next(e for e in _screening(envs, "assertion.evaluated") if e["data"]["check"] == "exact_values")
+    name = sorted(check["data"]["expected"])[0]
+    check["data"]["expected"][name] += 1
+    check["data"]["observed"][name] += 1  # answer and expectation edited alike; the verdict left passed
+    findings = found(envs)
+    detail = _one(findings, "assertion-inconsistent", check["data"]["request_id"]).detail
+    # The whole answer is stored (its digest matches): the values are read from it, and agree with
+    # the fixture; the recorded expectation and values do not.
+    values = orjson.dumps(_fixture(envs, check)["data"]["expected"], option=orjson.OPT_SORT_KEYS).decode()
+    assert detail.endswith(f"its observations give passed (expected {values}, observed {values}) — the "
+                           "recorded expectation is not its fixture's")
+
+
+# --- flaws no fault makes: edited envelopes or appended events ----------------------------------------
+
+
+@plants("unpaired-request")
+def test_unpaired_request(sim: Sim, found: Any) -> None:
+    envs = sim.clean()
+    off = _request(envs, "OFF", "local1")["data"]
+    on = _request(envs, "ON", "local1")
+    gone = off["request_id"]
+    kept = [e for e in envs if e["data"].get("request_id") != gone
+            and e["data"].get("reference_request_id") != gone]  # fmt: skip
+    on_ids = {e["data"]["request_id"] for e in kept if e["kind"] == "request.sent"
+              and e["block_id"] == on["block_id"] and e["data"]["step"] == "local1"}  # fmt: skip
+    findings = found(kept)
+    unpaired = _one(findings, "unpaired-request")
+    assert unpaired.target in on_ids and "ON request" in unpaired.detail
+
+
+@plants("pair-payload-mismatch", "pair-gpu-mismatch")
+def test_pair_mismatches(sim: Sim, found: Any) -> None:
+    envs = sim.clean()
+    payload, gpu = (_request(envs, "OFF", "local2", nth=n)["data"] for n in (0, 1))
+    payload["payload_sha256"] = "0" * 64
+    gpu["gpu"] = {"index": 7, "name": "sim", "uuid": None}
+    findings = found(envs)
+    assert f"payload differs from OFF partner {payload['request_id']}" in _one(
+        findings, "pair-payload-mismatch").detail
+    mismatch = _one(findings, "pair-gpu-mismatch")
+    assert f"target GPU differs from OFF partner {gpu['request_id']}" in mismatch.detail
+
+
+@plants("warmup-in-measurement")
+def test_warmup_in_measurement(sim: Sim, found: Any) -> None:
+    envs = sim.clean()
+    session = _screening(envs, "session.finished")[0]
+    warmup = next(e["data"]["request_id"] for e in envs if e["kind"] == "request.sent"
+                  and e["block_id"] == session["block_id"] and e["data"]["warmup"])  # fmt: skip
+    session["data"]["requests"].append(warmup)
+    assert _one(found(envs), "warmup-in-measurement", warmup)
+
+
+@plants("off-arm-external-hits")
+def test_off_arm_external_hits(sim: Sim, found: Any) -> None:
+    envs = sim.clean()
+    rid = _request(envs, "OFF", "cross")["data"]["request_id"]
+    _of(envs, "hits.observed", rid)["data"]["external_hit_tokens"] = 512
+    findings = found(envs)
+    assert _one(findings, "off-arm-external-hits", rid).detail == "OFF block observed 512 external hit tokens"
+    assert _one(findings, "hits-inconsistent", rid)  # the scrapes say 0
+
+
+@plants("checkpoint-mismatch", "checkpoint-unverified", "declared-exclusion")
+def test_appended_checkpoint_audits_and_exclusion(sim: Sim, found: Any, build_lite: Any) -> None:
+    envs = sim.clean()
+    run_id = _screening_run(envs)
+    block = _screening(envs, "block.started")[0]["block_id"]
+    ledger = build_lite(envs).ledger
+    file = {"name": "model.safetensors", "bytes": 10, "sha256": "a" * 64}
+    audited = {"stable": True, "missing": []}
+    ledger.append_many([
+        NewEvent("checkpoint.audited", {**audited, "path": "/models/bad", "revision": "r1", "matched": False,
+                                        "files": [{**file, "expected_sha256": "b" * 64}]}, run_id),
+        NewEvent("checkpoint.audited", {**audited, "path": "/models/bare", "revision": None, "matched": None,
+                                        "files": [file]}, run_id),
+        NewEvent("exclusion.declared", {"scope": "block", "target": block, "reason": "host maintenance"},
+                 run_id),
+    ])  # fmt: skip
+    src = open_source(ledger)
+    try:
+        findings = audit(src)
+    finally:
+        src.close()
+    assert "model.safetensors (SHA-256)" in _one(findings, "checkpoint-mismatch", "/models/bad").detail
+    assert _one(findings, "checkpoint-unverified", "/models/bare")
+    assert _one(findings, "declared-exclusion", block).detail == "block excluded: host maintenance"
+
+
+@plants("provenance-missing")
+@pytest.mark.parametrize("branch", ["code version", "package versions", "launch records", "checkpoint audit"])
+def test_every_branch_of_provenance_missing(sim: Sim, found: Any, branch: str) -> None:
+    envs = sim.clean()
+    run_id = _screening_run(envs)
+    started = next(e for e in envs if e["kind"] == "run.started" and e["run_id"] == run_id)["data"]
+    if branch == "code version":
+        started["code"] = {"commit": None}
+    elif branch == "package versions":
+        started["packages"] = {}
+    elif branch == "launch records":
+        envs = [e for e in envs if not (e["kind"] == "deployment.launched" and e["run_id"] == run_id)]
+    else:  # a vllm run must audit its checkpoint
+        started["params"]["target"] = "vllm"
+    assert _one(found(envs), "provenance-missing", run_id).detail == f"run lacks {branch}"
+
+
+@plants("validation-missing")
+def test_screening_without_a_validation_run(sim: Sim, found: Any) -> None:
+    envs = copy.deepcopy(sim.screening)
+    config = next(e["data"]["config_sha256"] for e in envs if e["kind"] == "deployment.launched"
+                  and _arms(envs)[e["block_id"]] == "ON")  # fmt: skip
+    assert "service regression" in _one(found(envs), "validation-missing", config).detail
+
+
+@plants("order-unbalanced")
+def test_blocks_in_another_order(sim: Sim, found: Any) -> None:
+    envs = sim.clean()
+    third, fourth = [e["data"] for e in _screening(envs, "block.started")][2:]
+    third["index"], fourth["index"] = fourth["index"], third["index"]  # ran OFF–ON–OFF–ON
+    detail = _one(found(envs), "order-unbalanced", "OFF–ON–OFF–ON").detail
+    assert "but the run recorded order" in detail
+
+
+@plants("blocks-not-restarted")
+def test_blocks_not_restarted(sim: Sim, found: Any) -> None:
+    envs = sim.clean()
+    started = _screening(envs, "block.started")[0]
+    started["data"]["restarted"] = False
+    assert _one(found(envs), "blocks-not-restarted", started["block_id"])
+
+
+@plants("chain-broken")
+def test_an_edited_row_breaks_the_chain(sim: Sim, build_lite: Any, sqlite_url: str) -> None:
+    src = build_lite(sim.clean())
+    seq = src.scalar("SELECT min(seq) FROM events WHERE kind = 'hits.observed'")
+    tamper_sqlite(sqlite_url, [f"UPDATE events SET data = replace(data, '\"replica\":', '\"replica\": ') "
+                               f"WHERE seq = {seq}"])  # fmt: skip
+    assert _one(audit(src), "chain-broken", str(seq))
+
+
+@plants("snapshot-mismatch")
+def test_a_tampered_snapshot_file(sim: Sim, build_lite: Any, tmp_path: Path) -> None:
+    ledger = build_lite(sim.clean()).ledger
+    root = tmp_path / "snapshots"
+    open_source(ledger, root).close()
+    target = next(p for p in sorted(root.rglob("*.parquet")) if "projection" in str(p)
+                  and "ttft_s" in pq.read_schema(p).names)  # fmt: skip
+    table = pq.read_table(target)
+    column = table.schema.get_field_index("ttft_s")
+    halved = table.set_column(column, "ttft_s", pc.multiply(table.column("ttft_s"), 0.5))
+    pq.write_table(halved, target)
+    src = open_source(ledger, root, verify=True)
+    try:
+        assert _one(audit(src), "snapshot-mismatch")
+    finally:
+        src.close()
+
+
+def test_every_audit_code_is_planted_in_a_sim_ledger() -> None:
+    assert set(SEVERITY) == PLANTED, sorted(set(SEVERITY) ^ PLANTED)
