@@ -68,7 +68,7 @@ __all__ = [
     "pip_download_argv",
     "platform_tags",
     "select_wheels",
-    "split_file",
+    "split_into",
     "stage",
     "write_sums",
 ]
@@ -286,20 +286,17 @@ def compress_site(site: Path, dest: Path, *, preset: int = 6) -> None:
     os.replace(tmp, dest)
 
 
-def split_file(path: Path, part_bytes: int) -> list[Path]:
-    """``path`` → ``path.part-000``, ``-001``, ... of at most ``part_bytes`` each; ``path`` removed."""
+def split_into(archive: Path, dest: Path, part_bytes: int) -> list[str]:
+    """``archive`` → ``dest/<archive name>.part-000``, ... of at most ``part_bytes``; their names."""
     if part_bytes <= 0:
         raise BundleError("part size must be positive")
-    parts = []
-    with open(path, "rb") as f:
-        i = 0
+    names: list[str] = []
+    with open(archive, "rb") as f:
         while chunk := f.read(part_bytes):
-            part = path.with_name(f"{path.name}.part-{i:03d}")
-            part.write_bytes(chunk)
-            parts.append(part)
-            i += 1
-    path.unlink()
-    return parts
+            name = f"{archive.name}.part-{len(names):03d}"
+            (dest / name).write_bytes(chunk)
+            names.append(name)
+    return names
 
 
 def write_sums(directory: Path, names: Sequence[str]) -> Path:
@@ -371,11 +368,10 @@ def build(
         shutil.rmtree(parts_dir)
     parts_dir.mkdir(parents=True)
     all_parts: list[str] = []
-    for name, (where, info) in built.items():
-        for part in info["parts"]:
-            shutil.copyfile(where / part, parts_dir / part)
-        all_parts += info["parts"]
-        manifest["archives"][name] = info
+    for name, (archive, info) in built.items():
+        parts = split_into(archive, parts_dir, part_bytes)
+        all_parts += parts
+        manifest["archives"][name] = {**info, "parts": parts}
     (parts_dir / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     write_sums(parts_dir, [*all_parts, MANIFEST])
     return parts_dir
@@ -384,14 +380,17 @@ def build(
 def _build_archive(name: str, spec: Mapping[str, Any], host: Mapping[str, Any], work: Path,
                    wheels_dir: Path, part_bytes: int, *, python: str, index_args: Sequence[str],
                    preset: int, out: IO[str] | None) -> tuple[Path, dict[str, Any]]:  # fmt: skip
-    """One archive's parts, in a directory named by what decides them (reused when complete)."""
-    decided_by: list[Any] = [dict(host), dict(spec), part_bytes] + ([preset] if preset != 6 else [])
+    """One archive (.tar.xz), in a directory named by what decides it (reused when complete).
+
+    The part size is no part of it: splitting again into other sizes is cheap.
+    """
+    decided_by: list[Any] = [dict(host), dict(spec)] + ([preset] if preset != 6 else [])
     digest = hashlib.sha256(json.dumps(decided_by, sort_keys=True).encode())
     where = work / "archives" / f"{name}-{digest.hexdigest()[:HASH_LEN]}"
     done = where / "info.json"
     if done.exists():
         _log(out, f"{name}: already built in {where}")
-        return where, json.loads(done.read_text())
+        return where / f"{name}.tar.xz", json.loads(done.read_text())
     if where.exists():
         shutil.rmtree(where)
     where.mkdir(parents=True)
@@ -412,14 +411,14 @@ def _build_archive(name: str, spec: Mapping[str, Any], host: Mapping[str, Any], 
     _log(out, f"{name}: compressing {unpacked / MIB:.0f} MiB (xz)")
     compress_site(site, archive, preset=preset)
     compressed = archive.stat().st_size
-    parts = split_file(archive, part_bytes)
     info = {"required": bool(spec.get("required", True)), "wheels": list(chosen), "pruned": removed,
-            "unpacked_bytes": unpacked, "compressed_bytes": compressed, "parts": [p.name for p in parts]}
+            "unpacked_bytes": unpacked, "compressed_bytes": compressed,
+            "sha256": sha256_file(archive)}  # fmt: skip
     done.write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")  # written last: complete
     shutil.rmtree(site)
     seconds = time.monotonic() - t0
-    _log(out, f"{name}: {compressed / MIB:.1f} MiB in {len(parts)} part(s), {seconds:.0f} s")
-    return where, info
+    _log(out, f"{name}: {compressed / MIB:.1f} MiB, {seconds:.0f} s")
+    return archive, info
 
 
 def stage(parts_dir: Path, dest: Path, *, max_bytes: int = 60 * MIB) -> list[Path]:
