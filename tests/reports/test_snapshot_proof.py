@@ -96,7 +96,8 @@ def _halve_ttft_at(name: str, folder: Path) -> None:
     _halve_ttft_in_raw(folder / name)
 
 
-def test_every_tampered_cache_file_is_rebuilt_and_named(ledger: Ledger, tmp_path: Path) -> None:
+def test_every_tampered_cache_file_is_rebuilt_and_named(ledger: Ledger, ledger_url: str,
+                                                        tmp_path: Path) -> None:
     pristine = tmp_path / "snapshots"
     clean, clean_findings, folder = _derive(ledger, pristine)
     assert _mismatches(clean_findings) == []
@@ -134,7 +135,9 @@ def test_every_tampered_cache_file_is_rebuilt_and_named(ledger: Ledger, tmp_path
 
     # Each projection, one file at a time (each of the second segment, one of the first): a number
     # in it halved.
-    for name in [p for p in projections if p.endswith(segments[1])] + [projections[0]]:
+    # (PostgreSQL: two of them; the proof reads the database the same way for every file.)
+    tampered = [p for p in projections if p.endswith(segments[1])] + [projections[0]]
+    for name in tampered if ledger_url.startswith("sqlite") else tampered[:1] + tampered[-1:]:
         case(partial(_halve_at, name), name)
     # Each raw segment: ttft_s halved in the JSON of every response.
     for name in segments:
