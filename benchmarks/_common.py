@@ -30,6 +30,7 @@ def payload(rng: random.Random, index: int) -> dict[str, Any]:
         "text_sha256": f"{rng.getrandbits(256):064x}",
         "finish_reason": "length",
         "error": None,
+        "ttft_method": "kernel-stamp",
         "index": index,
     }
 

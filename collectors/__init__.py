@@ -8,7 +8,8 @@ The request path (used by experiments)::
 
 - :func:`send_request` streams one request and emits ``request.sent`` and
   ``response.received`` (failures recorded, never raised);
-  :func:`run_concurrently` bounds how many are in flight.
+  :func:`run_concurrently` bounds how many are in flight. Its ``method``
+  (:data:`TTFT_METHODS`) says how TTFT is dated; each response records it.
 - :func:`scrape_metrics` / :func:`record_scrape` / :func:`hits_between`, and
   :class:`Scraper`, which wraps a single request (or a concurrent window)
   in before/after scrapes and emits ``hits.observed``.
@@ -39,6 +40,8 @@ if TYPE_CHECKING:
         shareable_prefix,
     )
     from ._client import (
+        DEFAULT_TTFT_METHOD,
+        TTFT_METHODS,
         EventSink,
         Outcome,
         RequestSpec,
@@ -65,6 +68,8 @@ if TYPE_CHECKING:
 # Imported on first use: ``python -m collectors.probes`` on a bare GPU host needs none of these
 # modules' dependencies (httpx, orjson), only torch.
 _EXPORTS: dict[str, str] = {
+    "DEFAULT_TTFT_METHOD": "._client",
+    "TTFT_METHODS": "._client",
     "EventSink": "._client",
     "GpuSampler": "._host",
     "HitDelta": "._metrics",
@@ -112,6 +117,8 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "DEFAULT_TTFT_METHOD",
+    "TTFT_METHODS",
     "EventSink",
     "GpuSampler",
     "HitDelta",

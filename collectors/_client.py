@@ -3,14 +3,21 @@
 Timing rules (the seed's Section 4.3):
 
 - ``t0`` is taken on the monotonic clock (:func:`time.perf_counter`) just
-  before the request is handed to httpx, after ``request.sent`` is emitted.
+  before the request is handed to the transport, after ``request.sent`` is emitted.
 - Every read from the socket is stamped on arrival, *before* its bytes are
   split into SSE lines or parsed as JSON; a content chunk takes the stamp of
-  the read that delivered it. So parsing cost never shifts ``t_first``. On
-  the raw transport (:mod:`collectors._http`, used for a plain
-  ``httpx.AsyncClient``) under Linux the stamp is the kernel's receive time
-  of the read's bytes, so neither a busy event loop nor a descheduled client
-  process delays it; through httpx it is when httpx hands the read over.
+  the read that delivered it. So parsing cost never shifts ``t_first``.
+- How a read is stamped is the caller's explicit choice, ``method`` (one of
+  :data:`TTFT_METHODS`, default :data:`DEFAULT_TTFT_METHOD`), and every
+  ``response.received`` records, as ``ttft_method``, the one that dated its
+  first content chunk: ``kernel-stamp`` (the raw transport,
+  :mod:`collectors._http`; the kernel's receive time of the read's bytes,
+  ``SO_TIMESTAMPNS``, so neither a busy event loop nor a descheduled client
+  process delays it), ``socket-read`` (the raw transport; when the client's
+  read returned: asked for, or the kernel gave no usable stamp for that read),
+  ``httpx-read`` (through httpx, honouring the client's whole configuration;
+  when httpx handed the read over). A response without content records the
+  method it was sent with.
 - ``t_first`` / ``ttft_s``: arrival of the first chunk whose text
   (``choices[0].text``, completions) or ``choices[0].delta.content`` (chat)
   is non-empty. Role-only, empty and usage chunks do not count, nor does
@@ -31,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import sys
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -44,6 +52,8 @@ from ledger import canonical_json, sha256_hex
 from . import _http
 
 __all__ = [
+    "DEFAULT_TTFT_METHOD",
+    "TTFT_METHODS",
     "EventSink",
     "Outcome",
     "RequestSpec",
@@ -55,6 +65,15 @@ __all__ = [
 ]
 
 DEFAULT_TIMEOUT_S = 600.0
+TTFT_METHODS: dict[str, str] = {
+    "kernel-stamp": "kernel receive timestamp of the read (SO_TIMESTAMPNS), raw socket transport",
+    "socket-read": "user-space time the read returned, raw socket transport",
+    "httpx-read": "user-space time httpx handed the read over, httpx transport",
+}
+"""Which transport and clock date ``t_first``/``t_last`` (``response.received.ttft_method``)."""
+DEFAULT_TTFT_METHOD = "kernel-stamp" if sys.platform.startswith("linux") else "socket-read"
+"""The kernel's stamp where there is one: it dates the bytes' arrival at this host, so the
+client's own load (many streams, a busy event loop, descheduling) does not enter TTFT."""
 _PROMPT_FIELDS = ("prompt", "messages")
 _ERROR_SNIPPET = 200
 _TEXT_PREFIX = 200
@@ -106,6 +125,8 @@ class Outcome:
     on the raw transport under Linux, else when the read returned)."""
     first_read_wall_ns: int | None = None
     """CLOCK_REALTIME when the client's read of that chunk returned (>= ``first_wall_ns``)."""
+    ttft_method: str = DEFAULT_TTFT_METHOD
+    """What dated ``t_first`` (one of :data:`TTFT_METHODS`)."""
 
 
 def request_params(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -136,11 +157,13 @@ def _content(obj: Any) -> tuple[str | None, str | None]:
 class _Stream:
     """Incremental SSE parser state for one response (kept small: it is per chunk)."""
 
-    __slots__ = ("buf", "done", "error", "finish", "first", "first_read_wall", "first_wall", "last",
-                 "n_content", "pieces", "read_wall", "usage", "wall")  # fmt: skip
+    __slots__ = ("buf", "done", "error", "finish", "first", "first_method", "first_read_wall", "first_wall",
+                 "last", "method", "n_content", "pieces", "read_wall", "usage", "wall")  # fmt: skip
 
-    def __init__(self) -> None:
+    def __init__(self, method: str) -> None:
         self.buf = b""
+        self.method = method  # what dated the current read, kept until the first content
+        self.first_method = method
         self.pieces: list[str] = []
         self.first: float | None = None
         self.first_wall: int | None = None
@@ -190,6 +213,7 @@ class _Stream:
                 self.first = now
                 self.first_wall = self.wall
                 self.first_read_wall = self.read_wall or self.wall
+                self.first_method = self.method
             self.last = now
             self.n_content += 1
             self.pieces.append(text)
@@ -227,34 +251,6 @@ def _http_error(status: int | None, body: bytes | bytearray) -> str:
     """``http <status>: <start of the body>``, the error recorded for a non-200 answer."""
     snippet = bytes(body[:_ERROR_SNIPPET]).decode("utf-8", "replace").strip()
     return f"http {status}: {snippet}".rstrip(": ")
-
-
-_DEFAULT_HEADERS = {"accept": "*/*", "connection": "keep-alive"}
-
-
-def _raw_pool(client: httpx.AsyncClient, url: str) -> _http.Pool | None:
-    """The raw transport's pool for ``client``, or None when httpx must carry the request.
-
-    The raw transport is used only where it would ignore nothing the caller
-    configured: a plain ``AsyncHTTPTransport`` with default socket settings
-    (no retries, UDS, local address, socket options, proxy), no mounts
-    (proxies), auth, cookies, event hooks, base URL, params or extra headers,
-    and an ``http://`` URL. ``limits.max_connections`` is honoured.
-    """
-    transport = getattr(client, "_transport", None)
-    if client.is_closed or type(transport) is not httpx.AsyncHTTPTransport or not url.startswith("http://"):
-        return None
-    pool = getattr(transport, "_pool", None)
-    plain = pool is not None and not any(
-        getattr(pool, name, None) for name in ("_retries", "_uds", "_local_address", "_socket_options",
-                                               "_proxy"))  # fmt: skip
-    if not plain or getattr(client, "_mounts", None) or client.auth is not None or client.cookies \
-            or any(client.event_hooks.values()) or str(client.base_url) or client.params:  # fmt: skip
-        return None
-    for name, value in client.headers.items():
-        if name not in ("accept-encoding", "user-agent") and _DEFAULT_HEADERS.get(name) != value:
-            return None
-    return _http.pool_for(client, getattr(pool, "_max_connections", None))
 
 
 @dataclass
@@ -306,7 +302,7 @@ async def _via_httpx(client: httpx.AsyncClient, url: str, payload: bytes, header
 
 
 async def _via_raw(pool: _http.Pool, url: str, payload: bytes, headers: dict[str, str],
-                   st: _Stream, ex: _Exchange) -> None:  # fmt: skip
+                   st: _Stream, ex: _Exchange, stamps: bool) -> None:  # fmt: skip
     """The same exchange on the raw transport: SSE parsed inside ``data_received``."""
     error_body = bytearray()
     last = [0.0]
@@ -318,13 +314,15 @@ async def _via_raw(pool: _http.Pool, url: str, payload: bytes, headers: dict[str
             return False
         if st.first is None:
             st.wall, st.read_wall = wall, resp.read_wall
+            st.method = "kernel-stamp" if resp.stamped else "socket-read"
         last[0] = now
         st.feed(data, now)
         return st.error is not None
 
     try:
         resp = await pool.request("POST", url, {**headers, "accept-encoding": "identity"}, payload, body,
-                                  on_head=lambda r: setattr(ex, "status", r.status))  # fmt: skip
+                                  on_head=lambda r: setattr(ex, "status", r.status),
+                                  stamps=stamps)  # fmt: skip
     except _http.HTTPError as exc:
         ex.status = exc.status
         if exc.status is not None and exc.status != 200:
@@ -344,22 +342,31 @@ async def send_request(
     spec: RequestSpec,
     sink: EventSink,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    *,
+    method: str = DEFAULT_TTFT_METHOD,
+    max_connections: int | None = None,
 ) -> Outcome:
     """Send ``spec`` streaming, emit ``request.sent`` / ``response.received``.
 
     Never raises for server or network faults; they are recorded in the
     outcome's ``error`` (see the module doc). ``timeout_s`` bounds the whole
-    request. The request goes over :mod:`collectors._http` when ``client``
-    has no configuration that transport would ignore, else through httpx.
+    request. ``method`` (see :data:`TTFT_METHODS`) picks the transport and
+    clock: ``kernel-stamp`` and ``socket-read`` go over :mod:`collectors._http`
+    (``http://`` only; ``client`` only owns the connection pool, at most
+    ``max_connections`` open, and none of its settings apply), ``httpx-read``
+    goes through ``client`` with all its settings. Raises ValueError for an
+    unknown method.
     """
+    if method not in TTFT_METHODS:
+        raise ValueError(f"unknown TTFT method {method!r}; one of {', '.join(TTFT_METHODS)}")
     payload, digest = payload_digest(spec.body)
     wants_usage = bool((spec.body.get("stream_options") or {}).get("include_usage"))
     sent = {**spec.meta, "request_id": spec.request_id, "payload_sha256": digest,
             "params": request_params(spec.body)}  # fmt: skip
     url = spec.base_url.rstrip("/") + spec.path
     headers = {**_HEADERS, "x-request-id": spec.request_id}
-    pool = _raw_pool(client, url)
-    st, ex = _Stream(), _Exchange()
+    pool = None if method == "httpx-read" else _http.pool_for(client, max_connections)
+    st, ex = _Stream(method), _Exchange()
     sink.emit("request.sent", sent)
 
     sent_wall = time.time_ns()
@@ -367,7 +374,7 @@ async def send_request(
     try:
         async with asyncio.timeout(timeout_s):
             if pool is not None:
-                await _via_raw(pool, url, payload, headers, st, ex)
+                await _via_raw(pool, url, payload, headers, st, ex, method == "kernel-stamp")
             else:
                 await _via_httpx(client, url, payload, headers, st, ex, timeout_s)
     except TimeoutError:
@@ -406,7 +413,7 @@ def _finish(spec: RequestSpec, sink: EventSink, st: _Stream, ex: _Exchange, want
         cached_tokens=cached_tokens, finish_reason=st.finish, error=error,
         ok=status == 200 and error is None, decode_rate=_decode_rate(output_tokens, t_first, t_last),
         text_sha256=text_sha, usage=st.usage, content_chunks=st.n_content, sent_wall_ns=sent_wall,
-        first_wall_ns=st.first_wall, first_read_wall_ns=st.first_read_wall,
+        first_wall_ns=st.first_wall, first_read_wall_ns=st.first_read_wall, ttft_method=st.first_method,
     )  # fmt: skip
     sink.emit("response.received", response_data(outcome))
     return outcome
@@ -421,7 +428,7 @@ def response_data(outcome: Outcome) -> dict[str, Any]:
         "cached_tokens": outcome.cached_tokens, "decode_rate": outcome.decode_rate,
         "text_sha256": outcome.text_sha256, "finish_reason": outcome.finish_reason,
         "error": outcome.error, "output_text_prefix": outcome.text[:_TEXT_PREFIX],
-        "content_chunks": outcome.content_chunks, "ok": outcome.ok,
+        "content_chunks": outcome.content_chunks, "ok": outcome.ok, "ttft_method": outcome.ttft_method,
     }  # fmt: skip
 
 
@@ -431,14 +438,17 @@ async def run_concurrently(
     sink: EventSink,
     limit: int,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    *,
+    method: str = DEFAULT_TTFT_METHOD,
 ) -> list[Outcome]:
-    """Send every spec with at most ``limit`` in flight; outcomes in spec order."""
+    """Send every spec with at most ``limit`` in flight; outcomes in spec order (``method``: see
+    :func:`send_request`)."""
     if limit < 1:
         raise ValueError("limit must be at least 1")
     gate = asyncio.Semaphore(limit)
 
     async def one(spec: RequestSpec) -> Outcome:
         async with gate:
-            return await send_request(client, spec, sink, timeout_s)
+            return await send_request(client, spec, sink, timeout_s, method=method, max_connections=limit)
 
     return list(await asyncio.gather(*(one(s) for s in specs)))

@@ -9,10 +9,12 @@ framing (chunked, Content-Length or until close) and hands the body bytes to
 a callback. The waiting coroutine wakes once, when the response ends (or
 fails), not once per chunk.
 
-Stamps: on Linux every read carries the kernel's receive timestamp
+Stamps: a request that asks for them (``stamps=True``, the ``kernel-stamp``
+TTFT method) has every read dated by the kernel's receive timestamp on Linux
 (``SO_TIMESTAMPNS``, CLOCK_REALTIME, of the last segment the read consumed),
 so a read is dated when its bytes reached this host's socket, not when a
-busy loop or a descheduled process got to it. The stamp is turned into the
+busy loop or a descheduled process got to it; ``Response.stamped`` says
+whether the current read's time is the kernel's. The stamp is turned into the
 monotonic clock by subtracting its age, measured at the read, from
 :func:`time.perf_counter`; a stamp older than 5 s or in the future (a clock
 step) is ignored and the read's own time used, as it is where the kernel
@@ -22,8 +24,8 @@ time: never earlier than its first byte arrived.
 Scope, deliberately small: ``http://`` only, one request at a time per
 connection (no pipelining), no redirects, no proxies, no compression
 (``Accept-Encoding: identity``), no cookies or auth. :mod:`collectors._client`
-uses it only when the given :class:`httpx.AsyncClient` has no configuration
-that this transport would ignore; otherwise it streams through httpx.
+uses it for the ``kernel-stamp`` and ``socket-read`` methods, chosen by the
+caller; it sends only the request's own headers.
 
 Exceptions mirror httpx's names, so recorded errors read the same:
 :class:`ConnectError`, :class:`ReadError`, :class:`WriteError`, :class:`RemoteProtocolError`.
@@ -88,11 +90,15 @@ class Response:
     """One response's head and framing state, filled by the connection's ``data_received``."""
 
     __slots__ = ("bytes_seen", "chunk_left", "close", "done", "framing", "head_done",
-                 "headers", "read_wall", "remaining", "sink", "status")  # fmt: skip
+                 "headers", "read_wall", "remaining", "sink", "stamped", "status", "use_stamps")  # fmt: skip
 
     def __init__(self, sink: BodySink, head_done: asyncio.Future[None],
-                 done: asyncio.Future[None]) -> None:  # fmt: skip
+                 done: asyncio.Future[None], use_stamps: bool = False) -> None:  # fmt: skip
         self.sink = sink
+        self.use_stamps = use_stamps
+        """Date reads by the kernel's receive stamp where it gives one."""
+        self.stamped = False
+        """The current read's time is the kernel's receive stamp (else when the read returned)."""
         self.status: int | None = None
         self.headers: dict[str, str] = {}
         self.framing = ""  # "chunked" | "length" | "close"
@@ -129,7 +135,34 @@ def _kernel_stamps(sock: socket.socket) -> bool:
         sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
     except OSError:
         return False
+    _keep_stamping()
     return True
+
+
+_STAMPING: list[socket.socket] = []
+
+
+def _keep_stamping() -> None:
+    """Hold one unconnected socket with stamps on for the rest of the process.
+
+    Linux turns receive stamping on for the whole host when the first socket
+    asks for it and off when the last such socket closes, both through
+    deferred work: with connections opened and closed between requests, the
+    first segments on a new connection could arrive before it is back on and
+    carry no stamp (seen here: about 1 response in 30 with a fresh client per
+    request). Holding one socket keeps it on from the first request that
+    asks; reads that still get no stamp are dated by the read and recorded as
+    ``socket-read``.
+    """
+    if _STAMPING:
+        return
+    keeper = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        keeper.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+    except OSError:
+        keeper.close()
+        return
+    _STAMPING.append(keeper)
 
 
 class _Connection:
@@ -148,7 +181,7 @@ class _Connection:
         self.key = key
         self.sock = sock
         self.fd = sock.fileno()
-        self.stamps = _kernel_stamps(sock)
+        self.stamps = False  # SO_TIMESTAMPNS is set on the first request that asks for stamps
         self.resp: Response | None = None
         self.buf = b""
         self.alive = True
@@ -175,14 +208,18 @@ class _Connection:
         if not data:
             self._lost(None)
             return
-        if self.resp is not None:
-            self.resp.read_wall = wall
-        for level, kind, raw in anc:
-            if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(raw) >= _STAMP.size:
-                sec, nsec = _STAMP.unpack_from(raw)
-                age = wall - (sec * 1_000_000_000 + nsec)
-                if 0 <= age < _MAX_STAMP_AGE_NS:  # else a clock step: keep the read's own time
-                    now, wall = now - age / 1e9, wall - age
+        resp = self.resp
+        if resp is not None:
+            resp.read_wall = wall
+            resp.stamped = False
+            if resp.use_stamps:
+                for level, kind, raw in anc:
+                    if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(raw) >= _STAMP.size:
+                        sec, nsec = _STAMP.unpack_from(raw)
+                        age = wall - (sec * 1_000_000_000 + nsec)
+                        if 0 <= age < _MAX_STAMP_AGE_NS:  # else a clock step: keep the read's own time
+                            now, wall = now - age / 1e9, wall - age
+                            resp.stamped = True
         self.data_received(data, now, wall)
 
     def write(self, message: bytes) -> None:
@@ -473,11 +510,13 @@ class Pool:
 
     async def request(
         self, method: str, url: str, headers: Mapping[str, str], body: bytes, sink: BodySink,
-        on_head: Callable[[Response], None] | None = None,
+        on_head: Callable[[Response], None] | None = None, stamps: bool = False,
     ) -> Response:  # fmt: skip
         """Send one request and read the whole response through ``sink``.
 
         ``on_head`` is called once the status line and headers are in.
+        ``stamps``: date reads by the kernel's receive stamps where it gives
+        them (Linux); ``Response.stamped`` then says which reads were.
         A reused keep-alive connection that the server closed before answering
         is retried once on a fresh one. Cancellation (a timeout around this
         call) drops the connection.
@@ -500,7 +539,9 @@ class Pool:
                 reused = conn is not None
                 if conn is None:
                     conn = await self._connect(key)
-                resp = Response(sink, self.loop.create_future(), self.loop.create_future())
+                if stamps and not conn.stamps:
+                    conn.stamps = _kernel_stamps(conn.sock)
+                resp = Response(sink, self.loop.create_future(), self.loop.create_future(), stamps)
                 conn.resp = resp
                 try:
                     conn.write(message)

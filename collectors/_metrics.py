@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from ._client import DEFAULT_TIMEOUT_S, EventSink, Outcome, RequestSpec, send_request
+from ._client import DEFAULT_TIMEOUT_S, DEFAULT_TTFT_METHOD, EventSink, Outcome, RequestSpec, send_request
 
 __all__ = [
     "EXTERNAL_HITS",
@@ -300,6 +300,8 @@ class Scraper:
         spec: RequestSpec,
         replica: int | str,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        *,
+        method: str = DEFAULT_TTFT_METHOD,
     ) -> tuple[Outcome, HitDelta]:
         """Scrape, send ``spec``, scrape again; emit ``hits.observed`` with the deltas.
 
@@ -309,7 +311,7 @@ class Scraper:
         rid = spec.request_id
         before = await self.scrape(replica, spec.base_url, "before", request_id=rid)
         tier_before = await self._tier("before", rid, None)
-        outcome = await send_request(self.client, spec, self.sink, timeout_s)
+        outcome = await send_request(self.client, spec, self.sink, timeout_s, method=method)
         after = await self.scrape(replica, spec.base_url, "after", request_id=rid)
         tier_after = await self._tier("after", rid, None)
         delta = self._delta(before, after, tier_before, tier_after, self.tier_url is not None)

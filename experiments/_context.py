@@ -19,6 +19,8 @@ import httpx
 import orjson
 
 from collectors import (
+    DEFAULT_TTFT_METHOD,
+    EventSink,
     HitDelta,
     Outcome,
     RequestSpec,
@@ -52,6 +54,7 @@ __all__ = [
 ]
 
 _REQUEST_TIMEOUT_S = 600.0
+_MAX_CONNECTIONS = 64
 _PATH = "/v1/chat/completions"
 
 
@@ -197,12 +200,19 @@ class RunContext:
         self.counters = counters
         self.run_id = sink.run_id
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(_REQUEST_TIMEOUT_S),
-                                        limits=httpx.Limits(max_connections=64))  # fmt: skip
+                                        limits=httpx.Limits(max_connections=_MAX_CONNECTIONS))  # fmt: skip
+        # How TTFT is dated: a run param, so run.started records the choice (each response, what was used).
+        self.ttft_method = str(self.params.get("ttft_method") or DEFAULT_TTFT_METHOD)
         self.fixtures = FixtureFactory(self._tokenize)
         self._progress = progress or (lambda _what, _n: None)
         self._created: set[tuple[str, str]] = set()
         self._tokenize_url: str | None = None
         self.stop_requested = False
+
+    async def send(self, spec: RequestSpec, sink: EventSink) -> Outcome:
+        """One streamed request, its TTFT dated by the run's ``ttft_method``."""
+        return await send_request(self.client, spec, sink, _REQUEST_TIMEOUT_S, method=self.ttft_method,
+                                  max_connections=_MAX_CONNECTIONS)  # fmt: skip
 
     # --- what the target says about itself ------------------------------------------
 
@@ -472,7 +482,7 @@ class Block:
         rid = spec.request_id
         before = await self.scraper.scrape(rep.index, rep.endpoint, "before", request_id=rid)
         t0 = time.perf_counter()
-        outcome = await send_request(self.ctx.client, spec, self.sink, _REQUEST_TIMEOUT_S)
+        outcome = await self.ctx.send(spec, self.sink)
         t_sent = time.perf_counter()
         after = await self.scraper.scrape(rep.index, rep.endpoint, "after", request_id=rid)
         delta = _delta(before, after)
@@ -589,7 +599,7 @@ class Block:
                 "nominal_tokens": fx.nominal_tokens, "fixture_id": fx.fixture_id,
                 "prompt_tokens_expected": turn.prompt_tokens,
             })  # fmt: skip
-            outcome = await send_request(self.ctx.client, spec, self.sink, _REQUEST_TIMEOUT_S)
+            outcome = await self.ctx.send(spec, self.sink)
             cfg = self.config_sha256
             self.count_check(check_stream_complete(self.sink, outcome, config_sha256=cfg))
             if self.ctx.answers_meaningful:

@@ -14,7 +14,9 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
-__all__ = ["TARGET_PARAMS", "ParamError", "check_params", "parse_param", "parse_params"]
+from collectors import DEFAULT_TTFT_METHOD
+
+__all__ = ["CLIENT_PARAMS", "TARGET_PARAMS", "ParamError", "check_params", "parse_param", "parse_params"]
 
 TARGET_PARAMS: Final[dict[str, Any]] = {
     "replicas": 2,
@@ -35,6 +37,16 @@ cross-replica reuse (23 ms modelled at 128k) is clearly slower than local.
 ``hash_seed`` is the ``PYTHONHASHSEED`` the sim's replicas record, as the vllm
 target's do (the sim hashes chunks with SHA-256 and shares either way):
 ``--param hash_seed=null`` records replicas launched without one.
+"""
+
+
+CLIENT_PARAMS: Final[dict[str, Any]] = {"ttft_method": DEFAULT_TTFT_METHOD}
+"""Options of the request client, settable by ``--param`` for every target.
+
+``ttft_method``: which transport and clock date each response's first and last
+content chunk (``kernel-stamp``, ``socket-read`` or ``httpx-read``; see
+collectors.TTFT_METHODS). The resolved value is in ``run.started.params``, and
+every ``response.received`` records the method that actually dated it.
 """
 
 

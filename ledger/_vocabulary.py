@@ -107,6 +107,7 @@ KINDS: dict[str, dict[str, Types]] = {
         "text_sha256": _opt(STR),
         "finish_reason": _opt(STR),
         "error": _opt(STR),
+        "ttft_method": STR,
     },
     "metrics.scraped": {"replica": (int, str), "endpoint": STR, "samples": OBJ},
     "hits.observed": {
@@ -199,6 +200,8 @@ ENUMS: dict[tuple[str, str], frozenset[str]] = {
     ("probe.helper", "direction"): frozenset({"d2h", "h2d"}),
     ("probe.helper", "ops_requested"): frozenset({"present", "masked"}),
     ("probe.pinned", "ops_requested"): frozenset({"present", "masked"}),
+    # What dated t_first/t_last: collectors.TTFT_METHODS (the kernel's receive stamp, or user space).
+    ("response.received", "ttft_method"): frozenset({"kernel-stamp", "socket-read", "httpx-read"}),
 }
 
 

@@ -41,6 +41,7 @@ SEVERITY: dict[str, str] = {
     "order-unbalanced": BLOCKING,
     "blocks-not-restarted": WARNING,
     "hash-seed-unset": BLOCKING,
+    "ttft-method-mixed": WARNING,
     "declared-exclusion": INFO,
 }
 _RANK = {BLOCKING: 0, WARNING: 1, INFO: 2}
@@ -627,6 +628,28 @@ def hash_seed_unset(src: Source, run: str | None) -> list[Finding]:
     return out
 
 
+def ttft_method_mixed(src: Source, run: str | None) -> list[Finding]:
+    """TTFT figures of one table dated by different transports/clocks (``response.received.ttft_method``)."""
+    by_run: dict[str, dict[str, int]] = {}
+    for r in src.rows(f"""SELECT run_id, coalesce(ttft_method, 'unrecorded') AS method, count(*) AS n
+                          FROM kv_ttft WHERE {SCOPE} GROUP BY ALL ORDER BY run_id, method""",
+                      {"run": run}):  # fmt: skip
+        by_run.setdefault(r["run_id"], {})[r["method"]] = r["n"]
+    out = [finding("ttft-method-mixed", {"run_id": rid}, rid,
+                   "TTFT observations dated by " + ", ".join(f"{m} ({n})" for m, n in methods.items())
+                   + ": ON/OFF medians may compare different clocks")
+           for rid, methods in by_run.items() if len(methods) > 1]  # fmt: skip
+    uniform: dict[str, list[str]] = {}
+    for rid, methods in by_run.items():
+        if len(methods) == 1:
+            uniform.setdefault(next(iter(methods)), []).append(rid)
+    if len(uniform) > 1:
+        out.append(finding("ttft-method-mixed", {}, "runs", "the TTFT table's runs were dated by different "
+                           "methods: " + "; ".join(f"{m}: {', '.join(r[:8] for r in rids)}"
+                                                   for m, rids in sorted(uniform.items()))))  # fmt: skip
+    return out
+
+
 def declared_exclusion(src: Source, run: str | None) -> list[Finding]:
     rows = src.rows(
         f"""SELECT run_id, event_block AS block_id, scope, target, reason FROM kv_declared
@@ -659,6 +682,7 @@ CHECKS: tuple[Check, ...] = (
     order_unbalanced,
     blocks_not_restarted,
     hash_seed_unset,
+    ttft_method_mixed,
     declared_exclusion,
 )
 

@@ -16,6 +16,13 @@ from ._validation import validation_layers
 
 SCOPE = "($run IS NULL OR run_id = $run)"
 LOCALITY_LABELS = {"cold": "cold", "local1": "first local reuse", "cross": "cross-replica reuse"}
+TTFT_METHOD_LABELS = {
+    "kernel-stamp": "the kernel's receive timestamp of the read (SO_TIMESTAMPNS; raw socket transport)",
+    "socket-read": "the time the client's read returned (user space; raw socket transport)",
+    "httpx-read": "the time httpx handed the read over (user space; httpx transport)",
+    "unrecorded": "not recorded (a response from before methods were recorded)",
+}
+"""What each ``response.received.ttft_method`` means: which transport and clock dated TTFT."""
 
 
 def head_dict(src: Source) -> dict[str, Any] | None:
@@ -179,6 +186,15 @@ def ttft_table(src: Source, run: str | None) -> list[dict[str, Any]]:
     return table
 
 
+def ttft_methods(src: Source, run: str | None) -> list[dict[str, Any]]:
+    """Which method dated the TTFT table's observations, per run (more than one: mixed)."""
+    return src.rows(
+        f"""SELECT run_id, coalesce(ttft_method, 'unrecorded') AS ttft_method, count(*) AS observations
+            FROM kv_ttft WHERE {SCOPE} GROUP BY ALL ORDER BY run_id, ttft_method""",
+        {"run": run},
+    )
+
+
 def session_table(src: Source, run: str | None) -> list[dict[str, Any]]:
     """Table 4 / Figure 4: session wall time by size × routing."""
     return _table(src, run, ("run_id", "nominal_tokens", "placement"), "wall_s",
@@ -241,6 +257,7 @@ def derive_report(src: Source, run: str | None = None) -> dict[str, Any]:
                 "windows": Clean(window_table(src, run)),
                 "validation": validation_layers(src, run),
             },
+            "measurement": {"ttft_methods": ttft_methods(src, run)},
             "statistics": {
                 "unit": "block pair",
                 "rule": "cells with fewer than 6 block pairs are descriptive (no CIs, no p-values); "

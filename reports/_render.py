@@ -11,6 +11,8 @@ from typing import Any
 
 import orjson
 
+from ._derive import TTFT_METHOD_LABELS
+
 
 @dataclass
 class Section:
@@ -109,6 +111,25 @@ _PAIRED_HEAD = [
 ]
 
 
+def ttft_method_notes(rows: list[dict[str, Any]]) -> list[str]:
+    """How the TTFT figures were dated, per run; a run with several methods is called mixed."""
+    by_run: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        by_run.setdefault(str(r["run_id"]), []).append(r)
+    notes = []
+    for run_id, methods in by_run.items():
+        if len(methods) == 1:
+            m = methods[0]
+            notes.append(f"run {short(run_id, 8)}: TTFT dated by {m['ttft_method']}, "
+                         f"{TTFT_METHOD_LABELS.get(m['ttft_method'], m['ttft_method'])} "
+                         f"({m['observations']} observations)")  # fmt: skip
+        else:
+            counts = ", ".join(f"{m['ttft_method']} {m['observations']}" for m in methods)
+            notes.append(f"run {short(run_id, 8)}: TTFT dated by MIXED methods ({counts}); "
+                         "see the audit's ttft-method-mixed")  # fmt: skip
+    return notes
+
+
 def sections(report: dict[str, Any]) -> list[Section]:
     """The report as titled tables, shared by every human-readable format."""
     t = report["tables"]
@@ -144,6 +165,7 @@ def sections(report: dict[str, Any]) -> list[Section]:
                 t["ttft"],
                 [("size", lambda r: size(r["nominal_tokens"])), ("locality", lambda r: r["locality_label"])],
             ),
+            ttft_method_notes(report.get("measurement", {}).get("ttft_methods", [])),
         ),
         Section(
             "Table 4: session wall time (s) by size × routing",

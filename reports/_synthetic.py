@@ -60,6 +60,7 @@ class Flaws:
     block_failed: bool = False  # an ON block whose replica died half-way (status failed, partial data)
     not_restarted: bool = False  # attach mode: blocks share one deployment's caches and counters
     hash_seed_unset: bool = False  # an ON replica launched without the others' PYTHONHASHSEED
+    ttft_method_mixed: bool = False  # one measured micro response dated in user space, the rest by the kernel
 
 
 @dataclass(frozen=True)
@@ -382,6 +383,7 @@ def _response(rid: str, ttft: float, prompt: int, out: int, decode: float = 60.0
         "finish_reason": "stop",
         "error": None,
         "output_text_prefix": "{}",
+        "ttft_method": "kernel-stamp",
     }
 
 
@@ -636,12 +638,10 @@ class Screening:
         self.scrape(req.replica, "before", request_id=rid)
         g.emit("request.sent", meta, self.run_id, self.block_id)
         decode = 60.0 * self.noise()
-        g.emit(
-            "response.received",
-            _response(rid, round(req.ttft, 6), prompt, req.out, round(decode, 4), cached=local + external),
-            self.run_id,
-            self.block_id,
-        )
+        response = _response(rid, round(req.ttft, 6), prompt, req.out, round(decode, 4), cached=local + external)
+        if not req.warmup and req.workload == "micro" and g._plant("ttft_method_mixed", self.run_id):
+            response["ttft_method"] = "httpx-read"
+        g.emit("response.received", response, self.run_id, self.block_id)
         self.counters.advance(req.replica, prefix_queries=queries, local_hit_tokens=local,
                               external_hit_tokens=external)  # fmt: skip
         self.scrape(req.replica, "after", request_id=rid)

@@ -77,6 +77,7 @@ _RESPONSE_FIELDS = {
     "cached_tokens": "BIGINT",
     "text_sha256": "VARCHAR",
     "output_text_prefix": "VARCHAR",
+    "ttft_method": "VARCHAR",
 }
 _HITS_FIELDS = {
     "request_id": "VARCHAR",
@@ -168,8 +169,8 @@ FROM ({_extract("hits.observed", _HITS_FIELDS)}) h LEFT JOIN kv_blocks b USING (
 SELECT q.seq, q.run_id, q.block_id, b.arm, b.pair, q.request_id, q.replica, CAST(q.gpu AS VARCHAR) AS gpu,
        q.workload, q.step, q.chain, q.session, q."window", q.turn, q.placement, q.warmup,
        q.payload_sha256, q.namespace, q.nominal_tokens, q.params.max_tokens AS max_tokens, q.fixture_id,
-       r.status, r.error, r.ttft_s, r.t_first, r.t_last, r.e2e_s, r.output_tokens, r.cached_tokens,
-       r.text_sha256,
+       r.status, r.error, r.ttft_s, r.ttft_method, r.t_first, r.t_last, r.e2e_s, r.output_tokens,
+       r.cached_tokens, r.text_sha256,
        coalesce(r.decode_rate, (r.output_tokens - 1) / nullif(r.t_last - r.t_first, 0)) AS decode_rate,
        coalesce(r.prompt_tokens, h.prompt_tokens) AS prompt_tokens,
        h.request_id IS NOT NULL AS has_hits, h.prefix_queries, h.local_hit_tokens, h.external_hit_tokens,
@@ -314,7 +315,8 @@ FROM joined j LEFT JOIN excluded_pairs x ON x.run_id = j.run_id AND x.pair = j.p
     (
         "kv_ttft",
         """
-SELECT run_id, block_id, pair, arm, request_id, nominal_tokens, step AS locality, chain, ttft_s, seq
+SELECT run_id, block_id, pair, arm, request_id, nominal_tokens, step AS locality, chain, ttft_s,
+       ttft_method, seq
 FROM kv_measured WHERE workload = 'micro' AND step IN ('cold', 'local1', 'cross') AND NOT excluded
   AND ttft_s IS NOT NULL""",
     ),

@@ -11,7 +11,9 @@ import importlib
 from collections.abc import Mapping
 from typing import Any
 
-from .._params import TARGET_PARAMS, ParamError
+from collectors import TTFT_METHODS
+
+from .._params import CLIENT_PARAMS, TARGET_PARAMS, ParamError
 from ._base import Target
 
 __all__ = ["TARGETS", "check_target_params", "make_target", "target_defaults"]
@@ -27,11 +29,11 @@ def _vllm_module() -> Any:
 
 
 def target_defaults(name: str) -> dict[str, Any]:
-    """The options a target takes (``--param`` names) with their defaults."""
+    """The options a target takes (``--param`` names) with their defaults, the client's included."""
     if name == "sim":
-        return dict(TARGET_PARAMS)
+        return {**CLIENT_PARAMS, **TARGET_PARAMS}
     if name == "vllm":
-        return dict(getattr(_vllm_module(), "PARAMS", {}))
+        return {**CLIENT_PARAMS, **getattr(_vllm_module(), "PARAMS", {})}
     raise ParamError(f"unknown target {name!r}; known: {', '.join(TARGETS)}")
 
 
@@ -51,6 +53,9 @@ def make_target(name: str, params: Mapping[str, Any]) -> Target:
 
 def check_target_params(name: str, params: Mapping[str, Any]) -> None:
     """Refuse bad target options before anything is written (ParamError)."""
+    method = params.get("ttft_method")
+    if method not in TTFT_METHODS:
+        raise ParamError(f"ttft_method must be one of {', '.join(TTFT_METHODS)}, got {method!r}")
     if name != "sim":
         checker = getattr(_vllm_module(), "check_params", None)
         if checker is not None:

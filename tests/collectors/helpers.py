@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 from aiohttp import web
 
-from collectors import RequestSpec
+from collectors import DEFAULT_TTFT_METHOD, RequestSpec
 from ledger import Event, Ledger, NewEvent, new_id
 
 TIME_SCALE = 0.0001
@@ -61,14 +61,12 @@ def spec(
                        payload, meta)  # fmt: skip
 
 
-VIAS = ("raw", "httpx")
-"""The client's two transports: collectors._http (a default client), httpx (a configured one)."""
+VIAS = (DEFAULT_TTFT_METHOD, "httpx-read")
+"""The client's two transports, by the TTFT method that picks each: collectors._http, httpx."""
 
 
 def client(via: str, **kwargs: Any) -> httpx.AsyncClient:
-    """A client that ``send_request`` drives over ``via``: a custom header forces httpx."""
-    if via == "httpx":
-        kwargs["headers"] = {**kwargs.get("headers", {}), "x-kvledger-test": "httpx"}
+    """A client for tests over ``via`` (the method passed to ``send_request`` picks the transport)."""
     return httpx.AsyncClient(**kwargs)
 
 

@@ -28,7 +28,7 @@ def test_completion_stream_records_both_events(
 
     async def go() -> None:
         async with client(via) as c:
-            o = await send_request(c, s, sink)
+            o = await send_request(c, s, sink, method=via)
         assert o.ok and o.status == 200 and o.error is None
         assert orjson.loads(o.text) == VALUES
         assert o.prompt_tokens and o.prompt_tokens > 800
@@ -54,7 +54,7 @@ def test_chat_stream_counts_content_not_role_chunk(dep: SimDeployment, sink: Led
 
     async def go() -> None:
         async with client(via) as c:
-            o = await send_request(c, s, sink)
+            o = await send_request(c, s, sink, method=via)
         assert o.ok, o.error
         assert orjson.loads(o.text) == VALUES
         assert o.content_chunks == o.output_tokens
@@ -69,15 +69,30 @@ def test_server_records_first_emit_under_our_request_id(
 
     async def go() -> None:
         async with client(via) as c:
-            o = await send_request(c, s, sink)
+            o = await send_request(c, s, sink, method=via)
             log = (await c.get(dep.replica_urls[0] + "/sim/requests")).json()
         entry = next(e for e in log if e["request_id"] == s.request_id)
         assert o.first_wall_ns is not None and o.first_read_wall_ns is not None
         lag = o.first_wall_ns / 1e9 - entry["t_first_emit_unix"]
         assert 0 <= lag < 1.0  # arrival is never dated before the server wrote the token
         assert o.first_read_wall_ns >= o.first_wall_ns  # the read returns at or after arrival
+        assert o.ttft_method == via  # on loopback under Linux the kernel stamps every read
+        assert sink.events("response.received")[0].data["ttft_method"] == via
 
     asyncio.run(go())
+
+
+def test_socket_read_dates_by_the_read_not_the_kernel(dep: SimDeployment, sink: LedgerSink) -> None:
+    s = spec(dep.replica_urls[0], needle_prompt(), "ns-user")
+
+    async def go() -> None:
+        async with httpx.AsyncClient() as c:
+            o = await send_request(c, s, sink, method="socket-read")
+        assert o.ok and o.ttft_method == "socket-read"
+        assert o.first_wall_ns == o.first_read_wall_ns  # no kernel correction applied
+
+    asyncio.run(go())
+    assert sink.events("response.received")[0].data["ttft_method"] == "socket-read"
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SO_TIMESTAMPNS is Linux's")
@@ -85,6 +100,11 @@ def test_raw_transport_asks_for_kernel_receive_stamps() -> None:
     with socket.socket() as sock:
         assert _http._kernel_stamps(sock)
         assert sock.getsockopt(socket.SOL_SOCKET, _http._SO_TIMESTAMPNS) == 1
+    # ... and keeps host-wide stamping on after that connection closed (the kernel turns it off,
+    # by deferred work, when the last stamping socket closes, and new connections' first reads
+    # would then go unstamped).
+    (keeper,) = _http._STAMPING
+    assert keeper.fileno() >= 0 and keeper.getsockopt(socket.SOL_SOCKET, _http._SO_TIMESTAMPNS) == 1
 
 
 def test_one_client_across_event_loops_drops_the_earlier_loops_pool(
@@ -132,7 +152,7 @@ def test_connection_refused_is_recorded_not_raised(sink: LedgerSink, via: str) -
 
     async def go() -> None:
         async with client(via) as c:
-            o = await send_request(c, s, sink, timeout_s=5)
+            o = await send_request(c, s, sink, timeout_s=5, method=via)
         assert not o.ok and o.status is None and o.error and o.error.startswith("connection error")
 
     asyncio.run(go())
@@ -163,7 +183,7 @@ _USAGE = b'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3,
 def _run(handler: Handler, sink: LedgerSink, via: str, timeout_s: float = 5.0) -> list[str | None]:
     async def go() -> list[str | None]:
         async with serve(handler) as url, client(via) as c:
-            o = await send_request(c, spec(url, "p", "ns"), sink, timeout_s=timeout_s)
+            o = await send_request(c, spec(url, "p", "ns"), sink, timeout_s=timeout_s, method=via)
         return [o.error, str(o.output_tokens), str(o.cached_tokens), o.text]
 
     return asyncio.run(go())
@@ -228,7 +248,7 @@ def test_run_concurrently_respects_the_limit(sink: LedgerSink, via: str) -> None
     async def go() -> None:
         async with serve(handler) as url, client(via) as c:
             specs: list[RequestSpec] = [spec(url, f"p{i}", "ns") for i in range(12)]
-            outs = await run_concurrently(c, specs, sink, limit=3)
+            outs = await run_concurrently(c, specs, sink, limit=3, method=via)
         assert [o.request_id for o in outs] == [s.request_id for s in specs]
         assert all(o.ok for o in outs)
 

@@ -15,8 +15,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from collectors import Outcome, send_request
-from collectors._client import _raw_pool
+from collectors import DEFAULT_TTFT_METHOD, Outcome, send_request
 from experiments.targets.sim import SimDeployment
 from tests.collectors.helpers import TIME_SCALE, VALUES, LedgerSink, client, needle_prompt, serve, spec
 
@@ -26,7 +25,7 @@ def _send(url: str, sink: LedgerSink, via: str, *, times: int = 1, timeout_s: fl
     async def go() -> list[Outcome]:
         async with client(via) as c:
             return [await send_request(c, spec(url, needle_prompt(), f"ns-{via}", **kw), sink,
-                                       timeout_s=timeout_s) for _ in range(times)]  # fmt: skip
+                                       timeout_s=timeout_s, method=via) for _ in range(times)]  # fmt: skip
 
     return asyncio.run(go())
 
@@ -37,25 +36,43 @@ def _recorded(sink: LedgerSink, o: Outcome) -> dict[str, object]:
     return got
 
 
-def test_raw_transport_only_for_plain_clients() -> None:
-    async def go() -> None:
-        url = "http://127.0.0.1:1/v1/completions"
-        limits = httpx.Limits(max_connections=3)
-        async with httpx.AsyncClient() as plain, httpx.AsyncClient(limits=limits) as lim:
-            assert _raw_pool(plain, url) is not None
-            pool = _raw_pool(lim, url)
-            assert pool is not None and pool.gate is not None
-            assert _raw_pool(plain, "https://127.0.0.1:1/") is None
-        configured = [httpx.AsyncClient(headers={"x-a": "1"}), httpx.AsyncClient(auth=("u", "p")),
-                      httpx.AsyncClient(base_url="http://127.0.0.1:1"),
-                      httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(retries=2)),
-                      httpx.AsyncClient(transport=httpx.MockTransport(lambda r: httpx.Response(200))),
-                      httpx.AsyncClient(event_hooks={"request": [print]})]  # fmt: skip
-        for c in configured:
-            assert _raw_pool(c, url) is None
-            await c.aclose()
+def test_the_method_is_chosen_not_inferred_from_the_client(sink: LedgerSink) -> None:
+    """``httpx-read`` honours the client's configuration; the raw methods use only its pool."""
+    seen: list[str | None] = []
 
-    asyncio.run(go())
+    async def handler(request: web.Request) -> web.StreamResponse:
+        seen.append(request.headers.get("x-client-setting"))
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b'data: {"choices":[{"index":0,"text":"a"}]}\n\ndata: [DONE]\n\n')
+        await resp.write_eof()
+        return resp
+
+    async def go() -> list[Outcome]:
+        async with serve(handler) as url, \
+                httpx.AsyncClient(headers={"x-client-setting": "kept"}) as c:  # fmt: skip
+            return [await send_request(c, spec(url, "p", "ns"), sink, method=m)
+                    for m in ("httpx-read", "socket-read", DEFAULT_TTFT_METHOD)]  # fmt: skip
+
+    outcomes = asyncio.run(go())
+    assert all(o.status == 200 and o.ttft_s is not None for o in outcomes), [o.error for o in outcomes]
+    assert seen == ["kept", None, None]
+    assert [_recorded(sink, o)["ttft_method"] for o in outcomes] == ["httpx-read", "socket-read",
+                                                                    DEFAULT_TTFT_METHOD]  # fmt: skip
+    with pytest.raises(ValueError, match="unknown TTFT method 'guess'"):
+        asyncio.run(send_request(httpx.AsyncClient(), spec("http://127.0.0.1:1", "p", "ns"), sink,
+                                 method="guess"))  # fmt: skip
+    assert len(sink.events("request.sent")) == 3  # refused before anything was recorded
+
+
+def test_a_raw_method_on_https_is_a_recorded_client_error(sink: LedgerSink) -> None:
+    async def go() -> Outcome:
+        async with httpx.AsyncClient() as c:
+            return await send_request(c, spec("https://127.0.0.1:1", "p", "ns"), sink, method="socket-read")
+
+    o = asyncio.run(go())
+    assert not o.ok and o.error is not None and "unsupported URL for this transport" in o.error
+    assert _recorded(sink, o)["ttft_method"] == "socket-read"
 
 
 def test_sim_http_errors_fault_is_recorded(sink: LedgerSink, via: str) -> None:
@@ -107,7 +124,7 @@ def test_connection_reset_mid_stream_is_truncation(sink: LedgerSink, via: str) -
 
     async def go() -> Outcome:
         async with serve(handler) as url, client(via) as c:
-            return await send_request(c, spec(url, "p", "ns"), sink, timeout_s=5)
+            return await send_request(c, spec(url, "p", "ns"), sink, timeout_s=5, method=via)
 
     o = asyncio.run(go())
     assert o.status == 200 and o.text == "a" and o.ttft_s is not None
@@ -134,9 +151,9 @@ def test_keepalive_survives_a_sim_restart(sink: LedgerSink, via: str) -> None:
 
         async def go() -> list[Outcome]:
             async with client(via) as c:
-                first = await send_request(c, spec(url, needle_prompt(), "ns"), sink)
+                first = await send_request(c, spec(url, needle_prompt(), "ns"), sink, method=via)
                 await asyncio.to_thread(d.restart)  # the server drops its keep-alive connections
-                second = await send_request(c, spec(url, needle_prompt(), "ns"), sink)
+                second = await send_request(c, spec(url, needle_prompt(), "ns"), sink, method=via)
                 return [first, second]
 
         outs = asyncio.run(go())
@@ -161,7 +178,8 @@ def _raw_server_run(reply: bytes, sink: LedgerSink, via: str) -> Outcome:
         port = server.sockets[0].getsockname()[1]
         try:
             async with client(via) as c:
-                return await send_request(c, spec(f"http://127.0.0.1:{port}", "p", "ns"), sink, timeout_s=5)
+                return await send_request(c, spec(f"http://127.0.0.1:{port}", "p", "ns"), sink, timeout_s=5,
+                                          method=via)
         finally:
             server.close()
             await server.wait_closed()

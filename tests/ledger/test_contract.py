@@ -333,7 +333,8 @@ class LedgerContract(VerifyContract):
         led.append_many([NewEvent("response.received", {
             "request_id": f"r{i}", "status": 200, "ttft_s": 0.1 * (i + 1), "t_first": 0.1, "t_last": 0.2,
             "e2e_s": 0.3, "prompt_tokens": 100 + i, "output_tokens": 8, "cached_tokens": 0,
-            "decode_rate": 25.0, "text_sha256": "ab", "finish_reason": "length", "error": None})
+            "decode_rate": 25.0, "text_sha256": "ab", "finish_reason": "length", "error": None,
+            "ttft_method": "kernel-stamp"})
             for i in range(4)])
         table = led.sql("SELECT prompt_tokens, ttft_s, status FROM response_received ORDER BY seq")
         assert table.column("prompt_tokens").to_pylist() == [100, 101, 102, 103]

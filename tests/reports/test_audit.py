@@ -37,6 +37,7 @@ PLANTED: dict[str, tuple[str, str | None]] = {
     "block_failed": ("run-incomplete", None),  # the run finished failed; the block is excluded
     "not_restarted": ("blocks-not-restarted", "block_id"),
     "hash_seed_unset": ("hash-seed-unset", "target"),
+    "ttft_method_mixed": ("ttft-method-mixed", "run_id"),
 }
 GPU_SHAPE = Shape(target="vllm", transfer_path="gpu")
 
