@@ -638,7 +638,8 @@ class Screening:
         self.scrape(req.replica, "before", request_id=rid)
         g.emit("request.sent", meta, self.run_id, self.block_id)
         decode = 60.0 * self.noise()
-        response = _response(rid, round(req.ttft, 6), prompt, req.out, round(decode, 4), cached=local + external)
+        response = _response(rid, round(req.ttft, 6), prompt, req.out, round(decode, 4),
+                             cached=local + external)
         if not req.warmup and req.workload == "micro" and g._plant("ttft_method_mixed", self.run_id):
             response["ttft_method"] = "httpx-read"
         g.emit("response.received", response, self.run_id, self.block_id)
