@@ -407,6 +407,28 @@ def test_blocks_not_restarted(sim: Sim, found: Any) -> None:
     assert _one(found(envs), "blocks-not-restarted", started["block_id"])
 
 
+@plants("ttft-method-mixed")
+def test_ttft_dated_by_different_methods(sim: Sim, found: Any) -> None:
+    # Two real runs, the second choosing httpx: each uniform, the ledger-wide table mixed.
+    other = sim.fault("--param", "ttft_method=httpx-read")[len(sim.validation):]
+    envs = sim.clean() + other
+    assert {e["data"]["ttft_method"] for e in other if e["kind"] == "response.received"} == {"httpx-read"}
+    runs = _one(found(envs), "ttft-method-mixed", "runs")
+    assert f"httpx-read: {_screening_run(other)[:8]}" in runs.detail
+
+
+@plants("ttft-method-mixed")
+def test_one_run_dated_by_two_methods(sim: Sim, found: Any) -> None:
+    # One run whose measured response was dated in user space (the kernel gave that read no stamp).
+    envs = sim.clean()
+    rid = _request(envs, "ON", "cross")["data"]["request_id"]
+    response = _of(envs, "response.received", rid)["data"]
+    kernel = response["ttft_method"]
+    response["ttft_method"] = "socket-read"
+    mixed = _one(found(envs), "ttft-method-mixed", _screening_run(envs))
+    assert "socket-read (1)" in mixed.detail and f"{kernel} (" in mixed.detail
+
+
 @plants("chain-broken")
 def test_an_edited_row_breaks_the_chain(sim: Sim, build_lite: Any, sqlite_url: str) -> None:
     src = build_lite(sim.clean())
