@@ -127,6 +127,9 @@ class Outcome:
     """CLOCK_REALTIME when the client's read of that chunk returned (>= ``first_wall_ns``)."""
     ttft_method: str = DEFAULT_TTFT_METHOD
     """What dated ``t_first`` (one of :data:`TTFT_METHODS`)."""
+    min_logprob_margin: float | None = None
+    """With ``top_logprobs`` >= 2 asked: the smallest top-1 minus top-2 logprob over the output
+    tokens (how near a tie the closest greedy choice was); None when not asked."""
 
 
 def request_params(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -154,11 +157,30 @@ def _content(obj: Any) -> tuple[str | None, str | None]:
     return text, choice.get("finish_reason")
 
 
+def _margins(obj: Any) -> list[float]:
+    """Top-1 minus top-2 logprob of each token of a chunk whose first choice has logprobs
+    (chat: ``content[].top_logprobs[]``; completions: ``top_logprobs[]`` as token → logprob)."""
+    choices = obj.get("choices")
+    logprobs = choices[0].get("logprobs") if choices else None
+    if not isinstance(logprobs, dict):
+        return []
+    out: list[float] = []
+    if isinstance(logprobs.get("content"), list):
+        tops = [[t.get("logprob") for t in (item.get("top_logprobs") or [])] for item in logprobs["content"]]
+    else:
+        tops = [list(d.values()) for d in logprobs.get("top_logprobs") or [] if isinstance(d, dict)]
+    for values in tops:
+        ranked = sorted((v for v in values if isinstance(v, int | float)), reverse=True)
+        if len(ranked) >= 2:
+            out.append(float(ranked[0] - ranked[1]))
+    return out
+
+
 class _Stream:
     """Incremental SSE parser state for one response (kept small: it is per chunk)."""
 
     __slots__ = ("buf", "done", "error", "finish", "first", "first_method", "first_read_wall", "first_wall",
-                 "last", "method", "n_content", "pieces", "read_wall", "usage", "wall")  # fmt: skip
+                 "last", "margin", "method", "n_content", "pieces", "read_wall", "usage", "wall")  # fmt: skip
 
     def __init__(self, method: str) -> None:
         self.buf = b""
@@ -176,6 +198,7 @@ class _Stream:
         self.done = False
         self.error: str | None = None
         self.n_content = 0
+        self.margin: float | None = None
 
     def feed(self, raw: bytes, now: float) -> None:
         """Consume one socket read that arrived at ``now`` (perf_counter)."""
@@ -219,6 +242,9 @@ class _Stream:
             self.pieces.append(text)
         if finish is not None:
             self.finish = finish
+        if b'"logprobs"' in payload:  # only when asked for: the common path stays one lookup
+            for m in _margins(obj):
+                self.margin = m if self.margin is None else min(self.margin, m)
         usage = obj.get("usage")
         if usage:
             self.usage = usage
@@ -414,14 +440,16 @@ def _finish(spec: RequestSpec, sink: EventSink, st: _Stream, ex: _Exchange, want
         ok=status == 200 and error is None, decode_rate=_decode_rate(output_tokens, t_first, t_last),
         text_sha256=text_sha, usage=st.usage, content_chunks=st.n_content, sent_wall_ns=sent_wall,
         first_wall_ns=st.first_wall, first_read_wall_ns=st.first_read_wall, ttft_method=st.first_method,
+        min_logprob_margin=st.margin,
     )  # fmt: skip
     sink.emit("response.received", response_data(outcome))
     return outcome
 
 
 def response_data(outcome: Outcome) -> dict[str, Any]:
-    """The ``response.received`` data of an outcome (the text itself is never stored)."""
-    return {
+    """The ``response.received`` data of an outcome (the text itself is never stored);
+    ``min_logprob_margin`` only when the request asked for top logprobs."""
+    data = {
         "request_id": outcome.request_id, "status": outcome.status, "ttft_s": outcome.ttft_s,
         "t_first": outcome.t_first, "t_last": outcome.t_last, "e2e_s": outcome.e2e_s,
         "prompt_tokens": outcome.prompt_tokens, "output_tokens": outcome.output_tokens,
@@ -430,6 +458,9 @@ def response_data(outcome: Outcome) -> dict[str, Any]:
         "error": outcome.error, "output_text_prefix": outcome.text[:_TEXT_PREFIX],
         "content_chunks": outcome.content_chunks, "ok": outcome.ok, "ttft_method": outcome.ttft_method,
     }  # fmt: skip
+    if outcome.min_logprob_margin is not None:
+        data["min_logprob_margin"] = outcome.min_logprob_margin
+    return data
 
 
 async def run_concurrently(

@@ -222,6 +222,19 @@ class RunContext:
         return bool(getattr(self.target, "answers_meaningful", True))
 
     @property
+    def meaningful_up_to_tokens(self) -> int | None:
+        """The largest prompt whose answers mean something (a model card's limit); None: any."""
+        limit = getattr(self.target, "meaningful_up_to_tokens", None)
+        return None if limit is None else int(limit)
+
+    def answers_meaningful_at(self, prompt_tokens: int | None) -> bool:
+        """Whether an exact-value check applies to a prompt of this size."""
+        limit = self.meaningful_up_to_tokens
+        if not self.answers_meaningful:
+            return False
+        return limit is None or (prompt_tokens is not None and prompt_tokens <= limit)
+
+    @property
     def restarts_blocks(self) -> bool:
         """Whether every block runs on a freshly restarted deployment (attach mode: no)."""
         return bool(getattr(self.target, "restarts_blocks", True))
@@ -290,6 +303,10 @@ class RunContext:
         }  # fmt: skip
         if ignore_eos:
             body["ignore_eos"] = True
+        top = int(self.params.get("top_logprobs") or 0)
+        if top:  # the response then records the smallest top-1 minus top-2 margin
+            body["logprobs"] = True
+            body["top_logprobs"] = top
         return body
 
     # --- blocks ----------------------------------------------------------------
@@ -489,6 +506,8 @@ class Block:
         record_hits(self.sink, rep.index, delta, request_id=rid, prompt_tokens=outcome.prompt_tokens)
         t1 = time.perf_counter()
         if not warmup:
+            if not self.ctx.answers_meaningful_at(prompt_tokens):
+                expected = None  # beyond what the served model answers meaningfully: not applicable
             self._checks(outcome, delta, step, limit, ignore_eos, expected, independent)
         seconds = (t_sent - t0) + (time.perf_counter() - t1)
         await self._after(outcome, rep, warmup)
@@ -498,7 +517,7 @@ class Block:
                 expected: Mapping[str, Any] | None, independent: bool) -> None:  # fmt: skip
         sink, cfg, rid = self.sink, self.config_sha256, outcome.request_id
         self.count_check(check_stream_complete(sink, outcome, config_sha256=cfg))
-        if expected is not None and self.ctx.answers_meaningful:
+        if expected is not None:
             self.count_check(check_exact_values(sink, outcome, expected, independent=independent,
                                            config_sha256=cfg))  # fmt: skip
         if ignore_eos:
@@ -602,7 +621,7 @@ class Block:
             outcome = await self.ctx.send(spec, self.sink)
             cfg = self.config_sha256
             self.count_check(check_stream_complete(self.sink, outcome, config_sha256=cfg))
-            if self.ctx.answers_meaningful:
+            if self.ctx.answers_meaningful_at(turn.prompt_tokens):
                 self.count_check(check_exact_values(self.sink, outcome, fx.expected,
                                                     independent=turn.index == 0,
                                                     config_sha256=cfg))  # fmt: skip

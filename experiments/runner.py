@@ -158,6 +158,16 @@ async def _prepare(ctx: RunContext, run_id: str) -> None:
                     "(random weights); correctness is checked against cold references instead",
             "topic": "answers_meaningful", "answers_meaningful": False,
         })  # fmt: skip
+    elif ctx.meaningful_up_to_tokens is not None:
+        card = getattr(ctx.target, "model_card", None) or {}
+        below = ", ".join(f"{n}: {a:.1%}" for n, a in card.get("unserved", {}).items())
+        sink.emit_run("note.added", {
+            "text": f"exact_values checks not applicable to prompts over {ctx.meaningful_up_to_tokens} "
+                    f"tokens: the served model's card declares accuracy below "
+                    f"{card.get('threshold', 0.99):.0%} there ({below or 'not measured'})",
+            "topic": "answers_meaningful", "answers_meaningful": True,
+            "meaningful_up_to_tokens": ctx.meaningful_up_to_tokens, "card": card,
+        })  # fmt: skip
     sink.flush()
 
 

@@ -50,6 +50,12 @@ class Card:
     def unserved(self) -> dict[int, float]:
         return {n: a for n, a in sorted(self.accuracy_by_size.items()) if n > self.served_max_tokens}
 
+    def summary(self) -> dict[str, Any]:
+        """What a run records about the card (JSON: sizes as strings)."""
+        return {"served_max_tokens": self.served_max_tokens, "threshold": self.threshold,
+                "accuracy_by_size": {str(n): a for n, a in sorted(self.accuracy_by_size.items())},
+                "unserved": {str(n): a for n, a in self.unserved().items()}, "source": self.source}
+
 
 def load_card(path: Path = CARD) -> Card:
     data = json.loads(path.read_text())

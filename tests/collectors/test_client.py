@@ -199,6 +199,34 @@ def test_split_frames_crlf_and_empty_first_chunk_are_handled(sink: LedgerSink, v
     assert got["finish_reason"] == "stop"
 
 
+def _logprob_chunk(text: str, tops: list[list[float]], chat: bool) -> bytes:
+    if chat:
+        content = [{"token": text, "logprob": t[0], "top_logprobs": [{"token": str(i), "logprob": v}
+                                                                    for i, v in enumerate(t)]} for t in tops]
+        choice: dict[str, object] = {"index": 0, "delta": {"content": text},
+                                     "logprobs": {"content": content}, "finish_reason": None}
+    else:
+        choice = {"index": 0, "text": text, "finish_reason": None,
+                  "logprobs": {"top_logprobs": [{str(i): v for i, v in enumerate(t)} for t in tops]}}
+    return b"data: " + orjson.dumps({"choices": [choice]}) + b"\n\n"
+
+
+@pytest.mark.parametrize("chat", [True, False])
+def test_top_logprob_margins_are_recorded_as_the_smallest_over_the_output(
+    sink: LedgerSink, via: str, chat: bool
+) -> None:
+    body = (_logprob_chunk("a", [[-0.01, -6.5]], chat) + _logprob_chunk("b", [[-0.2, -1.95, -3.0]], chat)
+            + _logprob_chunk("c", [[-0.5]], chat) + _chunk("", "stop") + _USAGE + b"data: [DONE]\n\n")
+    assert _run(raw_stream(body), sink, via)[0] is None
+    got = sink.events("response.received")[0].data
+    assert got["min_logprob_margin"] == pytest.approx(1.75)  # b's top two; c has one, no margin
+
+
+def test_no_logprobs_asked_no_margin_field(sink: LedgerSink, via: str) -> None:
+    _run(raw_stream(_chunk("a", "stop") + _USAGE + b"data: [DONE]\n\n"), sink, via)
+    assert "min_logprob_margin" not in sink.events("response.received")[0].data
+
+
 def test_malformed_chunk_is_recorded(sink: LedgerSink, via: str) -> None:
     err = _run(raw_stream(_chunk("a"), b"data: {not json\n\n", b"data: [DONE]\n\n"), sink, via)[0]
     assert err and err.startswith("malformed chunk")

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from collectors._secrets import REDACTED, redact_env
+from experiments import needle
 from experiments._params import ParamError
 from experiments.targets.vllm import _commands as cmds
-from experiments.targets.vllm._engine import Resolved
+from experiments.targets.vllm._engine import Resolved, resolve
 from experiments.targets.vllm._managed import VllmTarget
 from experiments.targets.vllm._settings import PARAMS, Settings, check, parse_attach, parse_gpus
 from experiments.targets.vllm.target import check_params
@@ -109,9 +111,40 @@ def test_config_digest_is_stable_and_arm_specific(tmp_path: Path) -> None:
     assert _target(tmp_path, chunk_size=512).config_sha256("ON") != a.config_sha256("ON")
     assert _target(tmp_path, env={"VLLM_ATTENTION_BACKEND": "X"}).config_sha256("ON") != a.config_sha256("ON")
     assert not a.answers_meaningful  # the tiny random-weight model
+    assert a.meaningful_up_to_tokens is None and a.model_name == "tiny"
     assert _target(tmp_path, answers_meaningful=True).answers_meaningful
     # ports and pids change per launch, never the digest
     assert "port" not in json.dumps(a.config("ON"))
+
+
+def test_the_needle_models_card_limits_exact_checks_to_the_sizes_it_serves(tmp_path: Path) -> None:
+    card = needle.load_card()
+    resolved = Resolved("/envs/vllm/bin/python", "/envs/lmcache/bin/python", needle.CHECKPOINT,
+                        needle.MANIFEST, "needle-x", "0.32.0", "0.5.6", tiny=False, card=card,
+                        default_name="needle")  # fmt: skip
+    t = VllmTarget(Settings(dict(PARAMS)), resolved)
+    assert t.answers_meaningful and t.model_name == "needle"
+    assert t.meaningful_up_to_tokens == card.served_max_tokens
+    assert t.model_card is not None and t.model_card["unserved"]  # the card declares unserved sizes
+    assert t.describe()["meaningful_up_to_tokens"] == card.served_max_tokens
+    # Said explicitly, answers_meaningful overrides the card (the evaluation checks every size).
+    forced = VllmTarget(Settings({**PARAMS, "answers_meaningful": True}), resolved)
+    assert forced.meaningful_up_to_tokens is None
+    assert resolved.audit.matched is True  # the committed checkpoint against its manifest
+
+
+def test_the_default_model_is_the_needle_model_and_tiny_is_still_there() -> None:
+    check_params({**PARAMS, "model": "tiny"})  # not a directory, but the engines' tiny model
+    r = resolve(Settings({**PARAMS, "engine_version": "0.32.0", "service_version": "0.5.6",
+                          "vllm_python": sys.executable, "lmcache_python": sys.executable}))
+    assert r.model_dir == needle.CHECKPOINT and r.manifest == needle.MANIFEST and not r.tiny
+    assert r.card is not None and r.default_name == "needle" and (r.revision or "").startswith("needle-")
+    assert r.audit.matched is True
+    # Named by its path (as scripts do), it is still the needle model, with its manifest and card.
+    by_path = resolve(Settings({**PARAMS, "engine_version": "0.32.0", "service_version": "0.5.6",
+                                "vllm_python": sys.executable, "lmcache_python": sys.executable,
+                                "model": str(needle.CHECKPOINT)}))  # fmt: skip
+    assert by_path.card == r.card and by_path.manifest == needle.MANIFEST and by_path.revision == r.revision
 
 
 def test_passed_secrets_reach_the_process_but_not_the_record(

@@ -1,7 +1,9 @@
 """End to end on real engines: a scaled screening OFF–ON–ON–OFF against the ``vllm`` target.
 
 Two real vLLM replicas (and, in ON blocks, a real LMCache service) are launched
-by kvledger for every block, on this CPU machine with the tiny local model.
+by kvledger for every block, on this CPU machine with the target's default
+model: the committed needle model, whose answers mean something up to the
+size its card serves, so every answer is also checked value by value.
 Everything below is asserted from the ledger the run wrote (events and the
 per-kind SQL views), never from the run's own return values.
 
@@ -23,6 +25,8 @@ from typing import Any
 
 import pytest
 
+from experiments import needle
+
 from .._cli import ledger_cli, param_args
 from ._runs import RecordedRun, recorded
 
@@ -33,7 +37,7 @@ SHAPE: dict[str, Any] = {
     "block_pairs": 2, "sizes": [1000, 2000, 3000], "chains": 1, "session_sizes": [1500],
     "sessions": 1, "session_turns": 2, "turn_growth": 300, "generation_sizes": [1000],
     "generation_outputs": [32], "window_sessions": [2], "window_turns": 2, "window_size": 1000,
-    "warmups": 2, "warmup_tokens": 300, "max_tokens": 16,
+    "warmups": 2, "warmup_tokens": 300, "max_tokens": 48,
 }  # fmt: skip
 # Planted secrets, passed to the engines through pass_env (never through params).
 HF = "hf_" + "PlantedSecretToken0123456789"
@@ -97,7 +101,7 @@ def test_run_completes_and_every_check_passes(run: Run) -> None:
     assert all(b.data["restarted"] for b in run.of("block.started"))
 
 
-def test_launches_stops_and_checkpoint_are_recorded(run: Run, engines: Any) -> None:
+def test_launches_stops_and_checkpoint_are_recorded(run: Run) -> None:
     started = {e.block_id: e.data for e in run.of("block.started")}
     launched = run.of("deployment.launched")
     assert Counter(e.block_id for e in launched) == dict.fromkeys(started, 2)
@@ -106,7 +110,7 @@ def test_launches_stops_and_checkpoint_are_recorded(run: Run, engines: Any) -> N
         assert d["config_sha256"] == started[e.block_id]["config_sha256"]
         assert d["engine"] == "vllm" and d["engine_version"] == "0.32.0" and d["target"] == "vllm"
         assert d["transfer_path"] == "cpu" and d["restarted"] and not d["attached"]
-        assert d["model"]["path"] == str(engines.model_dir) and d["model"]["served_name"] == "tiny"
+        assert d["model"]["path"] == str(needle.CHECKPOINT) and d["model"]["served_name"] == "needle"
         assert d["cache_config"] and d["cache_config"]["enable_prefix_caching"] == "True"
         assert (d["kv_connector"] is not None) == (arm == "ON")
         assert ("--kv-transfer-config" in d["command"]) == (arm == "ON")
@@ -126,7 +130,8 @@ def test_launches_stops_and_checkpoint_are_recorded(run: Run, engines: Any) -> N
     assert {e.data["exit_code"] for e in run.of("deployment.stopped")} == {0}
     (audit,) = run.of("checkpoint.audited")
     assert audit.block_id is None and audit.data["matched"] is True and audit.data["stable"] is True
-    assert audit.data["revision"].startswith("tiny-") and len(audit.data["files"]) >= 6
+    assert audit.data["revision"].startswith("needle-") and len(audit.data["files"]) >= 6
+    assert audit.data["reference"] == f"manifest:{needle.MANIFEST}"
 
 
 def test_warmups_reach_every_replica_before_measuring(run: Run) -> None:
@@ -187,15 +192,27 @@ def test_reuse_matches_the_cold_reference(run: Run) -> None:
     assert all(c["passed"] for c in checks), [c for c in checks if not c["passed"]]
 
 
-def test_exact_values_are_not_applicable_to_the_tiny_model(run: Run) -> None:
-    names = Counter(a.data["check"] for a in run.of("assertion.evaluated"))
-    assert names["exact_values"] == 0
-    assert {"stream_complete", "zero_hits", "full_prefix_hit", "no_external_hits_off",
-            "matches_cold_reference", "output_length", "counters_match"} <= set(names)  # fmt: skip
-    (note,) = run.of("note.added")
-    assert note.data["answers_meaningful"] is False
-    (started,) = run.of("run.started")
-    assert started.data["target"]["answers_meaningful"] is False
+def test_exact_values_are_checked_and_pass_cold_and_on_every_reuse(run: Run) -> None:
+    checks = [a.data for a in run.of("assertion.evaluated") if a.data["check"] == "exact_values"]
+    steps = {e.data["request_id"]: (e.data["workload"], e.data["step"]) for e in run.of("request.sent")
+             if not e.data["warmup"]}  # fmt: skip
+    checked = Counter(steps[c["request_id"]] for c in checks)
+    # Every measured answer but the forced-length decodes (no question answered there).
+    assert sum(checked.values()) == sum(1 for w, _ in steps.values() if w != "generation")
+    for step in ("cold", "local1", "local2", "cross", "receiver_local"):
+        assert checked["micro", step] == 4 * len(SHAPE["sizes"]), step
+    assert checked["session", "turn"] > 0 and checked["concurrency", "turn"] > 0
+    assert all(c["passed"] for c in checks), [c for c in checks if not c["passed"]][:3]
+    started = {e.block_id: e.data["arm"] for e in run.of("block.started")}
+    sent = {e.data["request_id"]: e.block_id for e in run.of("request.sent")}
+    on_cross = [c for c in checks if steps[c["request_id"]] == ("micro", "cross")
+                and started[sent[c["request_id"]]] == "ON"]  # fmt: skip
+    assert len(on_cross) == 2 * len(SHAPE["sizes"])  # answers from KV loaded from the other replica
+    (note,) = run.of("note.added")  # sizes beyond the card's limit are declared not applicable
+    assert note.data["answers_meaningful"] is True
+    assert note.data["meaningful_up_to_tokens"] == needle.load_card().served_max_tokens
+    (started_run,) = run.of("run.started")
+    assert started_run.data["target"]["answers_meaningful"] is True
 
 
 def test_report_and_audit_derive_from_the_events(run: Run) -> None:
@@ -206,7 +223,7 @@ def test_report_and_audit_derive_from_the_events(run: Run) -> None:
     assert acc["measured"] == finished["measured"] == len([e for e in run.of("request.sent")
                                                            if not e.data["warmup"]])  # fmt: skip
     assert acc["warmups"] == finished["warmups"] == 4 * 2
-    assert acc["exact_value_checks"] == 0 and acc["excluded_blocks"] == []
+    assert acc["exact_value_checks"] == acc["exact_value_passed"] > 0 and acc["excluded_blocks"] == []
     assert acc["pairs"] == acc["matched_pairs"] > 0
     audit = ledger_cli("audit", "--db", run.url, "--run", run.run_id, "--json")
     assert audit.exit_code == 0, audit.output  # without --publish the audit only reports

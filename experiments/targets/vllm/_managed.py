@@ -120,13 +120,24 @@ class VllmTarget:
 
     @property
     def model_name(self) -> str:
-        return str(self.s.served_name)
+        return str(self.s.served_name or self.r.default_name)
 
     @property
     def answers_meaningful(self) -> bool:
         """Random weights answer deterministically but meaninglessly: no exact-value checks."""
         given = self.s.answers_meaningful
         return (not self.r.tiny) if given is None else bool(given)
+
+    @property
+    def meaningful_up_to_tokens(self) -> int | None:
+        """The needle model's card: exact-value checks apply up to the largest size it serves."""
+        if self.s.answers_meaningful is not None or self.r.card is None:
+            return None
+        return self.r.card.served_max_tokens
+
+    @property
+    def model_card(self) -> dict[str, Any] | None:
+        return self.r.card.summary() if self.r.card is not None else None
 
     @property
     def gpu_indices(self) -> tuple[int, ...]:
@@ -169,7 +180,8 @@ class VllmTarget:
         return {"mode": "managed", "engine_version": self.r.engine_version,
                 "model": str(self.r.model_dir), "revision": self.r.revision,
                 "gpus": list(self.physical_gpus or []), "transfer_path": self.transfer_path,
-                "answers_meaningful": self.answers_meaningful, "restarts_blocks": True}  # fmt: skip
+                "answers_meaningful": self.answers_meaningful,
+                "meaningful_up_to_tokens": self.meaningful_up_to_tokens, "restarts_blocks": True}  # fmt: skip
 
     async def prepare_run(self, run_id: str) -> tuple[LaunchRecord, ...]:
         """Bind the run (logs under its id) and record which checkpoint it uses."""

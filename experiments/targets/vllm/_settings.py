@@ -23,10 +23,10 @@ __all__ = ["PARAMS", "Settings", "parse_attach", "parse_gpus", "parse_hash_seed"
 
 PARAMS: dict[str, Any] = {
     "replicas": 2,
-    "model": None,  # checkpoint directory; None: the engines' tiny model
-    "revision": None,  # None: the tiny model's build key, or the HF snapshot's name
-    "manifest": None,  # expected hashes (JSON name -> sha256); None: the tiny model's manifest
-    "served_name": "tiny",
+    "model": None,  # checkpoint directory; None: the committed needle model; "tiny": the engines' tiny model
+    "revision": None,  # None: needle-<manifest hash>, the tiny model's build key, or the HF snapshot's name
+    "manifest": None,  # expected hashes (JSON name -> sha256); None: the needle or tiny model's manifest
+    "served_name": None,  # None: "needle", "tiny", or (attach) the first name the endpoint serves
     "max_model_len": 4096,
     "dtype": "bfloat16",
     "block_size": None,  # None: the engine's default (128 on CPU), recorded from cache_config_info
@@ -52,7 +52,7 @@ PARAMS: dict[str, Any] = {
     "startup_timeout_s": 300.0,
     "stop_grace_s": 15.0,
     "logs_dir": None,  # None: ${KVLEDGER_CACHE:-~/.cache/kvledger}/runs/<run_id>/
-    "answers_meaningful": None,  # None: false for the tiny random-weight model, else true
+    "answers_meaningful": None,  # None: false for the tiny model; needle: per size, by its card; else true
     "attach": None,  # "URL1,URL2[,service=URL]": record endpoints someone else started
 }
 

@@ -32,11 +32,12 @@ import httpx
 
 from collectors import gpu_inventory
 from collectors._checkpoint import audit_checkpoint
+from experiments import needle
 from ledger import canonical_json, sha256_hex
 
 from ..._params import ParamError
 from .._base import Launch, LaunchRecord, Replica, Target, TargetError
-from ._engine import resolve
+from ._engine import TINY, resolve
 from ._managed import VllmTarget, gpu_facts
 from ._observe import Observed, observe, observed_config
 from ._settings import PARAMS, Settings, check, parse_hash_seed
@@ -48,8 +49,9 @@ def check_params(params: dict[str, Any]) -> None:
     """Refuse bad vllm options before anything is written (ParamError → exit 2)."""
     check(params)
     model = params.get("model")
-    if model is not None and not Path(str(model)).expanduser().is_dir() and params.get("attach") is None:
-        raise ParamError(f"model: not a directory: {model}")
+    if model not in (None, TINY) and not Path(str(model)).expanduser().is_dir() \
+            and params.get("attach") is None:  # fmt: skip
+        raise ParamError(f"model: not a directory (nor {TINY!r}): {model}")
     for name in ("vllm_python", "lmcache_python"):
         value = params.get(name)
         if value is not None and not Path(str(value)).expanduser().exists():
@@ -141,12 +143,33 @@ class AttachedTarget:
     @property
     def model_name(self) -> str:
         names = self.observed[0].served_names
-        return str(self.s.served_name) if self.s.served_name in names or not names else names[0]
+        given = self.s.served_name
+        if given is not None and (given in names or not names):
+            return str(given)
+        return names[0] if names else "tiny"
 
     @property
     def answers_meaningful(self) -> bool:
         given = self.s.answers_meaningful
         return True if given is None else bool(given)
+
+    @property
+    def _card(self) -> needle.Card | None:
+        """The needle model's card, when the endpoints serve the committed checkpoint."""
+        directory = self._checkpoint_dir()
+        if directory is None or directory.resolve() != needle.CHECKPOINT.resolve():
+            return None
+        return needle.load_card()
+
+    @property
+    def meaningful_up_to_tokens(self) -> int | None:
+        card = self._card
+        return card.served_max_tokens if card is not None and self.s.answers_meaningful is None else None
+
+    @property
+    def model_card(self) -> dict[str, Any] | None:
+        card = self._card
+        return card.summary() if card is not None else None
 
     def config(self, arm: str) -> dict[str, Any]:
         """The observed configuration: what the endpoints said, no ports or pids."""
@@ -178,6 +201,8 @@ class AttachedTarget:
         if directory is None:
             return ()
         manifest = Path(self.s.manifest).expanduser() if self.s.manifest else None
+        if manifest is None and directory.resolve() == needle.CHECKPOINT.resolve():
+            manifest = needle.MANIFEST
         audit = await asyncio.to_thread(audit_checkpoint, directory, self.s.revision, manifest)
         return (LaunchRecord("checkpoint.audited", audit.data()),)
 

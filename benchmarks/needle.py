@@ -1,0 +1,135 @@
+"""The needle model on the CPU engine: cold exact accuracy and logprob margin per size.
+
+``python -m benchmarks needle [--sizes 1024,2048,3072] [--fixtures 16] [--keep DB]``
+``python -m benchmarks needle --db URL --run RUN_ID``  (figures of a recorded run only)
+
+Runs the ``needle_eval`` experiment (``experiments/needle_eval.py``) against the
+``vllm`` target with its default model, the committed needle checkpoint, in a
+fresh SQLite ledger; or, with ``--run``, reads a run already recorded (a GPU
+evaluation brought back, say). Every figure is derived from the run's events:
+
+- exact accuracy per nominal size: passed / all ``exact_values`` assertions of
+  the measured requests of that size;
+- minimum margin per size: the smallest ``response.received.min_logprob_margin``
+  (top-1 minus top-2 logprob over each answer's tokens);
+- requests/s: measured requests over the sum of their end-to-end seconds
+  (one request at a time, so this is the served rate of one replica).
+
+Each accuracy is printed against the card's 99 % limit (the card's
+``threshold``); sizes the card serves are marked. The last line is one JSON
+object with ``accuracy_by_size`` and ``min_margin_by_size``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from experiments.needle import load_card
+from ledger import Ledger, open_ledger
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def figures(led: Ledger, run_id: str) -> dict[str, Any]:
+    """Accuracy, margin and rate per nominal size, from one run's events."""
+    size_of: dict[str, int] = {}
+    for e in led.events(run_id=run_id, kind="request.sent"):
+        if not e.data.get("warmup") and e.data.get("nominal_tokens") is not None:
+            size_of[e.data["request_id"]] = int(e.data["nominal_tokens"])
+    passed: dict[int, list[bool]] = defaultdict(list)
+    for e in led.events(run_id=run_id, kind="assertion.evaluated"):
+        if e.data.get("check") == "exact_values" and e.data.get("request_id") in size_of:
+            passed[size_of[e.data["request_id"]]].append(bool(e.data["passed"]))
+    margins: dict[int, list[float]] = defaultdict(list)
+    seconds, answered = 0.0, 0
+    for e in led.events(run_id=run_id, kind="response.received"):
+        size = size_of.get(e.data["request_id"])
+        if size is None:
+            continue
+        if e.data.get("min_logprob_margin") is not None:
+            margins[size].append(float(e.data["min_logprob_margin"]))
+        if e.data.get("e2e_s") is not None:
+            seconds += float(e.data["e2e_s"])
+            answered += 1
+    sizes = sorted(set(size_of.values()))
+    return {
+        "run_id": run_id,
+        "n_by_size": {str(n): len(passed[n]) for n in sizes},
+        "accuracy_by_size": {str(n): (sum(passed[n]) / len(passed[n]) if passed[n] else None)
+                             for n in sizes},
+        "min_margin_by_size": {str(n): (round(min(margins[n]), 4) if margins[n] else None) for n in sizes},
+        "requests_per_s": round(answered / seconds, 3) if seconds else None,
+    }  # fmt: skip
+
+
+def _only_run(led: Ledger) -> str:
+    runs = [e.run_id for e in led.events(kind="run.started") if e.run_id]
+    if len(runs) != 1:
+        raise SystemExit(f"the ledger holds {len(runs)} runs; name one with --run")
+    return runs[0]
+
+
+def evaluate(db: str, sizes: list[int], fixtures: int) -> tuple[int, float]:
+    """``ledger run needle_eval`` on the CPU engine into ``db``: its exit status and wall time."""
+    cmd = [sys.executable, "-m", "ledger", "run", "needle_eval", "--target", "vllm", "--db", db,
+           "--no-progress", "--param", f"sizes={json.dumps(sizes)}", "--param", f"fixtures={fixtures}"]
+    if max(sizes) + 256 > 4096:  # the target's default context
+        cmd += ["--param", f"max_model_len={max(sizes) + 512}"]
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, cwd=ROOT, text=True, capture_output=True, check=False)
+    wall = time.monotonic() - t0
+    print(proc.stdout.strip()[-2000:], proc.stderr.strip()[-2000:] if proc.returncode > 1 else "", sep="\n")
+    if proc.returncode not in (0, 1):  # 1: wrong answers, which is what is measured
+        raise SystemExit(f"needle_eval failed (exit {proc.returncode})")
+    return proc.returncode, wall
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="1024,2048,3072")
+    ap.add_argument("--fixtures", type=int, default=16, help="per size")
+    ap.add_argument("--db", help="read this ledger instead of running (with --run)")
+    ap.add_argument("--run", help="the run to read (default: the ledger's only run)")
+    ap.add_argument("--keep", type=Path, help="write the fresh ledger here (SQLite file)")
+    args = ap.parse_args()
+    card = load_card()
+    extra: dict[str, Any] = {}
+    if args.db:
+        url = args.db
+    else:
+        sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+        path = args.keep or Path(tempfile.mkdtemp(prefix="kvl-needle-")) / "ledger.db"
+        url = f"sqlite:///{path}"
+        status, wall = evaluate(url, sizes, args.fixtures)
+        extra = {"exit_code": status, "wall_s": round(wall, 1), "db": url}
+    led = open_ledger(url)
+    try:
+        out = figures(led, args.run or _only_run(led))
+    finally:
+        led.close()
+    print(f"\nneedle model, cold, greedy; limit {card.threshold:.0%} "
+          f"(the card serves <= {card.served_max_tokens} tokens)")
+    print(f"{'size':>8} {'n':>4} {'exact':>8} {'vs limit':>9} {'min margin':>11}")
+    for size, acc in out["accuracy_by_size"].items():
+        served = "served" if card.serves(int(size)) else "not served"
+        ratio = f"{acc / card.threshold:.3f}" if acc is not None else "-"
+        exact = f"{acc:.1%}" if acc is not None else "-"
+        margin = out["min_margin_by_size"][size]
+        shown = f"{margin:.3f}" if margin is not None else "-"
+        print(f"{size:>8} {out['n_by_size'][size]:>4} {exact:>8} {ratio:>9} {shown:>11}  {served}")
+    print(f"requests/s (one at a time): {out['requests_per_s']}")
+    print(json.dumps({**out, **extra, "threshold": card.threshold,
+                      "served_max_tokens": card.served_max_tokens}, sort_keys=True))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""The needle model on real vLLM CPU engines: it answers exactly at every size its card
+serves, and a planted wrong state (its attention values zeroed) fails the same checks.
+
+Both runs are ``ledger run needle_eval --target vllm``; every figure is read
+back from the ledger (``benchmarks.needle.figures``), never from the run's
+own return values.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks.needle import figures
+from experiments import needle
+from ledger import open_ledger
+
+from .._cli import ledger_cli, param_args
+from ._runs import RecordedRun, recorded
+
+pytestmark = pytest.mark.engines
+
+SIZES = [1024, 2048, 3072]
+FIXTURES = 4
+
+# Every layer's value projection zeroed: the KV cache then holds no values, as if the state
+# loaded for a prompt were wrong. Weights and shapes otherwise intact; the engine serves it.
+ZERO_VALUES = """
+import sys
+from safetensors.torch import load_file, save_file
+state = load_file(sys.argv[1])
+for name in state:
+    if name.endswith("self_attn.v_proj.weight"):
+        state[name] = state[name] * 0
+save_file(state, sys.argv[1], metadata={"format": "pt"})
+"""
+
+
+def _figures(run: RecordedRun) -> dict[str, Any]:
+    led = open_ledger(run.url)
+    try:
+        return figures(led, run.run_id)
+    finally:
+        led.close()
+
+
+@pytest.fixture(scope="module")
+def evaluated(engines: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RecordedRun]:
+    url = f"sqlite:///{tmp_path_factory.mktemp('needle-eval') / 'ledger.db'}"
+    result = ledger_cli("run", "needle_eval", "--target", "vllm", "--db", url, "--no-progress",
+                        *param_args({"sizes": SIZES, "fixtures": FIXTURES}))  # fmt: skip
+    print(f"\nneedle_eval on vllm CPU: exit {result.exit_code}\n{result.output}")
+    yield recorded(url, result)
+
+
+@pytest.fixture(scope="module")
+def planted(engines: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RecordedRun]:
+    tmp = tmp_path_factory.mktemp("needle-planted")
+    model = tmp / "checkpoint"
+    shutil.copytree(needle.CHECKPOINT, model)
+    subprocess.run([str(engines.vllm_python), "-c", ZERO_VALUES, str(model / "model.safetensors")],
+                   check=True, timeout=300)  # fmt: skip
+    url = f"sqlite:///{tmp / 'ledger.db'}"
+    result = ledger_cli("run", "needle_eval", "--target", "vllm", "--db", url, "--no-progress",
+                        *param_args({"sizes": [1024], "fixtures": 2, "model": str(model),
+                                     "manifest": str(needle.MANIFEST), "served_name": "needle"}))  # fmt: skip
+    print(f"\nneedle_eval, values zeroed: exit {result.exit_code}\n{result.output}")
+    yield recorded(url, result)
+
+
+def test_the_committed_model_answers_every_served_size_exactly(evaluated: RecordedRun) -> None:
+    assert evaluated.exit_code == 0, evaluated.output
+    got = _figures(evaluated)
+    card = needle.load_card()
+    for size in SIZES:
+        assert card.serves(size)
+        assert got["n_by_size"][str(size)] == FIXTURES
+        assert got["accuracy_by_size"][str(size)] == 1.0
+        # Not a near tie: the closest greedy choice of any answer token wins by a wide margin.
+        assert got["min_margin_by_size"][str(size)] > 1.0, got
+    (audit,) = evaluated.of("checkpoint.audited")
+    assert audit.data["matched"] is True and audit.data["revision"].startswith("needle-")
+    answers = [e.data for e in evaluated.of("response.received")]
+    assert all(a["finish_reason"] == "stop" and a["output_text_prefix"].startswith("{") for a in answers)
+
+
+def test_a_planted_wrong_state_fails_the_exact_value_checks(planted: RecordedRun) -> None:
+    assert planted.exit_code == 1, planted.output  # completed, with failed assertions
+    (finished,) = planted.of("run.finished")
+    assert finished.data["status"] == "completed"
+    checks = [a.data for a in planted.of("assertion.evaluated") if a.data["check"] == "exact_values"]
+    assert len(checks) == 2 and not any(c["passed"] for c in checks)
+    # The engine answered normally: HTTP 200, a complete stream. Only the values are wrong.
+    assert all(a.data["ok"] and a.data["status"] == 200 for a in planted.of("response.received"))
+    streams = [a.data for a in planted.of("assertion.evaluated") if a.data["check"] == "stream_complete"]
+    assert streams and all(s["passed"] for s in streams)
+    assert _figures(planted)["accuracy_by_size"] == {"1024": 0.0}
+    # And the audit names the changed file against the committed manifest.
+    (audit,) = planted.of("checkpoint.audited")
+    assert audit.data["matched"] is False
+    changed = [f["name"] for f in audit.data["files"] if f["sha256"] != f["expected_sha256"]]
+    assert changed == ["model.safetensors"], json.dumps(audit.data)[:400]
+
+
+def test_model_tiny_still_serves_the_random_weight_model(engines: Any) -> None:
+    # The engines' tiny model stays available by name; its answers are not meaningful.
+    from experiments.targets.vllm._engine import resolve
+    from experiments.targets.vllm._settings import PARAMS, Settings
+
+    r = resolve(Settings({**PARAMS, "model": "tiny"}))
+    assert r.tiny and r.card is None and r.default_name == "tiny" and (r.revision or "").startswith("tiny-")
+    assert Path(r.model_dir).is_dir() and r.audit.matched is True
