@@ -104,8 +104,9 @@ def _lookalikes(name: str, present: set[str]) -> list[str]:
     return [n for n in alike if n in present and n != name]
 
 
-def train_sample(enc: Encoder, key: str, length: int, rng: random.Random) -> Sample:
-    """A training chat of at most ``length`` tokens from stream ``key``."""
+def train_sample(enc: Encoder, key: str, length: int, rng: random.Random, quiz: int = 0) -> Sample:
+    """A training chat of at most ``length`` tokens from stream ``key``; ``quiz`` more turns
+    each ask for other names of the same text (more answers to learn from per long text)."""
     fixture_like = rng.random() < 0.5
     every = ft.MARK_EVERY if fixture_like else rng.randint(3, 39)
     every = max(every, length // (17 * MAX_NAMES) + 1)  # names stay below value_1000
@@ -113,7 +114,7 @@ def train_sample(enc: Encoder, key: str, length: int, rng: random.Random) -> Sam
     asks = 3 if fixture_like else rng.randint(1, 8)
     session = rng.random() < 0.15
     turns_words = [rng.randint(20, min(1500, max(20, length // 4))) for _ in range(rng.randint(1, 3))]
-    reserve = 40 + pad + 16 * (asks + 2)  # tail, question and answer
+    reserve = 40 + pad + 16 * (asks + 2) + quiz * (70 + 16 * 9)  # tail, questions and answers
     if session and reserve + sum(w + 40 + 16 * asks for w in turns_words) < length * 0.6:
         reserve += sum(w + 40 + 16 * asks for w in turns_words)
     else:
@@ -140,10 +141,18 @@ def train_sample(enc: Encoder, key: str, length: int, rng: random.Random) -> Sam
     turns = [("".join(lines) + "\n" + rest, answer)]
     if session:
         turns += [(ft.turn_text(key, t + 1, w, asked), answer) for t, w in enumerate(turns_words)]
+    for _ in range(quiz if present else 0):
+        more = rng.sample(present, rng.randint(1, min(8, len(present))))
+        if rng.random() < 0.3:
+            more.insert(rng.randint(0, len(more)), "end_value")
+        values = {n: (end if n == "end_value" else ft.value(key, n)) for n in more}
+        words = rng.randint(0, 30)
+        turns.append((ft.turn_text(key, len(turns), words, ft.question(more)), json.dumps(values)))
     return enc.chat(turns)
 
 
-def make_batch(enc: Encoder, length: int, rows: int, seed: str) -> tuple[Any, Any]:
+def make_batch(enc: Encoder, length: int, rows: int, seed: str, quiz_share: float = 0.0,
+               quiz_turns: int = 0) -> tuple[Any, Any]:  # fmt: skip
     """``rows`` samples padded to ``length``: ids and answer masks as numpy arrays.
 
     Padding is on the right and no attention mask is needed: causal attention
@@ -155,7 +164,8 @@ def make_batch(enc: Encoder, length: int, rows: int, seed: str) -> tuple[Any, An
     mask = np.zeros((rows, length), dtype=bool)
     for r in range(rows):
         target = rng.randint(max(64, int(length * 0.6)), length) if length > 64 else length
-        s = train_sample(enc, train_key(seed, r), target, rng)
+        quiz = rng.randint(1, quiz_turns) if quiz_turns and rng.random() < quiz_share else 0
+        s = train_sample(enc, train_key(seed, r), target, rng, quiz)
         n = min(len(s.ids), length)
         ids[r, :n] = s.ids[:n]
         mask[r, :n] = s.answer[:n]

@@ -53,9 +53,10 @@ def _init_worker(tokenizer_json: str) -> None:
     _ENC = data.Encoder(tokenizer_json)
 
 
-def _batch(length: int, rows: int, seed: str) -> tuple[Any, Any, int, str]:
+def _batch(length: int, rows: int, seed: str, quiz_share: float = 0.0,
+           quiz_turns: int = 0) -> tuple[Any, Any, int, str]:  # fmt: skip
     assert _ENC is not None
-    ids, mask = data.make_batch(_ENC, length, rows, seed)
+    ids, mask = data.make_batch(_ENC, length, rows, seed, quiz_share, quiz_turns)
     return ids, mask, length, seed
 
 
@@ -177,6 +178,7 @@ def main() -> None:
     ap.add_argument("--eval-counts", default='{"1024": 64, "2048": 64, "3072": 64, "8192": 32, '
                     '"16384": 16, "32768": 16, "131072": 4}')  # fmt: skip
     ap.add_argument("--set", default="{}", help="JSON object over the settings")
+    ap.add_argument("--init", type=Path, help="start from this checkpoint's weights (continue training)")
     args = ap.parse_args()
     t0 = time.time()
     s = settings(args.variant, json.loads(args.set))
@@ -191,9 +193,18 @@ def main() -> None:
     import torch
 
     torch.backends.cuda.matmul.allow_tf32 = True
-    model = build_model(s, enc.tok.get_vocab_size(), enc.pad, enc.im_end).to(args.device)
+    model = build_model(s, enc.tok.get_vocab_size(), enc.pad, enc.im_end)
+    if args.init:
+        from safetensors.torch import load_file
+
+        missing, unexpected = model.load_state_dict(load_file(str(args.init / "model.safetensors")),
+                                                    strict=False)  # fmt: skip
+        if unexpected or set(missing) - {"lm_head.weight"}:  # the head is tied to the embeddings
+            raise SystemExit(f"--init {args.init}: missing {missing}, unexpected {unexpected}")
+        model.tie_weights()
+    model = model.to(args.device)
     params = sum(p.numel() for p in model.parameters())
-    say(settings=s, parameters=params, device=args.device,
+    say(settings=s, parameters=params, device=args.device, init=str(args.init) if args.init else None,
         gpu=torch.cuda.get_device_name() if args.device == "cuda" else None,
         torch=torch.__version__, python=sys.version.split()[0])  # fmt: skip
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "embed" not in n]
@@ -212,7 +223,8 @@ def main() -> None:
         rows = max(1, int(s["batch_tokens"]) // length)
         seed = f"{args.variant}/{s['seed']}/{serial}"
         serial += 1
-        pending.append((front, pool.apply_async(_batch, (length, rows, seed))))
+        quiz = (float(s.get("quiz_share", 0.0)), int(s.get("quiz_turns", 0)))
+        pending.append((front, pool.apply_async(_batch, (length, rows, seed, *quiz))))
 
     for _ in range(args.workers * 2):
         request()
@@ -264,6 +276,7 @@ def main() -> None:
     pool.terminate()
     seconds = round(time.time() - train_start, 1)
     info = {"steps": step, "tokens": tokens, "train_seconds": seconds, "frontier": cur.frontier,
+            "init": str(args.init) if args.init else None,
             "parameters": params, "variant": args.variant,
             "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
             "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1) if args.device == "cuda"
