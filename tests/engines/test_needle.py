@@ -116,3 +116,43 @@ def test_model_tiny_still_serves_the_random_weight_model(engines: Any) -> None:
     r = resolve(Settings({**PARAMS, "model": "tiny"}))
     assert r.tiny and r.card is None and r.default_name == "tiny" and (r.revision or "").startswith("tiny-")
     assert Path(r.model_dir).is_dir() and r.audit.matched is True
+
+
+# Run in the vllm environment (tokenizers, transformers): the tokenizer rebuilds byte for byte,
+# and training samples are token for token what vLLM's chat template and tokenizer make of them.
+TOKENIZER_CHECK = """
+import json, random, sys, tempfile
+from pathlib import Path
+from transformers import AutoTokenizer
+from experiments import fixture_text as ft
+from experiments.needle import CHECKPOINT, data, tokenizer
+out = Path(tempfile.mkdtemp())
+tokenizer.build(out, 262144)
+same = [n for n in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+        if (out / n).read_bytes() == (CHECKPOINT / n).read_bytes()]
+hf = AutoTokenizer.from_pretrained(str(CHECKPOINT))
+enc = data.Encoder(str(CHECKPOINT / "tokenizer.json"))
+rng = random.Random(5)
+samples = [data.train_sample(enc, data.train_key("check", i), n, rng, quiz=i % 3)
+           for i, n in enumerate([200, 1500, 3000, 6000] * 3)]
+round_trip = all(hf(hf.decode(s.ids), add_special_tokens=False)["input_ids"] == s.ids for s in samples)
+prompt, answer, expected = data.eval_fixture(enc, 2048, 0)
+user = hf.decode(prompt).split("<|im_start|>user\\n", 1)[1].split("<|im_end|>", 1)[0]
+templated = hf.apply_chat_template([{"role": "user", "content": user}], tokenize=True,
+                                   add_generation_prompt=True, return_dict=True)["input_ids"]
+names = all(len(hf(ft.mark_name(i), add_special_tokens=False)["input_ids"]) == 1 for i in range(1000))
+print(json.dumps({"same": same, "round_trip": round_trip, "templated": templated == prompt,
+                  "prompt_tokens": len(prompt), "names": names,
+                  "answer": hf.decode(answer) == json.dumps(expected) + "<|im_end|>"}))
+"""
+
+
+def test_tokenizer_rebuilds_identically_and_samples_match_the_served_template(engines: Any) -> None:
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([str(engines.vllm_python), "-c", TOKENIZER_CHECK], cwd=root, text=True,
+                          capture_output=True, timeout=600, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["same"] == ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"]
+    assert got["round_trip"] and got["templated"] and got["names"] and got["answer"]
+    assert 2000 <= got["prompt_tokens"] <= 2048
