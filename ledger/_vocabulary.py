@@ -107,7 +107,6 @@ KINDS: dict[str, dict[str, Types]] = {
         "text_sha256": _opt(STR),
         "finish_reason": _opt(STR),
         "error": _opt(STR),
-        "ttft_method": STR,
     },
     "metrics.scraped": {"replica": (int, str), "endpoint": STR, "samples": OBJ},
     "hits.observed": {
@@ -200,8 +199,12 @@ ENUMS: dict[tuple[str, str], frozenset[str]] = {
     ("probe.helper", "direction"): frozenset({"d2h", "h2d"}),
     ("probe.helper", "ops_requested"): frozenset({"present", "masked"}),
     ("probe.pinned", "ops_requested"): frozenset({"present", "masked"}),
+}
+
+# Fields checked only where present: ledgers recorded before they existed lack them.
+OPTIONAL_ENUMS: dict[str, tuple[tuple[str, frozenset[str]], ...]] = {
     # What dated t_first/t_last: collectors.TTFT_METHODS (the kernel's receive stamp, or user space).
-    ("response.received", "ttft_method"): frozenset({"kernel-stamp", "socket-read", "httpx-read"}),
+    "response.received": (("ttft_method", frozenset({"kernel-stamp", "socket-read", "httpx-read"})),),
 }
 
 
@@ -250,6 +253,10 @@ def check_data(kind: str, data: Mapping[str, Any]) -> tuple[str | None, str] | N
             if not _matches(value, types):
                 return name, f"must be {_type_name(types)}, got {type(value).__name__}"
         if allowed is not None and value not in allowed:
+            return name, f"must be one of {sorted(allowed)}, got {value!r}"
+    for name, allowed in OPTIONAL_ENUMS.get(kind, ()):
+        value = get(name)
+        if value is not None and value not in allowed:
             return name, f"must be one of {sorted(allowed)}, got {value!r}"
     alternatives = _ONE_OF.get(kind)
     if alternatives and not any(get(a) is not None for a in alternatives):

@@ -116,7 +116,9 @@ def ttft_method_notes(rows: list[dict[str, Any]]) -> list[str]:
     by_run: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         by_run.setdefault(str(r["run_id"]), []).append(r)
-    notes = []
+    notes: list[str] = []
+    if all(r["ttft_method"] == "unrecorded" for r in rows):
+        return notes  # a ledger from before methods were recorded: its report reads as it always did
     for run_id, methods in by_run.items():
         if len(methods) == 1:
             m = methods[0]

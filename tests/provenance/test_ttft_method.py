@@ -10,7 +10,8 @@ from click.testing import CliRunner
 from collectors import DEFAULT_TTFT_METHOD, TTFT_METHODS
 from ledger import open_ledger
 from ledger._cli import cli
-from ledger._vocabulary import ENUMS
+from ledger import EventError, NewEvent
+from ledger._vocabulary import OPTIONAL_ENUMS
 from reports import audit, derive_report, open_source, to_markdown
 from reports._synthetic import Flaws, generate
 from tests.reports.conftest import import_envelopes
@@ -28,8 +29,19 @@ def _run(url: str, *params: str) -> None:
     assert result.exit_code == 0, result.output
 
 
-def test_the_vocabulary_knows_every_method() -> None:
-    assert ENUMS[("response.received", "ttft_method")] == set(TTFT_METHODS)
+def test_the_vocabulary_knows_every_method(tmp_path: Path) -> None:
+    ((name, allowed),) = OPTIONAL_ENUMS["response.received"]
+    assert name == "ttft_method" and allowed == set(TTFT_METHODS)
+    led = open_ledger(f"sqlite:///{tmp_path / 'l.db'}")
+    data = {"request_id": "r", "status": 200, "ttft_s": 0.1, "t_first": 0.1, "t_last": 0.2, "e2e_s": 0.3,
+            "prompt_tokens": 5, "output_tokens": 2, "cached_tokens": 0, "decode_rate": 10.0,
+            "text_sha256": "ab", "finish_reason": "length", "error": None}  # fmt: skip
+    with pytest.raises(EventError, match="must be one of"):
+        led.append(NewEvent("response.received", {**data, "ttft_method": "wall-clock"}))
+    # A ledger recorded before methods were recorded still imports; its figures read "unrecorded".
+    led.append(NewEvent("response.received", data))
+    led.append(NewEvent("response.received", {**data, "ttft_method": "kernel-stamp"}))
+    led.close()
 
 
 def test_an_unknown_method_is_refused_before_anything_is_written(tmp_path: Path) -> None:
