@@ -8,9 +8,8 @@ import pytest
 from click.testing import CliRunner
 
 from collectors import DEFAULT_TTFT_METHOD, TTFT_METHODS
-from ledger import open_ledger
+from ledger import EventError, NewEvent, open_ledger
 from ledger._cli import cli
-from ledger import EventError, NewEvent
 from ledger._vocabulary import OPTIONAL_ENUMS
 from reports import audit, derive_report, open_source, to_markdown
 from reports._synthetic import Flaws, generate
