@@ -502,7 +502,7 @@ def checkpoint_mismatch(src: Source, run: str | None) -> list[Finding]:
 def checkpoint_unverified(src: Source, run: str | None) -> list[Finding]:
     return [
         finding("checkpoint-unverified", r, r["path"],
-                f"revision {r['revision']}: {len(r['unreferenced'])} files with no reference to check "
+                f"revision {r['revision']}: {len(r['unreferenced'])} file(s) with no reference to check "
                 f"against (no manifest, not a Hugging Face cache snapshot); {_MANIFEST_HELP}")
         for r in _checkpoint_rows(src, run) if r["unverified"]
     ]  # fmt: skip
