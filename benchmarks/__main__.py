@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args or args[0] in ("-h", "--help"):
         print("usage: python -m benchmarks NAME [ARGS...]\nbenchmarks: " + ", ".join(available()))
         return 0 if args else 2
-    name = args[0].replace("-", "_")  # gpu-screening runs gpu_screening
+    name = args[0].replace("-", "_")  # gpu-screening runs gpu_screening, helper-probes helper_probes
     if name.startswith("_") or name not in available():
         print(f"unknown benchmark {name!r}; available: {', '.join(available())}", file=sys.stderr)
         return 2

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._source import Source
-from ._validation import config_coverage, copy_probes, pinned_probes, service_regression
+from ._validation import HELPERS, TOLERANCE_TEXT, config_helper_paths, coverage
 
 BLOCKING, WARNING, INFO = "blocking", "warning", "info"
 SEVERITY: dict[str, str] = {
@@ -38,6 +38,8 @@ SEVERITY: dict[str, str] = {
     "checkpoint-unverified": BLOCKING,
     "provenance-missing": BLOCKING,
     "validation-missing": BLOCKING,
+    "pinned-rounding": BLOCKING,
+    "helper-probe-failed": BLOCKING,
     "order-unbalanced": BLOCKING,
     "blocks-not-restarted": WARNING,
     "hash-seed-unset": BLOCKING,
@@ -540,13 +542,16 @@ def provenance_missing(src: Source, run: str | None) -> list[Finding]:
 
 
 def validation_missing(src: Source, run: str | None) -> list[Finding]:
-    copy, pinned, service = copy_probes(src), pinned_probes(src), service_regression(src)
-    services_ok = set(service["configs_passed"])
+    *_, scope = coverage(src, run, per_run=True)
     out = []
-    for cfg in config_coverage(src, run, copy["passed"], pinned["passed"], services_ok, per_run=True):
+    for cfg in scope["configs"]:
         if cfg["passed"]:
             continue
-        missing = cfg["missing"]
+        missing = [
+            name + (f" ({cfg['notes'][name]})" if name in cfg["notes"] else "")
+            + (" (failed)" if cfg["layers"][name] == "failed" else "")
+            for name in cfg["missing"]
+        ]
         out.append(
             finding(
                 "validation-missing",
@@ -556,6 +561,49 @@ def validation_missing(src: Source, run: str | None) -> list[Finding]:
                 f"but no passing {', '.join(missing)}",
             )
         )
+    return out
+
+
+def pinned_rounding(src: Source, run: str | None) -> list[Finding]:
+    """Pinned allocations whose reserved bytes exceed the tolerance, with no recorded setting fixing it."""
+    _, _, pinned, _, _ = coverage(src, None)
+    out = []
+    for s in pinned["sizes"]:
+        if s["passed"] or (run is not None and run not in s["runs"]):
+            continue
+        reserved = s["bytes_reserved"]
+        ratio = f" ({reserved / s['bytes_requested']:.2f}x)" if reserved else ""
+        state = "pinned" if s["is_pinned"] else "not pinned"
+        tried = ", ".join(s["tried"]) or "none"
+        refused = f"; refused by torch: {', '.join(s['refused'])}" if s["refused"] else ""
+        error = f"; error: {s['error']}" if s["error"] else ""
+        out.append(finding(
+            "pinned-rounding", {"run_id": s["run_id"]}, f"{s['bytes_requested']} bytes",
+            f"{s['series']}: requested {s['bytes_requested']} bytes, reserved {reserved} bytes{ratio}, "
+            f"{state}; beyond {TOLERANCE_TEXT} and no recorded setting brings it within "
+            f"(tried: {tried}){refused}{error}",
+        ))  # fmt: skip
+    return out
+
+
+def helper_probe_failed(src: Source, run: str | None) -> list[Finding]:
+    """ON configs on LMCache's lazy allocator whose helper path failed a byte check."""
+    _, helpers, _, _, scope = coverage(src, run, per_run=True)
+    out = []
+    for cfg in scope["configs"]:
+        if cfg["lmcache_allocator"] != "lazy" or cfg["layers"].get(HELPERS) != "failed":
+            continue
+        failed = [p for p in config_helper_paths(cfg, helpers["paths"]) if p["failed"]]
+        parts = [f"{p['direction']} {'delayed' if p['delayed'] else 'undelayed'} "
+                 f"{'with' if p['with_ops'] else 'without'} compiled ops via {p['copy']}: "
+                 f"{p['failed']} of {p['checks']} failed" for p in failed]  # fmt: skip
+        offsets = [p["first_bad_offset"] for p in failed if p["first_bad_offset"] is not None]
+        first = min(offsets, default=None)
+        out.append(finding(
+            "helper-probe-failed", {"run_id": cfg["runs"][0]}, cfg["config_sha256"],
+            f"lazy allocator on LMCache {cfg['lmcache_version']}: " + "; ".join(parts)
+            + (f"; first bad byte at offset {first}" if first is not None else ""),
+        ))  # fmt: skip
     return out
 
 
@@ -679,6 +727,8 @@ CHECKS: tuple[Check, ...] = (
     checkpoint_unverified,
     provenance_missing,
     validation_missing,
+    pinned_rounding,
+    helper_probe_failed,
     order_unbalanced,
     blocks_not_restarted,
     hash_seed_unset,

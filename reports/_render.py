@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 
 from ._derive import TTFT_METHOD_LABELS
+from ._validation import BYTES, HELPERS, PINNED
 
 
 @dataclass
@@ -221,7 +222,8 @@ def validation_sections(v: dict[str, Any]) -> list[Section]:
             for x in v["layers"]
         ],
     )
-    copy = v["layers"][0]
+    by_name = {x["layer"]: x for x in v["layers"]}
+    copy, helpers, pinned = by_name[BYTES], by_name[HELPERS], by_name[PINNED]
     layers.notes = [
         f"{x['layer']}: not applicable — {x['applicability']}"
         for x in v["layers"]
@@ -230,7 +232,20 @@ def validation_sections(v: dict[str, Any]) -> list[Section]:
         f"{c['method']} {c['direction']} {'delayed' if c['delayed'] else 'undelayed'}: "
         f"{c['passed']}/{c['checks']} passed"
         for c in copy["cells"]
-    ]
+    ] + [
+        f"LMCache {p['lmcache_version']} {p['allocator']} allocator, "
+        f"{'with' if p['with_ops'] else 'without'} compiled ops ({p['copy']}), {p['direction']} "
+        f"{'delayed' if p['delayed'] else 'undelayed'}: {p['passed']}/{p['checks']} passed"
+        + (f", {p['errored']} errored" if p["errored"] else "")
+        + (f", first bad byte {p['first_bad_offset']}" if p["first_bad_offset"] is not None else "")
+        for p in helpers["paths"]
+    ] + [
+        f"{s['series']}, {s['bytes_requested']} bytes: reserved {s['bytes_reserved']}, "
+        + (f"within tolerance ({s['mitigation'] or 'unmitigated'})" if s["passed"] else
+           f"beyond {pinned['tolerance']}")
+        + (f"; refused: {', '.join(s['refused'])}" if s["refused"] else "")
+        for s in pinned["sizes"]
+    ]  # fmt: skip
     configs = Section(
         "Validation coverage of ON configurations",
         ["config", "transfer path", "layers", "status"],

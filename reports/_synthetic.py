@@ -57,6 +57,8 @@ class Flaws:
     order_unbalanced: bool = False
     declared_exclusion: bool = False
     probes_failing: bool = False
+    helper_failing: bool = False  # the ON config runs LMCache's lazy allocator, whose helper path fails
+    pinned_rounding: bool = False  # LMCache's pool reserves a power of two and no setting fixes it
     block_failed: bool = False  # an ON block whose replica died half-way (status failed, partial data)
     not_restarted: bool = False  # attach mode: blocks share one deployment's caches and counters
     hash_seed_unset: bool = False  # an ON replica launched without the others' PYTHONHASHSEED
@@ -98,6 +100,9 @@ class _Ids:
         hh, rem = divmod(sec, 3600)
         mm, ss = divmod(rem, 60)
         return f"2026-09-{12 + day:02d}T{hh:02d}:{mm:02d}:{ss:02d}.{us:06d}Z"
+
+
+LMCACHE_VERSION = "0.5.3"
 
 
 def sha(text: str) -> str:
@@ -206,6 +211,7 @@ class Generator:
                     "transfer_path": self.shape.transfer_path,
                     "arm": arm,
                     "hash_seed": seed,
+                    **self.lmcache_fields(arm),
                 },
                 run_id,
                 block_id,
@@ -293,7 +299,53 @@ class Generator:
         self.run_finished(run_id)
         return run_id
 
+    def lmcache_fields(self, arm: str) -> dict[str, Any]:
+        """The LMCache an ON launch on the GPU path names (what GPU probes are matched by)."""
+        if arm != "ON" or self.shape.transfer_path != "gpu":
+            return {}
+        allocator = "lazy" if self.flaws.helper_failing else "mixed"
+        if allocator == "lazy":
+            self._plant("helper_failing", config_digest("ON", self.shape))
+        return {"lmcache_version": LMCACHE_VERSION, "lmcache_allocator": allocator, "lmcache_ops": False}
+
+    def helper_probes(self) -> None:
+        """LMCache's helpers as the seed found them without compiled ops: lazy fails when delayed."""
+        run_id = self.run_started("probe.lmcache-helpers", {"sizes": [1 << 20]})
+        for allocator, copy in (("lazy", "torch_ops.lmcache_memcpy_async (cudaMemcpy, no stream)"),
+                                ("mixed", "Tensor.copy_(non_blocking=True) (current stream)")):  # fmt: skip
+            for direction in ("d2h", "h2d"):
+                for delay in (0, 10**8):
+                    for trial in range(5):
+                        bad = allocator == "lazy" and delay > 0
+                        self.emit("probe.helper", {
+                            "allocator": allocator, "helper": f"gpu_ops.lmcache_memcpy_async_{direction}",
+                            "copy": copy, "ops_requested": "masked", "with_ops": False,
+                            "direction": direction, "bytes": 1 << 20, "delay_cycles": delay, "trial": trial,
+                            "passed": not bad, "mismatching_bytes": (1 << 20) if bad else 0,
+                            "first_bad_offset": 0 if bad else None, "error": None, "transfer_path": "gpu",
+                            "lmcache_version": LMCACHE_VERSION, "lmcache_source_sha256": sha("lmcache"),
+                            "torch_version": "2.11.0", "cuda_runtime_version": "13.0", "gpu": self.gpu(2),
+                        }, run_id)  # fmt: skip
+        self.run_finished(run_id)
+
+    def pool_probes(self) -> None:
+        """LMCache's pool without compiled ops: rounded unmitigated, within tolerance under a setting."""
+        run_id = self.run_started("probe.lmcache-pool", {"sizes": [(1 << 30) + 4096]})
+        rounding = self._plant("pinned_rounding", run_id)
+        requested = (1 << 30) + 4096
+        for conf, reserved in ((None, 1 << 31), ("PYTORCH_CUDA_ALLOC_CONF=pinned_use_cuda_host_register:True",
+                                                 (1 << 31) if rounding else requested + 4096)):  # fmt: skip
+            self.emit("probe.pinned", {
+                "setting": {"LMCACHE_MAX_LOCAL_CPU_SIZE": "1.0000038146972656"}, "bytes_requested": requested,
+                "bytes_reserved": reserved, "is_pinned": True, "seconds": 0.8, "alloc_conf": conf,
+                "ops_requested": "masked", "with_ops": False, "error": None, "failed_at": None,
+                "transfer_path": "gpu", "lmcache_version": LMCACHE_VERSION,
+            }, run_id)  # fmt: skip
+        self.run_finished(run_id)
+
     def probes(self) -> None:
+        self.helper_probes()
+        self.pool_probes()
         run_id = self.run_started("probe.copy-ordering", {"sizes": [4096, 1 << 20]})
         fail = self.flaws.probes_failing
         for method in ("raw_fallback", *ORDERED_METHODS):
@@ -316,11 +368,13 @@ class Generator:
                     )
         self.run_finished(run_id)
         run_id = self.run_started("probe.pinned-alloc", {"sizes": [1 << 38]})
+        # The seed's torch: rounded unmitigated, the threshold keeps the request (Section 3.3).
         for conf, pinned in ((None, not fail), ("pinned_max_round_threshold_mb:128", not fail)):
             self.emit(
                 "probe.pinned_alloc",
                 {
                     "bytes_requested": (1 << 38) + 4096,
+                    "bytes_reserved": 1 << 39 if conf is None else (1 << 38) + 4096,
                     "is_pinned": pinned,
                     "seconds": 38.973,
                     "alloc_conf": conf,

@@ -137,7 +137,7 @@ WHERE b.run_id NOT IN (SELECT run_id FROM kv_runs WHERE experiment = 'validation
         "kv_launches",
         f"""
 SELECT run_id, block_id, seq, replica, config_sha256, transfer_path, target, model->>'revision' AS revision,
-       arm, hash_seed
+       arm, hash_seed, lmcache_version, lmcache_allocator, lmcache_ops
 FROM ({
             _extract(
                 "deployment.launched",
@@ -149,6 +149,9 @@ FROM ({
                     "model": "JSON",
                     "arm": "VARCHAR",
                     "hash_seed": "VARCHAR",
+                    "lmcache_version": "VARCHAR",
+                    "lmcache_allocator": "VARCHAR",
+                    "lmcache_ops": "BOOLEAN",
                 },
             )
         })""",
@@ -427,26 +430,91 @@ GROUP BY run_id, method, direction, delay_cycles > 0""",
     (
         "kv_probe_pinned",
         f"""
-SELECT run_id, seq, bytes_requested, is_pinned, seconds, alloc_conf, rounded_up, error
+SELECT run_id, seq, bytes_requested, bytes_reserved, is_pinned, seconds, alloc_conf, rounded_up, error,
+       failed_at
 FROM ({
             _extract(
                 "probe.pinned_alloc",
                 {
                     "bytes_requested": "BIGINT",
+                    "bytes_reserved": "BIGINT",
                     "is_pinned": "BOOLEAN",
                     "seconds": "DOUBLE",
                     "alloc_conf": "VARCHAR",
                     "rounded_up": "BOOLEAN",
                     "error": "VARCHAR",
+                    "failed_at": "VARCHAR",
                 },
             )
         })""",
     ),
-    # Performance configs: the ON blocks' deployment config digests and transfer paths.
+    # LMCache helper checks (probe.helper), one row per path cell: a check that raised is
+    # errored, neither passed nor failed.
+    (
+        "kv_probe_helper",
+        f"""
+SELECT run_id, lmcache_version, allocator, with_ops, copy, transfer_path, direction,
+       delay_cycles > 0 AS delayed, bytes, count(*) AS checks,
+       count(*) FILTER (WHERE passed) AS passed,
+       count(*) FILTER (WHERE NOT passed AND error IS NULL) AS failed,
+       count(*) FILTER (WHERE error IS NOT NULL) AS errored,
+       min(first_bad_offset) AS first_bad_offset, max(mismatching_bytes) AS max_mismatching_bytes,
+       list(DISTINCT gpu->>'uuid' ORDER BY gpu->>'uuid') FILTER (WHERE gpu->>'uuid' IS NOT NULL) AS gpus,
+       min(seq) AS seq
+FROM ({
+            _extract(
+                "probe.helper",
+                {
+                    "allocator": "VARCHAR",
+                    "copy": "VARCHAR",
+                    "with_ops": "BOOLEAN",
+                    "direction": "VARCHAR",
+                    "bytes": "BIGINT",
+                    "delay_cycles": "BIGINT",
+                    "passed": "BOOLEAN",
+                    "mismatching_bytes": "BIGINT",
+                    "first_bad_offset": "BIGINT",
+                    "error": "VARCHAR",
+                    "transfer_path": "VARCHAR",
+                    "lmcache_version": "VARCHAR",
+                    "gpu": "JSON",
+                },
+            )
+        })
+GROUP BY ALL""",
+    ),
+    # LMCache's local CPU pool (probe.pinned), one row per size and setting.
+    (
+        "kv_probe_pool",
+        f"""
+SELECT run_id, seq, lmcache_version, with_ops, transfer_path, CAST(setting AS VARCHAR) AS setting,
+       bytes_requested, bytes_reserved, is_pinned, seconds, alloc_conf, error, failed_at
+FROM ({
+            _extract(
+                "probe.pinned",
+                {
+                    "setting": "JSON",
+                    "bytes_requested": "BIGINT",
+                    "bytes_reserved": "BIGINT",
+                    "is_pinned": "BOOLEAN",
+                    "seconds": "DOUBLE",
+                    "alloc_conf": "VARCHAR",
+                    "with_ops": "BOOLEAN",
+                    "error": "VARCHAR",
+                    "failed_at": "VARCHAR",
+                    "transfer_path": "VARCHAR",
+                    "lmcache_version": "VARCHAR",
+                },
+            )
+        })""",
+    ),
+    # Performance configs: the ON blocks' deployment config digests, transfer paths and the LMCache
+    # (version, allocator, compiled ops) their launches name; GPU probes cover a config by these.
     (
         "kv_on_configs",
         """
-SELECT DISTINCT b.run_id, l.config_sha256, coalesce(l.transfer_path, 'unknown') AS transfer_path
+SELECT DISTINCT b.run_id, l.config_sha256, coalesce(l.transfer_path, 'unknown') AS transfer_path,
+       l.lmcache_version, l.lmcache_allocator, l.lmcache_ops
 FROM kv_blocks b JOIN kv_launches l ON l.block_id = b.block_id WHERE b.arm = 'ON'""",
     ),
 ]

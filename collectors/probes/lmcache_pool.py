@@ -62,12 +62,13 @@ KIND = "probe.pinned"
 GIB = 1 << 30
 SIZES: tuple[int, ...] = (GIB, GIB + 4096, 8 * GIB + 4096, 32 * GIB + 4096)
 SETTING_VAR = "LMCACHE_MAX_LOCAL_CPU_SIZE"
-# PyTorch host-allocator settings (PYTORCH_CUDA_ALLOC_CONF) tried against rounding. The last is
-# the seed's knob; a torch without it refuses the key at CUDA initialisation.
+# PyTorch host-allocator settings (PYTORCH_CUDA_ALLOC_CONF) tried against rounding. The first is
+# the seed's knob; a torch without it refuses the key at CUDA initialisation (seconds, so it goes
+# first: a deadline never skips that observation).
 MITIGATIONS: tuple[str, ...] = (
+    "pinned_max_round_threshold_mb:128",
     "pinned_use_cuda_host_register:True,pinned_num_register_threads:8",
     "pinned_use_background_threads:True",
-    "pinned_max_round_threshold_mb:128",
 )
 
 

@@ -34,6 +34,8 @@ PLANTED: dict[str, tuple[str, str | None]] = {
     "order_unbalanced": ("order-unbalanced", None),
     "declared_exclusion": ("declared-exclusion", "target"),
     "probes_failing": ("validation-missing", None),
+    "helper_failing": ("helper-probe-failed", "target"),
+    "pinned_rounding": ("pinned-rounding", "run_id"),
     "block_failed": ("run-incomplete", None),  # the run finished failed; the block is excluded
     "not_restarted": ("blocks-not-restarted", "block_id"),
     "hash_seed_unset": ("hash-seed-unset", "target"),
@@ -43,7 +45,8 @@ GPU_SHAPE = Shape(target="vllm", transfer_path="gpu")
 
 
 def _shape(flaw: str) -> Shape:
-    gpu = ("checkpoint_mismatch", "checkpoint_unverified", "probes_failing")
+    gpu = ("checkpoint_mismatch", "checkpoint_unverified", "probes_failing", "helper_failing",
+           "pinned_rounding")
     return GPU_SHAPE if flaw in gpu else Shape()
 
 

@@ -47,16 +47,19 @@ def test_gpu_layers_not_applicable_off_gpu_paths(build_lite: Any, path: str) -> 
     src = build_lite(events)
     report = derive_report(src)
     layers = _layers(report)
-    for name in ("byte probes (copy ordering)", "pinned allocation"):
+    for name in ("byte probes (copy ordering)", "runtime helpers (LMCache)", "pinned allocation"):
         assert layers[name]["status"] == "not applicable" and layers[name]["applicable"] is False
         assert path in layers[name]["applicability"]
     assert layers["service regression"]["status"] == "pass"
     (cfg,) = report["tables"]["validation"]["configs"]
-    assert cfg["layers"] == {"service regression": "pass", "byte probes (copy ordering)": "not applicable",
-                             "pinned allocation": "not applicable"}
+    assert cfg["layers"] == {
+        "service regression": "pass", "byte probes (copy ordering)": "not applicable",
+        "runtime helpers (LMCache)": "not applicable", "pinned allocation": "not applicable",
+    }  # fmt: skip
     assert cfg["passed"] and cfg["missing"] == []
     md = to_markdown(report)
-    assert "| pinned allocation | transfer_path gpu | 0 | 0 | not applicable |" in md
+    applies = "transfer_path gpu (LMCache's pool: same LMCache version)"
+    assert f"| pinned allocation | {applies} | 0 | 0 | not applicable |" in md
     assert "missing" not in md.split("## Validation coverage")[1]
     assert not [f for f in audit(src) if f.code == "validation-missing"]
 
@@ -70,11 +73,14 @@ def test_gpu_path_without_probes_is_missing_in_table_and_audit(build_lite: Any) 
     layers = _layers(report)
     assert layers["byte probes (copy ordering)"]["status"] == "not passed"
     assert layers["pinned allocation"]["status"] == "not passed"
+    assert layers["runtime helpers (LMCache)"]["status"] == "not passed"
     (cfg,) = report["tables"]["validation"]["configs"]
-    assert cfg["missing"] == ["byte probes (copy ordering)", "pinned allocation"] and not cfg["passed"]
+    gpu_layers = ["byte probes (copy ordering)", "runtime helpers (LMCache)", "pinned allocation"]
+    assert cfg["missing"] == gpu_layers and not cfg["passed"]
     (finding,) = [f for f in audit(src) if f.code == "validation-missing"]
     assert finding.severity == "blocking" and finding.target == cfg["config_sha256"]
-    assert "byte probes (copy ordering), pinned allocation" in finding.detail
+    assert "byte probes (copy ordering), runtime helpers (LMCache) (no helper checks of" in finding.detail
+    assert finding.detail.endswith("pinned allocation")
     assert "service regression" not in finding.detail
 
 

@@ -19,10 +19,15 @@ def _records() -> list[dict[str, Any]]:
     return [orjson.loads(line) for f in files for line in f.read_bytes().splitlines() if line.strip()]
 
 
+def _layers(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {x["layer"]: x for x in report["tables"]["validation"]["layers"]}
+
+
 def test_layers_from_real_probes(build_lite: Any) -> None:
     records = _records()
-    layers = derive_report(build_lite(records))["tables"]["validation"]["layers"]
-    copy, pinned, _ = layers
+    src = build_lite(records)
+    layers = _layers(derive_report(src))
+    copy, pinned = layers["byte probes (copy ordering)"], layers["pinned allocation"]
     raw_delayed = [c for c in copy["cells"] if c["method"] == "raw_fallback" and c["delayed"]]
     ordered = [c for c in copy["cells"] if c["method"] != "raw_fallback"]
     expected_checks = sum(1 for r in records
@@ -30,17 +35,38 @@ def test_layers_from_real_probes(build_lite: Any) -> None:
     assert copy["checks"] == expected_checks and copy["passed"] is True
     assert all(c["passed"] == c["checks"] for c in ordered)
     assert raw_delayed and all(c["passed"] < c["checks"] for c in raw_delayed)  # the seed's diagnosis
-    pinned_records = [r for r in records if r["kind"] == "probe.pinned_alloc"]
-    assert pinned["checks"] == len(pinned_records)
-    assert pinned["passed"] is any(r["data"]["is_pinned"] and not r["data"].get("error")
-                                   for r in pinned_records)
+    # Judged, not just run: every size reserved a power of two under every accepted setting.
+    allocations = [r["data"] for r in records if r["kind"] == "probe.pinned_alloc"]
+    sizes = {d["bytes_requested"] for d in allocations}
+    torch_sizes = [s for s in pinned["sizes"] if s["source"] == "torch host allocator"]
+    assert {s["bytes_requested"] for s in torch_sizes} == sizes
+    assert not any(s["passed"] for s in torch_sizes) and pinned["status"] == "not passed"
+    findings = {f.target: f for f in audit(src) if f.code == "pinned-rounding"}
+    for d in allocations:
+        if d["alloc_conf"] is None:
+            f = findings[f"{d['bytes_requested']} bytes"]
+            assert f.severity == "blocking"
+            assert f"requested {d['bytes_requested']} bytes, reserved {d['bytes_reserved']} bytes" in f.detail
+            assert "refused by torch: PYTORCH_ALLOC_CONF=pinned_max_round_threshold_mb:128" in f.detail
+    assert len(findings) == len(sizes)
 
 
-def test_real_probes_validate_a_gpu_screening(build_lite: Any) -> None:
+def test_real_probes_do_not_validate_a_gpu_screening(build_lite: Any) -> None:
     synthetic, _ = generate(shape=Shape(target="vllm", transfer_path="gpu"))
-    # Drop the synthetic probe runs: the real records must carry the GPU layers on their own.
+    # Drop the synthetic probe runs: only the real records may speak for the GPU layers.
     probe_runs = {e["run_id"] for e in synthetic if e["kind"] == "run.started"
                   and e["data"]["experiment"].startswith("probe.")}
     events = _records() + [e for e in synthetic if e["run_id"] not in probe_runs]
-    findings = audit(build_lite(events))
-    assert not [f for f in findings if f.code == "validation-missing"]
+    src = build_lite(events)
+    (cfg,) = derive_report(src)["tables"]["validation"]["configs"]
+    assert cfg["layers"]["byte probes (copy ordering)"] == "pass"
+    helper_records = [r for r in _records() if r["kind"] == "probe.helper"
+                      and r["data"]["lmcache_version"] == cfg["lmcache_version"]]
+    if not helper_records:  # no helper records of the screening's LMCache version
+        assert cfg["layers"]["runtime helpers (LMCache)"] == "missing"
+    pool_records = [r for r in _records() if r["kind"] == "probe.pinned"]
+    if not pool_records:  # torch's allocator stands in for LMCache's pool, and it rounds
+        assert cfg["layers"]["pinned allocation"] == "failed"
+    findings = [f for f in audit(src) if f.code == "validation-missing"]
+    assert findings and all(f.target == cfg["config_sha256"] for f in findings)
+    assert not cfg["passed"]
