@@ -137,7 +137,11 @@ WHERE b.run_id NOT IN (SELECT run_id FROM kv_runs WHERE experiment = 'validation
         "kv_launches",
         f"""
 SELECT run_id, block_id, seq, replica, config_sha256, transfer_path, target, model->>'revision' AS revision,
-       arm, hash_seed, lmcache_version, lmcache_allocator, lmcache_ops
+       arm, hash_seed,
+       -- The LMCache a launch names: the vllm target's lmcache object, or flat fields.
+       coalesce(lmcache_version, json_extract_string(lmcache, '$.version')) AS lmcache_version,
+       coalesce(lmcache_allocator, json_extract_string(lmcache, '$.allocator.in_use')) AS lmcache_allocator,
+       coalesce(lmcache_ops, TRY_CAST(json_extract_string(lmcache, '$.ops') AS BOOLEAN)) AS lmcache_ops
 FROM ({
             _extract(
                 "deployment.launched",
@@ -152,6 +156,7 @@ FROM ({
                     "lmcache_version": "VARCHAR",
                     "lmcache_allocator": "VARCHAR",
                     "lmcache_ops": "BOOLEAN",
+                    "lmcache": "JSON",
                 },
             )
         })""",

@@ -167,3 +167,17 @@ def test_judge_pinned(rows: list[dict[str, Any]], passed: bool, mitigation: str 
     assert size["bytes_reserved"] == rows[0]["bytes_reserved"]  # the unmitigated allocation is the evidence
     assert size["refused"] == [r["alloc_conf"] for r in rows if r["failed_at"] == "cuda-init"]
     assert size["series"] == "LMCache 0.5.3 local CPU pool (no compiled ops)"
+
+
+def test_the_vllm_targets_lmcache_record_is_read(build_lite: Any) -> None:
+    # The vllm target names LMCache in a nested object: version and the allocator in use.
+    events, _ = generate(shape=GPU)
+    for e in events:
+        if e["kind"] == "deployment.launched" and e["data"].get("lmcache_version"):
+            for key in ("lmcache_version", "lmcache_allocator", "lmcache_ops"):
+                e["data"].pop(key)
+            e["data"]["lmcache"] = {"mode": "remote", "version": "0.5.3",
+                                    "allocator": {"requested": None, "in_use": "mixed"}}  # fmt: skip
+    cfg = _config(build_lite(events))
+    assert (cfg["lmcache_version"], cfg["lmcache_allocator"], cfg["lmcache_ops"]) == ("0.5.3", "mixed", None)
+    assert cfg["layers"][HELPERS] == PASS
