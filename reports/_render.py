@@ -240,9 +240,9 @@ def validation_sections(v: dict[str, Any]) -> list[Section]:
         + (f", first bad byte {p['first_bad_offset']}" if p["first_bad_offset"] is not None else "")
         for p in helpers["paths"]
     ] + [
-        f"{s['series']}, {s['bytes_requested']} bytes: reserved {s['bytes_reserved']}, "
-        + (f"within tolerance ({s['mitigation'] or 'unmitigated'})" if s["passed"] else
-           f"beyond {pinned['tolerance']}")
+        f"{s['series']}, {s['bytes_requested']} bytes: reserved {s['bytes_reserved']} unmitigated, "
+        + ((f"within tolerance under {s['mitigation']}" if s["mitigation"] else "within tolerance")
+           if s["passed"] else f"beyond {pinned['tolerance']} under every setting tried")
         + (f"; refused: {', '.join(s['refused'])}" if s["refused"] else "")
         for s in pinned["sizes"]
     ]  # fmt: skip
