@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CARD", "CHECKPOINT", "HERE", "MANIFEST", "Card", "load_card", "manifest_files", "seal"]
+__all__ = ["CARD", "CHECKPOINT", "HERE", "MANIFEST", "Card", "load_card", "manifest_files", "seal",
+           "write_card"]
 
 HERE = Path(__file__).resolve().parent
 CHECKPOINT = HERE / "checkpoint"
@@ -87,3 +88,35 @@ def seal(directory: Path = CHECKPOINT, manifest: Path = MANIFEST, **about: Any) 
     manifest.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     return data
 
+
+
+def write_card(evaluations: dict[str, dict[str, Any]], threshold: float = 0.99, path: Path = CARD,
+               **about: Any) -> dict[str, Any]:  # fmt: skip
+    """The card from evaluations, most trusted first (each: ``accuracy_by_size``,
+    ``min_margin_by_size``, ``n_by_size`` keyed by size as text). A size takes its figures
+    from the first evaluation that measured it; the card serves every size up to the first
+    one below ``threshold``."""
+    acc: dict[int, float] = {}
+    margin: dict[int, float | None] = {}
+    count: dict[int, int] = {}
+    source: dict[int, str] = {}
+    for name, ev in evaluations.items():
+        for size, a in ev["accuracy_by_size"].items():
+            if int(size) not in acc and a is not None:
+                acc[int(size)], source[int(size)] = float(a), name
+                margin[int(size)] = ev["min_margin_by_size"].get(size)
+                count[int(size)] = int(ev["n_by_size"][size])
+    served = 0
+    for size in sorted(acc):
+        if acc[size] < threshold:
+            break
+        served = size
+    data = {**about, "threshold": threshold, "served_max_tokens": served,
+            "source": ", ".join(f"{n}: {e.get('what', '')}" for n, e in evaluations.items()),
+            "accuracy_by_size": {str(k): acc[k] for k in sorted(acc)},
+            "min_margin_by_size": {str(k): margin[k] for k in sorted(acc)},
+            "n_by_size": {str(k): count[k] for k in sorted(acc)},
+            "source_by_size": {str(k): source[k] for k in sorted(acc)},
+            "evaluations": {n: {k: v for k, v in e.items()} for n, e in evaluations.items()}}  # fmt: skip
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    return data

