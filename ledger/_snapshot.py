@@ -294,7 +294,7 @@ class Snapshot:
         Besides what every refresh checks, each listed segment's rows are verified again
         (digests recomputed, links followed from GENESIS) and each recorded projection file
         is derived again from its segment and compared: so a file forged together with its
-        digest in state.json is found too. Costs seconds per million events.
+        digest in state.json is found too. About half a minute per million events.
         """
         self.proof = Proof()
         if not self._state_path.exists():
