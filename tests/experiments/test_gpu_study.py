@@ -56,6 +56,20 @@ def test_dry_run_plans_the_gpu_study(tmp_path: Path) -> None:
     assert not (tmp_path / "out" / "summary.json").exists()  # nothing ran
 
 
+def test_dry_run_plans_the_needle_evaluation_when_asked(tmp_path: Path) -> None:
+    model = REPO / "experiments" / "needle" / "checkpoint"
+    proc, _ = _drive(tmp_path, "--stash", str(tmp_path), "--dry-run", "--model", str(model),
+                     "--steps", "install,kvledger,engines,needle_eval,screening")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    lines = [ln.split("] ", 1)[1] for ln in proc.stdout.splitlines() if "] " in ln]
+    names = [ln.split(":", 1)[0] for ln in lines[1:-1]]
+    assert names[:5] == ["install", "kvledger", "engines", "needle_eval", "screening"]
+    plan = next(ln for ln in lines if ln.startswith("needle_eval:"))
+    for expected in ("run needle_eval --target vllm", "'sizes=[1024, 2048, 3072, 8192, 32768]'",
+                     "fixtures=16", f"'model=\"{model}\"'", "'served_name=\"needle\"'"):  # fmt: skip
+        assert expected in plan, expected
+
+
 def test_bad_steps_refused(tmp_path: Path) -> None:
     proc, _ = _drive(tmp_path, "--steps", "validation,teleport")
     assert proc.returncode == 2 and "teleport" in proc.stderr
