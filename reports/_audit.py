@@ -255,7 +255,7 @@ def assertion_failed(src: Source, run: str | None) -> list[Finding]:
     rows = src.rows(
         f"""SELECT run_id, block_id, request_id, "window", "check", recorded_passed, recorded_expected,
                                recorded_observed, derived_passed, derived_expected, derived_observed
-                        FROM kv_rederived
+                        FROM kv_rederived_shown
                         WHERE (NOT coalesce(recorded_passed, false) OR NOT coalesce(derived_passed, true))
                           AND {SCOPE} ORDER BY seq""",
         {"run": run},
@@ -283,7 +283,7 @@ def assertion_inconsistent(src: Source, run: str | None) -> list[Finding]:
         f"""SELECT run_id, block_id, request_id, "window", "check", recorded_passed, recorded_expected,
                                recorded_observed, derived_passed, derived_expected, derived_observed,
                                expectation_differs
-                        FROM kv_rederived
+                        FROM kv_rederived_shown
                         WHERE derived_passed IS NOT NULL
                           AND (derived_passed <> coalesce(recorded_passed, false) OR expectation_differs)
                           AND {SCOPE} ORDER BY seq""",

@@ -284,7 +284,8 @@ def test_an_exact_value_check_against_another_expectation_is_inconsistent(sim: S
     # The whole answer is stored (its digest matches): the values are read from it, and agree with
     # the fixture; the recorded expectation and values do not.
     values = orjson.dumps(_fixture(envs, check)["data"]["expected"], option=orjson.OPT_SORT_KEYS).decode()
-    assert detail.endswith(f"its observations give passed (expected {values}, observed {values}) — the "
+    answer = _of(envs, "response.received", check["data"]["request_id"])["data"]["output_text_prefix"]
+    assert detail.endswith(f"its observations give passed (expected {values}, observed {answer}) — the "
                            "recorded expectation is not its fixture's")
 
 
