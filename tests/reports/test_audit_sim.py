@@ -25,6 +25,7 @@ from click.testing import CliRunner
 from ledger import NewEvent, export_jsonl, open_ledger
 from ledger._cli import cli
 from reports import SEVERITY, Finding, audit, open_source
+from reports._synthetic import LMCACHE_VERSION, Flaws, Generator
 from tests.ledger._helpers import tamper_sqlite
 
 pytestmark = pytest.mark.slow
@@ -428,6 +429,32 @@ def test_one_run_dated_by_two_methods(sim: Sim, found: Any) -> None:
     response["ttft_method"] = "socket-read"
     mixed = _one(found(envs), "ttft-method-mixed", _screening_run(envs))
     assert "socket-read (1)" in mixed.detail and f"{kernel} (" in mixed.detail
+
+
+def _probe_run(make: Callable[[Generator], None], **flaws: bool) -> list[Envelope]:
+    """A GPU probe run as recorded on a GPU host and imported (reports/_synthetic.py writes it)."""
+    gen = Generator(flaws=Flaws(**flaws))
+    make(gen)
+    return gen.out
+
+
+@plants("pinned-rounding")
+def test_a_rounded_pinned_pool_probe_imported_beside_the_run(sim: Sim, found: Any) -> None:
+    probe = _probe_run(Generator.pool_probes, pinned_rounding=True)
+    finding = _one(found(sim.clean() + probe), "pinned-rounding", f"{(1 << 30) + 4096} bytes")
+    assert finding.run_id == probe[0]["run_id"] and f"reserved {1 << 31} bytes" in finding.detail
+
+
+@plants("helper-probe-failed")
+def test_an_on_config_on_the_lazy_allocator_whose_helper_probe_failed(sim: Sim, found: Any) -> None:
+    envs = sim.clean()
+    on = [e for e in _screening(envs, "deployment.launched") if _arms(envs)[e["block_id"]] == "ON"]
+    for launch in on:  # as the vllm target records a GPU-path LMCache launch on its lazy allocator
+        launch["data"].update(transfer_path="gpu", lmcache_version=LMCACHE_VERSION, lmcache_allocator="lazy",
+                              lmcache_ops=False)
+    detail = _one(found(envs + _probe_run(Generator.helper_probes)), "helper-probe-failed",
+                  on[0]["data"]["config_sha256"]).detail
+    assert detail.startswith(f"lazy allocator on LMCache {LMCACHE_VERSION}: ") and "failed" in detail
 
 
 @plants("chain-broken")
