@@ -158,15 +158,25 @@ def _git(path: Path, *args: str) -> str | None:
 
 
 def code_version(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Git commit and dirty flag of the repository containing ``path`` (nulls outside git)."""
+    """Git commit and dirty flag of the repository containing ``path``.
+
+    A copy of the checkout without ``.git`` (a GPU host that got the tree, not the
+    repository) names its commit in ``KVLEDGER_CODE_COMMIT`` (and ``KVLEDGER_CODE_DIRTY``);
+    ``source`` says which was read. Nulls when neither is there.
+    """
     p = Path(path).resolve()
     where = p if p.is_dir() else p.parent
     root = _git(where, "rev-parse", "--show-toplevel")
     commit = _git(where, "rev-parse", "HEAD") if root else None
     if root is None or commit is None:
-        return {"commit": None, "dirty": None, "root": None}
+        commit = os.environ.get("KVLEDGER_CODE_COMMIT") or None
+        env_dirty = os.environ.get("KVLEDGER_CODE_DIRTY")
+        dirty = None if env_dirty is None else env_dirty.lower() in ("1", "true", "yes")
+        return {"commit": commit, "dirty": dirty if commit else None, "root": None,
+                "source": "environment" if commit else None}  # fmt: skip
     status = _git(where, "status", "--porcelain", "--untracked-files=no")
-    return {"commit": commit, "dirty": None if status is None else bool(status), "root": root}
+    dirty = None if status is None else bool(status)
+    return {"commit": commit, "dirty": dirty, "root": root, "source": "git"}
 
 
 def package_versions(names: Iterable[str]) -> dict[str, str | None]:

@@ -12,7 +12,6 @@ import json
 import os
 import platform
 import socket
-import subprocess
 import threading
 import time
 import uuid
@@ -95,35 +94,11 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
 
 
 def code_version() -> dict[str, Any]:
-    """``{commit, dirty}`` from git; else from KVLEDGER_CODE_COMMIT / KVLEDGER_CODE_DIRTY."""
-    commit: str | None = None
-    dirty: bool | None = None
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            cwd=REPO_ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=10,
-        ).stdout.strip()
-        status = subprocess.run(
-            ["git", "status", "--porcelain"],
-            cwd=REPO_ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=10,
-        ).stdout
-        dirty = bool(status.strip())
-    except (OSError, subprocess.SubprocessError):
-        commit = None
-    if not commit:
-        commit = os.environ.get("KVLEDGER_CODE_COMMIT") or None
-        env_dirty = os.environ.get("KVLEDGER_CODE_DIRTY")
-        dirty = None if env_dirty is None else env_dirty.lower() in ("1", "true", "yes")
-        return {"commit": commit, "dirty": dirty, "source": "environment" if commit else None}
-    return {"commit": commit, "dirty": dirty, "source": "git"}
+    """``{commit, dirty, source}`` of the checkout the probes run from (git, else the environment)."""
+    from collectors._host import code_version as checkout_version
+
+    found = checkout_version(REPO_ROOT)
+    return {"commit": found["commit"], "dirty": found["dirty"], "source": found["source"]}
 
 
 _PACKAGE_NAMES = (

@@ -7,6 +7,8 @@ import importlib.util
 import re
 from pathlib import Path
 
+import pytest
+
 from collectors import GpuSampler, code_version, gpu_inventory, host_inventory, package_versions
 from ledger import canonical_json
 
@@ -26,7 +28,18 @@ def test_host_inventory_is_canonical_json() -> None:
 def test_code_version_in_and_out_of_git(tmp_path: Path) -> None:
     here = code_version(Path(__file__))
     assert re.fullmatch(r"[0-9a-f]{40}", here["commit"]) and isinstance(here["dirty"], bool)
-    assert code_version(tmp_path) == {"commit": None, "dirty": None, "root": None}
+    assert code_version(tmp_path) == {"commit": None, "dirty": None, "root": None, "source": None}
+
+
+def test_code_version_of_a_copy_without_git_comes_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KVLEDGER_CODE_COMMIT", "ab" * 20)
+    monkeypatch.setenv("KVLEDGER_CODE_DIRTY", "0")
+    found = code_version(tmp_path)
+    assert found == {"commit": "ab" * 20, "dirty": False, "root": None, "source": "environment"}
+    # A real checkout ignores the variables: git is the better witness.
+    assert code_version(Path(__file__))["source"] == "git"
 
 
 def test_package_versions() -> None:
