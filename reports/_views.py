@@ -131,7 +131,10 @@ LEFT JOIN (SELECT block_id, arg_max(status, seq) AS status, arg_max(error, seq) 
             _extract("block.finished", {"status": "VARCHAR", "error": "VARCHAR"})
         }) GROUP BY block_id) f USING (block_id)
 -- Validation runs deploy an ON block too, but they are the service regression, not a comparison.
-WHERE b.run_id NOT IN (SELECT run_id FROM kv_runs WHERE experiment = 'validation')""",
+-- Nor is a run whose recorded plan (block.started's order) holds one arm only, such as
+-- needle_eval's single OFF block: its requests have no partner to be paired with by design.
+WHERE b.run_id NOT IN (SELECT run_id FROM kv_runs WHERE experiment = 'validation')
+  AND (b."order" IS NULL OR (json_contains(b."order", '"ON"') AND json_contains(b."order", '"OFF"')))""",
     ),
     (
         "kv_launches",

@@ -401,6 +401,28 @@ def test_blocks_in_another_order(sim: Sim, found: Any) -> None:
     assert "but the run recorded order" in detail
 
 
+def test_a_run_planned_with_one_arm_is_not_paired(sim: Sim, found: Any) -> None:
+    """needle_eval plans one OFF block: no ON partner is missing, and no order can be unbalanced."""
+    url = sim._url("needle_eval")
+    envs = _run(url, "needle_eval", "--param", "sizes=[1024]", "--param", "fixtures=2")
+    assert [e["data"]["order"] for e in envs if e["kind"] == "block.started"] == [["OFF"]]
+    codes = _codes(found(envs))
+    assert not {"unpaired-request", "order-unbalanced"} & set(codes), codes
+    report = CliRunner().invoke(cli, ["report", "--db", url, "--markdown"], catch_exceptions=False)
+    assert report.exit_code == 0 and "unpaired" not in report.output, report.output
+
+
+def test_a_paired_plan_that_lost_its_on_blocks_is_still_paired(sim: Sim, found: Any) -> None:
+    """The plan (recorded order), not the blocks that happened to run, decides that a run is paired."""
+    envs = sim.clean()
+    on = {b for b, arm in _arms(envs).items() if arm == "ON"}
+    kept = [e for e in envs if e["block_id"] not in on]
+    findings = found(kept)
+    unbalanced = _one(findings, "order-unbalanced", "OFF–OFF").detail
+    assert 'recorded order ["OFF","ON","ON","OFF"]' in unbalanced
+    assert _one(findings, "unpaired-request").detail.startswith("OFF request")
+
+
 @plants("blocks-not-restarted")
 def test_blocks_not_restarted(sim: Sim, found: Any) -> None:
     envs = sim.clean()
