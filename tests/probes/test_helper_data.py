@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
@@ -237,3 +239,19 @@ def test_pool_judged_per_ops_state(pool_run: list[dict[str, Any]]) -> None:
         tried_mitigations = s["bytes_requested"] <= limit
         assert (len(s["tried"]) == 3) is tried_mitigations, s
         assert bool(s["refused"]) is tried_mitigations, s
+
+
+def test_benchmark_reads_the_records(
+    helper_run: list[dict[str, Any]], pool_run: list[dict[str, Any]]
+) -> None:
+    """``python -m benchmarks helper-probes`` derives its table from these records; the run met its goal."""
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "helper-probes"], cwd=root,
+                          capture_output=True, text=True, timeout=120, check=True)  # fmt: skip
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["checks"] == len(checks_of(helper_run)) and out["paths"] == summarize(helper_run)
+    assert len(out["pools"]) == len(pools_of(pool_run))
+    helpers_s, pool_s = helper_run[-1]["data"]["seconds"], pool_run[-1]["data"]["seconds"]
+    assert out["seconds"] == helpers_s and helpers_s + pool_s <= out["goal_seconds"], (
+        "recorded: the helper matrix on both GPUs and every pool within the 5-minute goal"
+    )
