@@ -10,6 +10,9 @@ GPU path.
 
 from __future__ import annotations
 
+import json
+import lzma
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -110,3 +113,36 @@ def test_the_gpu_studys_on_launch(build_lite: Any, records: list[dict[str, Any]]
         assert cfg["layers"][PINNED] == "pass" and PINNED not in missing
     else:
         assert cfg["layers"][PINNED] == "failed" and PINNED in missing
+
+
+GPU_STUDY = Path(__file__).resolve().parents[1] / "data" / "gpu" / "ledger.jsonl.xz"
+
+
+def test_the_committed_gpu_study_with_these_records(build_lite: Any, records: list[dict[str, Any]]) -> None:
+    """The committed GPU study (same two H200s, LMCache 0.5.3) judged with every recorded probe beside it.
+
+    Its ON config is covered by the helper layer (the mixed allocator's paths
+    passed) and fails the pinned layer (its launch names no ops state, and
+    LMCache's pool without compiled ops rounds); that is why it is not validated.
+    """
+    with lzma.open(GPU_STUDY, "rt", encoding="utf-8") as fh:
+        study = [json.loads(line) for line in fh if line.strip()]
+    assert not [e for e in study if e["kind"].startswith("probe.")], "the study's export carries no probes"
+    torch_level = [*load("copy_ordering.jsonl"), *load("pinned_alloc.jsonl")]
+    src = build_lite([*torch_level, *records, *study])
+    configs = derive_report(src)["tables"]["validation"]["configs"]
+    launched = [e["data"] for e in study if e["kind"] == "deployment.launched" and e["data"].get("lmcache")]
+    named = {(d["lmcache"]["version"], d["lmcache"]["allocator"]["in_use"], d["transfer_path"])
+             for d in launched}  # fmt: skip
+    assert named == {("0.5.3", "mixed", "gpu")} and not any("ops" in d["lmcache"] for d in launched)
+    (cfg,) = configs
+    assert cfg["config_sha256"] == launched[0]["config_sha256"]
+    assert (cfg["lmcache_version"], cfg["lmcache_allocator"], cfg["lmcache_ops"]) == ("0.5.3", "mixed", None)
+    assert cfg["layers"]["byte probes (copy ordering)"] == "pass"
+    assert cfg["layers"][HELPER_LAYER] == "pass"
+    assert cfg["layers"][PINNED] == "failed"  # ops not named: LMCache's pool without them counts, and rounds
+    findings = audit(src)
+    (missing,) = [f for f in findings if f.code == "validation-missing"]
+    assert PINNED in missing.detail and HELPER_LAYER not in missing.detail
+    assert not [f for f in findings if f.code == "helper-probe-failed"]
+    assert not cfg["passed"]
