@@ -325,7 +325,7 @@ class Scraper:
         """Scrape every replica before and after the block; one ``hits.observed`` each.
 
         The per-replica deltas of a concurrent window are interpreted only as
-        a whole (DESIGN.md). The tier's counters, when a tier URL is set, are
+        a whole (docs/design.md). The tier's counters, when a tier URL is set, are
         attributed to every replica's event alike (they cannot be split).
         """
         state = _Window(window)

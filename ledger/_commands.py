@@ -40,7 +40,7 @@ def init_command(db_url: str) -> None:
 
     Example:
 
-        ledger --db sqlite:///study.db init
+        ledger init --db sqlite:///study.db
     """
     ledger = open_ledger(db_url, create=True)
     revision = _migrate.current_revision(ledger.engine)

@@ -65,7 +65,7 @@ def demo_command(ctx: click.Context, time_scale: float, html_path: str, db_url: 
 
     Example:
 
-        ledger --db sqlite:///demo.db demo   # or: ledger demo --db sqlite:///demo.db
+        ledger demo --db sqlite:///demo.db --html demo-report.html
     """
     open_ledger(db_url, create=True).close()
     common = ["--db", db_url, "--target", "sim", "--param", f"time_scale={time_scale}"]

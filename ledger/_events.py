@@ -34,7 +34,7 @@ class NewEvent:
 
 @dataclass(frozen=True)
 class Event:
-    """A recorded event: the envelope of DESIGN.md."""
+    """A recorded event: the envelope of docs/design.md."""
 
     seq: int
     id: str

@@ -1,4 +1,4 @@
-"""The audit: DESIGN.md's findings, derived from the ledger (severities in reports/AUDIT.md).
+"""The audit: the findings of docs/design.md, derived from the ledger (severities in reports/AUDIT.md).
 
 Each check is a small function returning findings. A blocking finding whose
 block (or run) the researcher has explicitly excluded with

@@ -45,7 +45,7 @@ def runs(src: Source, run: str | None) -> list[dict[str, Any]]:
 
 
 def accounting(src: Source, run: str | None) -> dict[str, Any]:
-    """DESIGN.md's accounting object, every count derived from events."""
+    """The accounting object of docs/design.md, every count derived from events."""
     p = {"run": run}
     checks = src.rows(
         f"""

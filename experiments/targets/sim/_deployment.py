@@ -165,7 +165,7 @@ class SimDeployment:
         self.faults.faults = parse_faults(fault)
 
     def describe(self) -> dict[str, Any]:
-        """What was launched, in the terms of DESIGN.md's launch events."""
+        """What was launched, in the terms of the launch events (docs/design.md)."""
         c = self.config
         return {
             "engine": "sim", "engine_version": VLLM_VERSION, "model": c.model_name,
