@@ -243,8 +243,8 @@ class RunContext:
     def warmup_every_replica(self) -> bool:
         """Real engines: every replica gets a warmup before any measured request (even warmups=0).
 
-        A fresh vLLM replica whose first request was a cross-replica hit died on
-        this stack (ENGINES-CPU.md); the sim has no such failure.
+        A fresh vLLM replica whose first request was a cross-replica hit was seen to
+        die on this stack (experiments/targets/vllm/NOTES.md); the sim has no such failure.
         """
         return bool(getattr(self.target, "warmup_every_replica", False))
 

@@ -1,6 +1,6 @@
 """One static HTML file: the report's tables plus figures as inline SVG (matplotlib).
 
-Figures show every observation (PEERS.md D15): TTFT by locality per size
+Figures show every observation, not only its summary: TTFT by locality per size
 (the seed's Figure 3), session time by routing (Figure 4), and a per-block
 paired dot plot (each block pair's OFF and ON medians joined by a line).
 No scripts, no external resources: the file opens anywhere.

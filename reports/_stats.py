@@ -1,8 +1,9 @@
 """Statistics honest to the design: descriptive summaries and exact rank tests.
 
-The independent unit is the block pair (PEERS.md D1). With fewer than
+The independent unit is the block pair (a randomized complete block design:
+requests of one block share its state). With fewer than
 :data:`MIN_PAIRS_FOR_TEST` per-pair values the smallest attainable two-sided
-p of an exact sign or signed-rank test is 2/2ⁿ ≥ 0.0625 (D2), so cells are
+p of an exact sign or signed-rank test is 2/2ⁿ ≥ 0.0625, so cells are
 labelled descriptive and carry no p-values. Everything here is exact and
 computed in a fixed order, so the same inputs give the same bytes.
 """

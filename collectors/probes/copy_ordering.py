@@ -1,4 +1,4 @@
-"""Copy-ordering byte probe (seed Section 3.2, issue 7).
+"""Copy-ordering byte probe (the seed's Section 3.2).
 
 Pinned host and device buffers are allocated once per size and held fixed;
 only the ordering mechanism varies. Work is queued on a non-blocking stream

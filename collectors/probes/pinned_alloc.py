@@ -1,4 +1,4 @@
-"""Pinned-allocation probe (seed Section 3.3, issue 7).
+"""Pinned-allocation probe (the seed's Section 3.3).
 
 Does a pinned host allocation just over a power of two get rounded up by
 PyTorch's caching host allocator, and does

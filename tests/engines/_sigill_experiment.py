@@ -1,8 +1,8 @@
 """An experiment for the fault test: the worker of one replica dies by SIGILL mid-stream.
 
-ENGINES-CPU.md saw a fresh replica whose first request was a cross-replica hit
-die with SIGILL after answering HTTP 200. That did not reproduce here
-(NOTES.md), so the death is injected: while the cross-replica request streams
+A fresh replica whose first request was a cross-replica hit was seen to die
+with SIGILL after answering HTTP 200 (experiments/targets/vllm/NOTES.md). That
+did not reproduce here, so the death is injected: while the cross-replica request streams
 from replica ``victim``, SIGILL goes to that replica's engine worker process
 (a descendant of its API server, found through /proc). Everything else is the
 ordinary runner path: warmups on every replica, single-request windows, checks.

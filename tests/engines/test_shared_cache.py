@@ -39,7 +39,7 @@ def _ext_hits(url: str) -> float:
 
 def test_cross_replica_external_hit(stack: Stack) -> None:
     _svc, svc_http, a, b = stack
-    # Warm-ups reach every replica before measuring (ENGINES-CPU.md: a fresh replica
+    # Warm-ups reach every replica before measuring (NOTES.md: a fresh replica
     # whose first request is an external hit can die).
     for r in (a, b):
         w = stream_completion(r.url, {"model": SERVED, "prompt": "warm up", "max_tokens": 2})
@@ -82,7 +82,7 @@ def test_cache_salt_isolates_the_shared_cache(stack: Stack) -> None:
 
 # --- Attach mode, and a replica dying mid-stream (keep these last: they kill replica B's engine) ---
 #
-# ENGINES-CPU.md saw a fresh replica whose first request was a cross-replica hit die with
+# A fresh replica whose first request was a cross-replica hit was seen to die with
 # SIGILL after HTTP 200. It did not reproduce here (NOTES.md), so `_sigill_experiment.py`
 # injects it: SIGILL to replica B's engine worker (found under B's API server through /proc)
 # while B streams. No test double: the real stack above, the real runner, kvledger attached

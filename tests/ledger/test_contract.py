@@ -149,7 +149,7 @@ class VerifyContract:
 
 
 class LedgerContract(VerifyContract):
-    """Every behaviour the issue asks of the store, on one backend."""
+    """Every behaviour the store promises (docs/design.md), on one backend."""
 
     KILL_TRIALS: ClassVar[int] = 5
 

@@ -232,7 +232,7 @@ def test_a_killed_run_is_one_finding_with_its_unpaired_requests_counted(sim: Sim
     assert third - partial > 10 and "unpaired-request" not in _codes(findings)
 
 
-# --- the tampering: a verdict its observations contradict ------------------------------------
+# --- tampering: a verdict its observations contradict ------------------------------------------------
 
 
 @plants("hits-inconsistent", "assertion-inconsistent")

@@ -38,7 +38,7 @@ SERVICE_TEMPLATE = [
     "{python}", "-m", "lmcache.cli.main", "server", "--host", "{host}", "--port", "{port}",
     "--l1-size-gb", "{l1_size_gb}", "--eviction-policy", "LRU",
     "--http-host", "{host}", "--http-port", "{http_port}", "--chunk-size", "{chunk_size}",
-    # Without it vLLM hangs at start-up and ignores SIGTERM (ENGINES-CPU.md).
+    # Without it vLLM hangs at start-up and ignores SIGTERM.
     "--supported-transfer-mode", "auto",
 ]  # fmt: skip
 

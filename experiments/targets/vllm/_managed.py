@@ -82,7 +82,7 @@ class VllmTarget:
     name = "vllm"
     restarts_blocks = True
     warmup_every_replica = True
-    """A fresh replica whose first request was an external hit died here (ENGINES-CPU.md)."""
+    """A fresh replica whose first request was an external hit was seen to die (NOTES.md)."""
     health_settle_s = 1.0
     """After a failed request, a second health look this much later (an engine can end the
     stream before its API server reports the death)."""
