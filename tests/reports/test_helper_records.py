@@ -21,7 +21,7 @@ from experiments.targets.vllm._lmcache import Generation
 from reports import audit, derive_report
 from reports._synthetic import Shape, generate
 from reports._validation import HELPERS as HELPER_LAYER
-from reports._validation import PINNED
+from reports._validation import PINNED, SERVICE
 from tests.probes.test_helper_data import checks_of, load
 
 FLAT = ("lmcache_version", "lmcache_allocator", "lmcache_ops")
@@ -141,6 +141,10 @@ def test_the_committed_gpu_study_with_these_records(build_lite: Any, records: li
     assert cfg["layers"]["byte probes (copy ordering)"] == "pass"
     assert cfg["layers"][HELPER_LAYER] == "pass"
     assert cfg["layers"][PINNED] == "failed"  # ops not named: LMCache's pool without them counts, and rounds
+    validation = [e["data"] for e in study if e["kind"] == "assertion.evaluated"
+                  and e["data"].get("config_sha256") == cfg["config_sha256"]]  # fmt: skip
+    assert validation and any(not d["passed"] for d in validation)
+    assert cfg["layers"][SERVICE] == "missing"  # its validation run failed assertions
     findings = audit(src)
     (missing,) = [f for f in findings if f.code == "validation-missing"]
     assert PINNED in missing.detail and HELPER_LAYER not in missing.detail
