@@ -41,6 +41,15 @@ class Study:
     url: str
     spec: dict[str, Any]
     events: list[Event]
+    _findings: list[dict[str, Any]] | None = None
+
+    def findings(self) -> list[dict[str, Any]]:
+        """``ledger audit --json``'s findings, audited once per module."""
+        if self._findings is None:
+            result = ledger_cli("audit", "--db", self.url, "--json")
+            assert result.exit_code == 0, result.output
+            self._findings = json.loads(result.output)["findings"]
+        return self._findings
 
     def of(self, kind: str) -> list[Event]:
         return [e for e in self.events if e.kind == kind]
@@ -96,9 +105,7 @@ def test_report_rederives_byte_for_byte(study: Study) -> None:
 
 
 def test_audit_blocks_only_on_what_the_study_explains(study: Study) -> None:
-    result = ledger_cli("audit", "--db", study.url, "--json")
-    assert result.exit_code == 0, result.output
-    blocking = {f["code"] for f in json.loads(result.output)["findings"] if f["severity"] == "blocking"}
+    blocking = {f["code"] for f in study.findings() if f["severity"] == "blocking"}
     accepted = study.spec["accepted_blocking"]
     assert blocking == set(accepted), (blocking, accepted)
     assert all(len(reason) > 20 for reason in accepted.values())  # each one explained
@@ -186,8 +193,7 @@ def test_cold_steps_saw_no_hits(study: Study) -> None:
     chunk = study.spec["chunk_size"]
     assert all(0 < r["external_hit_tokens"] < r["prompt_tokens"] and r["external_hit_tokens"] % chunk == 0
                for r in hit)  # fmt: skip
-    result = ledger_cli("audit", "--db", study.url, "--json")
-    leaks = [f for f in json.loads(result.output)["findings"] if f["code"] == "namespace-leak"]
+    leaks = [f for f in study.findings() if f["code"] == "namespace-leak"]
     assert {f["target"] for f in leaks} == {r["request_id"] for r in hit}
     assert {f["block_id"] for f in leaks} == {r["block_id"] for r in hit}
     assert len(study.spec["cold_hits"]) > 20
