@@ -160,23 +160,36 @@ def _git(path: Path, *args: str) -> str | None:
 def code_version(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Git commit and dirty flag of the repository containing ``path``.
 
-    A copy of the checkout without ``.git`` (a GPU host that got the tree, not the
-    repository) names its commit in ``KVLEDGER_CODE_COMMIT`` (and ``KVLEDGER_CODE_DIRTY``);
-    ``source`` says which was read. Nulls when neither is there.
+    ``KVLEDGER_CODE_COMMIT`` (and ``KVLEDGER_CODE_DIRTY``), when set, name the commit
+    instead: a host that was given a copy of the tree may have no ``.git``, or an
+    older one than its files (seen on a GPU host whose copy kept the ``.git`` of an
+    earlier commit). What git says then is kept beside it as ``git_commit`` and
+    ``git_dirty``, so a disagreement stays visible. ``source`` says which was read;
+    nulls when neither is there.
     """
     p = Path(path).resolve()
     where = p if p.is_dir() else p.parent
     root = _git(where, "rev-parse", "--show-toplevel")
     commit = _git(where, "rev-parse", "HEAD") if root else None
-    if root is None or commit is None:
-        commit = os.environ.get("KVLEDGER_CODE_COMMIT") or None
-        env_dirty = os.environ.get("KVLEDGER_CODE_DIRTY")
-        dirty = None if env_dirty is None else env_dirty.lower() in ("1", "true", "yes")
-        return {"commit": commit, "dirty": dirty if commit else None, "root": None,
-                "source": "environment" if commit else None}  # fmt: skip
-    status = _git(where, "status", "--porcelain", "--untracked-files=no")
-    dirty = None if status is None else bool(status)
-    return {"commit": commit, "dirty": dirty, "root": root, "source": "git"}
+    dirty: bool | None = None
+    if root is not None and commit is not None:
+        status = _git(where, "status", "--porcelain", "--untracked-files=no")
+        dirty = None if status is None else bool(status)
+    named = os.environ.get("KVLEDGER_CODE_COMMIT") or None
+    if named is None:
+        if commit is None:
+            return {"commit": None, "dirty": None, "root": None, "source": None}
+        return {"commit": commit, "dirty": dirty, "root": root, "source": "git"}
+    env_dirty = os.environ.get("KVLEDGER_CODE_DIRTY")
+    found: dict[str, Any] = {
+        "commit": named,
+        "dirty": None if env_dirty is None else env_dirty.lower() in ("1", "true", "yes"),
+        "root": root,
+        "source": "environment",
+    }
+    if commit is not None:
+        found.update(git_commit=commit, git_dirty=dirty)
+    return found
 
 
 def package_versions(names: Iterable[str]) -> dict[str, str | None]:

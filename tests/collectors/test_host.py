@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -31,15 +32,18 @@ def test_code_version_in_and_out_of_git(tmp_path: Path) -> None:
     assert code_version(tmp_path) == {"commit": None, "dirty": None, "root": None, "source": None}
 
 
-def test_code_version_of_a_copy_without_git_comes_from_the_environment(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_code_version_named_in_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KVLEDGER_CODE_COMMIT", "ab" * 20)
     monkeypatch.setenv("KVLEDGER_CODE_DIRTY", "0")
+    # A copy without .git: the environment names the commit.
     found = code_version(tmp_path)
     assert found == {"commit": "ab" * 20, "dirty": False, "root": None, "source": "environment"}
-    # A real checkout ignores the variables: git is the better witness.
-    assert code_version(Path(__file__))["source"] == "git"
+    # A copy whose .git is older than its files: the named commit wins, git's is kept beside it.
+    in_git = code_version(Path(__file__))
+    git_head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent,
+                              capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    assert in_git["commit"] == "ab" * 20 and in_git["source"] == "environment"
+    assert in_git["git_commit"] == git_head and isinstance(in_git["git_dirty"], bool)
 
 
 def test_package_versions() -> None:
