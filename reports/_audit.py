@@ -611,7 +611,7 @@ def order_unbalanced(src: Source, run: str | None) -> list[Finding]:
     rows = src.rows(
         f"""SELECT run_id, list(arm ORDER BY position, seq) AS arms, list(pair ORDER BY position, seq)
                           AS pairs, CAST(arg_min("order", position) AS VARCHAR) AS recorded
-                        FROM kv_blocks WHERE {SCOPE} GROUP BY run_id ORDER BY run_id""",
+                        FROM kv_blocks WHERE paired AND {SCOPE} GROUP BY run_id ORDER BY run_id""",
         {"run": run},
     )
     out = []

@@ -111,7 +111,11 @@ LEFT JOIN (SELECT run_id, arg_max(status, seq) AS status
         "kv_blocks",
         f"""
 SELECT b.run_id, b.block_id, b.seq, b."index" AS position, b.arm, b.pair, b."order", b.gpu_swap,
-       b.config_sha256, b.restarted, f.status AS finish_status, f.error AS finish_error
+       b.config_sha256, b.restarted, f.status AS finish_status, f.error AS finish_error,
+       -- An ON/OFF comparison by design: the recorded plan (order) holds both arms. needle_eval's
+       -- single OFF block is not one, so its requests are never paired nor its order judged.
+       b."order" IS NULL OR (json_contains(b."order", '"ON"') AND json_contains(b."order", '"OFF"'))
+       AS paired
 FROM ({
             _extract(
                 "block.started",
@@ -131,10 +135,7 @@ LEFT JOIN (SELECT block_id, arg_max(status, seq) AS status, arg_max(error, seq) 
             _extract("block.finished", {"status": "VARCHAR", "error": "VARCHAR"})
         }) GROUP BY block_id) f USING (block_id)
 -- Validation runs deploy an ON block too, but they are the service regression, not a comparison.
--- Nor is a run whose recorded plan (block.started's order) holds one arm only, such as
--- needle_eval's single OFF block: its requests have no partner to be paired with by design.
-WHERE b.run_id NOT IN (SELECT run_id FROM kv_runs WHERE experiment = 'validation')
-  AND (b."order" IS NULL OR (json_contains(b."order", '"ON"') AND json_contains(b."order", '"OFF"')))""",
+WHERE b.run_id NOT IN (SELECT run_id FROM kv_runs WHERE experiment = 'validation')""",
     ),
     (
         "kv_launches",
@@ -286,8 +287,9 @@ FROM kv_requests r WHERE r.arm IS NOT NULL AND NOT r.warmup""",
     (
         "kv_pairs",
         """
-WITH ons AS (SELECT * FROM kv_measured WHERE arm = 'ON'),
-     offs AS (SELECT * FROM kv_measured WHERE arm = 'OFF'),
+WITH compared AS (SELECT * FROM kv_measured WHERE block_id IN (SELECT block_id FROM kv_blocks WHERE paired)),
+     ons AS (SELECT * FROM compared WHERE arm = 'ON'),
+     offs AS (SELECT * FROM compared WHERE arm = 'OFF'),
      joined AS (
 SELECT coalesce(ons.run_id, offs.run_id) AS run_id, coalesce(ons.pair, offs.pair) AS pair,
        coalesce(ons.workload, offs.workload) AS workload, coalesce(ons.step, offs.step) AS step,
