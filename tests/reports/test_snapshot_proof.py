@@ -73,7 +73,9 @@ def _halve(path: Path, column: str | None = None) -> str:
         name = next(f.name for f in table.schema if pa.types.is_string(f.type))
         changed = pc.binary_join_element_wise(table.column(name), pa.scalar("x"), "")
     else:
-        changed = pc.divide(table.column(name), 2).cast(table.schema.field(name).type)
+        # Divided in its own type: an unsigned column (a series hash) may hold values above int64's.
+        column_type = table.schema.field(name).type
+        changed = pc.divide(table.column(name), pa.scalar(2, column_type)).cast(column_type)
     table = table.set_column(table.schema.get_field_index(name), name, changed)
     pq.write_table(table, path, compression="zstd")
     return name
