@@ -1,8 +1,8 @@
 """Where reports read from: one DuckDB connection over the ledger's snapshot, with our views.
 
 Reports never write the database. :class:`ledger.Analytics` keeps a Parquet
-snapshot outside the database and serves it through an in-memory DuckDB; our
-views are TEMP views on that connection. The head a report names is the
+snapshot outside the database and serves it through an in-memory DuckDB of its
+own; our views are tables and views of that database. The head a report names is the
 snapshot's last event, so the numbers and the head always agree even while
 others append.
 
@@ -11,7 +11,8 @@ re-hashed, every segment's last chain compared with the stored one); files
 that fail are rebuilt and listed in :attr:`Source.snapshot_mismatches`, which
 the audit reports as ``snapshot-mismatch``. With ``verify``, the snapshot
 stops at the head read before the verification started, so every row a report
-reads is one that the same command verifies.
+reads is one that the same command verifies, and the audit's re-derivations are
+built on a second cursor while the report is derived (DuckDB works off the GIL).
 """
 
 from __future__ import annotations
@@ -40,13 +41,16 @@ class Source:
     head: Head | None
     _cache: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     _verification: Future[Verification] | None = None
-    _rederived: bool = False
+    _rederivation: Future[None] | None = None
 
     def rederive(self) -> None:
-        """Build the audit's re-derivations (reports/_views.py AUDIT_VIEWS) once per source."""
-        if not self._rederived:
+        """Build the audit's re-derivations (reports/_views.py AUDIT_VIEWS) once per source
+        (started at open when asked: then this waits for them)."""
+        if self._rederivation is None:
+            self._rederivation = Future()
             create_audit_views(self.con)
-            self._rederived = True
+            self._rederivation.set_result(None)
+        self._rederivation.result()
 
     def verification(self) -> Verification:
         """The ledger's full chain verification, run once per source (started at open when
@@ -89,10 +93,11 @@ class Source:
         return row[0] if row else None
 
     def close(self) -> None:
-        if self._verification is not None:
-            # A started verification finishes before the ledger closes; its error, if any, is
-            # raised by verification(), never from here (close runs in finally blocks).
-            wait([self._verification])
+        # Work started at open finishes before the ledger and the connection close; its error,
+        # if any, is raised by verification() or rederive(), never from here (close runs in
+        # finally blocks).
+        started: list[Future[Any]] = [f for f in (self._verification, self._rederivation) if f is not None]
+        wait(started)
         self.analytics.close()
 
 
@@ -100,6 +105,22 @@ def _verify_in_background(ledger: Ledger) -> Future[Verification]:
     executor = ThreadPoolExecutor(1, thread_name_prefix="kvledger-verify")
     try:
         return executor.submit(ledger_api.verify, ledger, beside_other_work=True)
+    finally:
+        executor.shutdown(wait=False)
+
+
+def _rederive_in_background(con: duckdb.DuckDBPyConnection) -> Future[None]:
+    cursor = con.cursor()  # a connection of its own to the same in-memory database
+
+    def build() -> None:
+        try:
+            create_audit_views(cursor)
+        finally:
+            cursor.close()
+
+    executor = ThreadPoolExecutor(1, thread_name_prefix="kvledger-rederive")
+    try:
+        return executor.submit(build)
     finally:
         executor.shutdown(wait=False)
 
@@ -112,7 +133,9 @@ def open_source(
 
     ``until_seq`` derives as of that event (attestation checks re-derive at
     the attested head even after the ledger has grown). ``verify`` starts the
-    full chain verification now, beside the views (the audit asks for it).
+    full chain verification now, beside the views, and once the views are built,
+    the audit's re-derivations beside whatever the caller does next (the audit and
+    ``ledger attest`` ask for it).
     """
     ledger = open_ledger(url_or_ledger, create=False) if isinstance(url_or_ledger, str) else url_or_ledger
     started, verified_from = None, None
@@ -128,4 +151,5 @@ def open_source(
     bound = "" if until_seq is None else f"WHERE seq <= {int(until_seq)}"
     row = con.execute(f"SELECT seq, chain FROM events {bound} ORDER BY seq DESC LIMIT 1").fetchone()
     head = Head(int(row[0]), str(row[1])) if row else None
-    return Source(ledger, analytics, con, head, _verification=started)
+    rederivation = _rederive_in_background(con) if verify else None
+    return Source(ledger, analytics, con, head, _verification=started, _rederivation=rederivation)
