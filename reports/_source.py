@@ -17,6 +17,7 @@ built on a second cursor while the report is derived (DuckDB works off the GIL).
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,16 +42,15 @@ class Source:
     head: Head | None
     _cache: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     _verification: Future[Verification] | None = None
-    _rederivation: Future[None] | None = None
+    _rederivation: Future[float] | None = None
 
-    def rederive(self) -> None:
+    def rederive(self) -> float:
         """Build the audit's re-derivations (reports/_views.py AUDIT_VIEWS) once per source
-        (started at open when asked: then this waits for them)."""
+        (started at open when asked: then this waits for them); the seconds building took."""
         if self._rederivation is None:
             self._rederivation = Future()
-            create_audit_views(self.con)
-            self._rederivation.set_result(None)
-        self._rederivation.result()
+            self._rederivation.set_result(_build_audit_views(self.con))
+        return self._rederivation.result()
 
     def verification(self) -> Verification:
         """The ledger's full chain verification, run once per source (started at open when
@@ -109,12 +109,18 @@ def _verify_in_background(ledger: Ledger) -> Future[Verification]:
         executor.shutdown(wait=False)
 
 
-def _rederive_in_background(con: duckdb.DuckDBPyConnection) -> Future[None]:
+def _build_audit_views(con: duckdb.DuckDBPyConnection) -> float:
+    started = time.perf_counter()
+    create_audit_views(con)
+    return time.perf_counter() - started
+
+
+def _rederive_in_background(con: duckdb.DuckDBPyConnection) -> Future[float]:
     cursor = con.cursor()  # a connection of its own to the same in-memory database
 
-    def build() -> None:
+    def build() -> float:
         try:
-            create_audit_views(cursor)
+            return _build_audit_views(cursor)
         finally:
             cursor.close()
 
