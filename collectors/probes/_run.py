@@ -1,10 +1,22 @@
-"""The result of one probe invocation."""
+"""The result of one probe invocation, and the pieces every probe's parent shares."""
 
 from __future__ import annotations
 
+import os
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from collectors.probes._cuda import gpus_inventory
+from collectors.probes._envelope import (
+    REPO_ROOT,
+    code_version,
+    envelope,
+    file_sha256,
+    host_info,
+    package_versions,
+)
 
 
 @dataclass
@@ -36,3 +48,51 @@ def run_child(cmd: list[str], env: dict[str, str], cwd: str, timeout_s: float) -
         raw = exc.stderr or ""
         return -9, raw.decode(errors="replace") if isinstance(raw, bytes) else raw
     return proc.returncode, proc.stderr
+
+
+def child_env(base: Mapping[str, str]) -> dict[str, str]:
+    """``base`` with the repository first on ``PYTHONPATH``, so a child can ``-m collectors.probes``."""
+    env = dict(base)
+    root = str(REPO_ROOT)
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def started_event(
+    run_id: str,
+    *,
+    experiment: str,
+    script_file: str,
+    script: str,
+    params: Mapping[str, Any],
+    packages: Mapping[str, str | None],
+    driver: str | None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """The ``run.started`` envelope: what ran (script, its digest, code, packages) on which host."""
+    return envelope(
+        "run.started",
+        {
+            "experiment": experiment,
+            "script_sha256": file_sha256(script_file),
+            "params": dict(params),
+            "seed": None,
+            "code": code_version(),
+            "packages": package_versions(packages),
+            "host": host_info(gpus_inventory(), driver_version=driver),
+            "script": script,
+            **extra,
+        },
+        run_id,
+    )
+
+
+def finish(run: ProbeRun, **fields: Any) -> None:
+    """Append ``run.finished``: the run's status, error and seconds, then the probe's own ``fields``."""
+    run.events.append(
+        envelope(
+            "run.finished",
+            {"status": run.status, "error": run.error, "seconds": round(run.seconds, 6), **fields},
+            run.run_id,
+        )
+    )

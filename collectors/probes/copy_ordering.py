@@ -43,20 +43,10 @@ from collectors.probes._cuda import (
     CudaRuntime,
     driver_version,
     gpu_identity,
-    gpus_inventory,
     require_cuda,
 )
-from collectors.probes._envelope import (
-    REPO_ROOT,
-    code_version,
-    envelope,
-    file_sha256,
-    host_info,
-    new_id,
-    package_versions,
-    utc_now,
-)
-from collectors.probes._run import ProbeRun
+from collectors.probes._envelope import REPO_ROOT, envelope, new_id, utc_now
+from collectors.probes._run import ProbeRun, child_env, finish, started_event
 
 EXPERIMENT = "probe.copy-ordering"
 KIND = "probe.copy"
@@ -302,13 +292,6 @@ def format_summary(summary: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _child_env() -> dict[str, str]:
-    env = dict(os.environ)
-    root = str(REPO_ROOT)
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    return env
-
-
 def _spawn_worker(process: int, config: CopyOrderingConfig, run_id: str, out: Path) -> Any:
     cmd = [
         sys.executable,
@@ -324,7 +307,7 @@ def _spawn_worker(process: int, config: CopyOrderingConfig, run_id: str, out: Pa
         "--out",
         str(out),
     ]
-    return subprocess.Popen(cmd, env=_child_env(), cwd=str(REPO_ROOT))
+    return subprocess.Popen(cmd, env=child_env(os.environ), cwd=str(REPO_ROOT))
 
 
 def run_copy_ordering(
@@ -342,21 +325,17 @@ def run_copy_ordering(
     torch = require_cuda()
     run_id = new_id()
     run = ProbeRun(run_id=run_id)
-    started = envelope(
-        "run.started",
-        {
-            "experiment": EXPERIMENT,
-            "script_sha256": file_sha256(__file__),
-            "params": config.params(),
-            "seed": None,
-            "code": code_version(),
-            "packages": package_versions({"torch.version.cuda": torch.version.cuda}),
-            "host": host_info(gpus_inventory(), driver_version=driver_version()),
-            "script": "collectors/probes/copy_ordering.py",
-        },
-        run_id,
+    run.events.append(
+        started_event(
+            run_id,
+            experiment=EXPERIMENT,
+            script_file=__file__,
+            script="collectors/probes/copy_ordering.py",
+            params=config.params(),
+            packages={"torch.version.cuda": torch.version.cuda},
+            driver=driver_version(),
+        )
     )
-    run.events.append(started)
 
     facts: list[dict[str, Any]] = []
     errors: list[str] = []
@@ -384,20 +363,12 @@ def run_copy_ordering(
     run.summary = summarize(probes)
     if errors:
         run.status, run.error = "failed", "; ".join(errors)
-    run.events.append(
-        envelope(
-            "run.finished",
-            {
-                "status": run.status,
-                "error": run.error,
-                "seconds": round(run.seconds, 6),
-                "checks": run.checks,
-                "checks_per_second": round(run.checks / run.seconds, 3) if run.seconds else None,
-                "processes": facts,
-                "summary": run.summary,
-            },
-            run_id,
-        )
+    finish(
+        run,
+        checks=run.checks,
+        checks_per_second=round(run.checks / run.seconds, 3) if run.seconds else None,
+        processes=facts,
+        summary=run.summary,
     )
     return run
 

@@ -42,17 +42,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from collectors.probes._cuda import CudaRuntime, driver_version, gpu_identity, gpus_inventory, require_cuda
-from collectors.probes._envelope import (
-    REPO_ROOT,
-    code_version,
-    envelope,
-    file_sha256,
-    host_info,
-    new_id,
-    package_versions,
-    utc_now,
-)
+from collectors.probes._cuda import CudaRuntime, driver_version, gpu_identity, require_cuda
+from collectors.probes._envelope import REPO_ROOT, envelope, new_id, utc_now
 from collectors.probes._lmcache import (
     OPS_MODES,
     ensure_fallback_copy_lib,
@@ -60,7 +51,7 @@ from collectors.probes._lmcache import (
     locate,
     source_digest,
 )
-from collectors.probes._run import ProbeRun, run_child
+from collectors.probes._run import ProbeRun, child_env, finish, run_child, started_event
 
 EXPERIMENT = "probe.lmcache-helpers"
 KIND = "probe.helper"
@@ -331,13 +322,6 @@ def worker_main(device_index: int, ops: str, config_json: str, out: str) -> int:
 # Orchestration (parent)
 
 
-def _child_env() -> dict[str, str]:
-    env = dict(os.environ)
-    root = str(REPO_ROOT)
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    return env
-
-
 def _read_rows(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
@@ -432,22 +416,15 @@ def run_helper_probes(
     run = ProbeRun(run_id=run_id)
     driver = driver_version()
     run.events.append(
-        envelope(
-            "run.started",
-            {
-                "experiment": EXPERIMENT,
-                "script_sha256": file_sha256(__file__),
-                "params": {**config.params(), "devices_run": devices, "devices_absent": absent},
-                "seed": None,
-                "code": code_version(),
-                "packages": package_versions(
-                    {"torch.version.cuda": torch.version.cuda, "lmcache": lmcache["version"]}
-                ),
-                "host": host_info(gpus_inventory(), driver_version=driver),
-                "script": "collectors/probes/lmcache_helpers.py",
-                "lmcache": lmcache,
-            },
+        started_event(
             run_id,
+            experiment=EXPERIMENT,
+            script_file=__file__,
+            script="collectors/probes/lmcache_helpers.py",
+            params={**config.params(), "devices_run": devices, "devices_absent": absent},
+            packages={"torch.version.cuda": torch.version.cuda, "lmcache": lmcache["version"]},
+            driver=driver,
+            lmcache=lmcache,
         )
     )
     processes: list[dict[str, Any]] = []
@@ -460,7 +437,7 @@ def run_helper_probes(
                        "--ops", ops, "--config", json.dumps(config.params()), "--out", str(out)]  # fmt: skip
                 say(f"helper-probes: GPU {device}, LMCache ops {ops}: {len(config.cells())} checks")
                 started = time.perf_counter()
-                code, stderr = run_child(cmd, _child_env(), str(REPO_ROOT), config.timeout_s)
+                code, stderr = run_child(cmd, child_env(os.environ), str(REPO_ROOT), config.timeout_s)
                 seconds = time.perf_counter() - started
                 rows = _read_rows(out)
                 facts = next((r for r in rows if r.get("type") == "process"), {})
@@ -493,20 +470,12 @@ def run_helper_probes(
     run.checks = len(probes)
     run.summary = summarize(probes)
     errored = sum(1 for e in probes if e["data"]["error"])
-    run.events.append(
-        envelope(
-            "run.finished",
-            {
-                "status": run.status,
-                "error": run.error,
-                "seconds": round(run.seconds, 6),
-                "checks": run.checks,
-                "errored_checks": errored,
-                "checks_per_second": round(run.checks / run.seconds, 3) if run.seconds else None,
-                "processes": processes,
-                "summary": run.summary,
-            },
-            run_id,
-        )
+    finish(
+        run,
+        checks=run.checks,
+        errored_checks=errored,
+        checks_per_second=round(run.checks / run.seconds, 3) if run.seconds else None,
+        processes=processes,
+        summary=run.summary,
     )
     return run

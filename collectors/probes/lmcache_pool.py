@@ -33,26 +33,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from collectors.probes._cuda import driver_version, gpu_identity, gpus_inventory, require_cuda
-from collectors.probes._envelope import (
-    REPO_ROOT,
-    code_version,
-    envelope,
-    file_sha256,
-    host_info,
-    meminfo,
-    new_id,
-    package_versions,
-    utc_now,
-)
+from collectors.probes._cuda import driver_version, gpu_identity, require_cuda
+from collectors.probes._envelope import REPO_ROOT, envelope, meminfo, new_id, utc_now
 from collectors.probes._lmcache import OPS_MODES, import_lmcache, locate, source_digest
-from collectors.probes._run import ProbeRun, run_child
+from collectors.probes._run import ProbeRun, child_env, finish, run_child, started_event
 from collectors.probes.pinned_alloc import (
     ALLOC_CONF_VARS,
     _delta,
     _host_stats,
     _mapping_containing,
     _proc_status,
+    _stats_delta,
     next_power_of_two,
     split_alloc_conf,
 )
@@ -158,13 +149,7 @@ def _measure_pool(torch: Any, nbytes: int) -> dict[str, Any]:
     pointer = int(buffer.data_ptr()) if buffer is not None else None
     is_pinned = bool(buffer.is_pinned()) if buffer is not None else False
     mapping = _mapping_containing(pointer) if pointer else None
-    stats_delta: dict[str, int] | None = None
-    if stats_before is not None and stats_after is not None:
-        stats_delta = {
-            k: stats_after[k] - stats_before.get(k, 0)
-            for k in stats_after
-            if k.endswith(".current") and stats_after[k] != stats_before.get(k, 0)
-        }
+    stats_delta = _stats_delta(stats_before, stats_after)
     reserved: int | None = None
     method: str | None = None
     if stats_delta and stats_delta.get("allocated_bytes.current", 0) > 0:
@@ -257,9 +242,7 @@ def _child_env(alloc_conf: str | None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ALLOC_CONF_VARS}
     if alloc_conf:
         env["PYTORCH_CUDA_ALLOC_CONF"] = alloc_conf
-    root = str(REPO_ROOT)
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    return env
+    return child_env(env)
 
 
 def _rows(path: Path) -> list[dict[str, Any]]:
@@ -293,22 +276,15 @@ def run_pool_probe(
     host_bytes = config.host_memory_bytes or meminfo().get("MemTotal") or 0
     driver = driver_version()
     run.events.append(
-        envelope(
-            "run.started",
-            {
-                "experiment": EXPERIMENT,
-                "script_sha256": file_sha256(__file__),
-                "params": {**config.params(), "host_memory_bytes_used_by_guard": host_bytes},
-                "seed": None,
-                "code": code_version(),
-                "packages": package_versions(
-                    {"torch.version.cuda": torch.version.cuda, "lmcache": lmcache["version"]}
-                ),
-                "host": host_info(gpus_inventory(), driver_version=driver),
-                "script": "collectors/probes/lmcache_pool.py",
-                "lmcache": lmcache,
-            },
+        started_event(
             run_id,
+            experiment=EXPERIMENT,
+            script_file=__file__,
+            script="collectors/probes/lmcache_pool.py",
+            params={**config.params(), "host_memory_bytes_used_by_guard": host_bytes},
+            packages={"torch.version.cuda": torch.version.cuda, "lmcache": lmcache["version"]},
+            driver=driver,
+            lmcache=lmcache,
         )
     )
     skipped: list[dict[str, Any]] = []
@@ -371,21 +347,7 @@ def run_pool_probe(
         ],
         "skipped": skipped,
     }  # fmt: skip
-    run.events.append(
-        envelope(
-            "run.finished",
-            {
-                "status": run.status,
-                "error": run.error,
-                "seconds": round(run.seconds, 6),
-                "pools": run.checks,
-                "skipped": skipped,
-                "processes": processes,
-                "summary": run.summary["pools"],
-            },
-            run_id,
-        )
-    )
+    finish(run, pools=run.checks, skipped=skipped, processes=processes, summary=run.summary["pools"])
     return run
 
 

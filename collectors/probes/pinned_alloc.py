@@ -30,19 +30,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from collectors.probes._cuda import driver_version, gpu_identity, gpus_inventory, require_cuda
-from collectors.probes._envelope import (
-    REPO_ROOT,
-    code_version,
-    envelope,
-    file_sha256,
-    host_info,
-    meminfo,
-    new_id,
-    package_versions,
-    utc_now,
-)
-from collectors.probes._run import ProbeRun
+from collectors.probes._cuda import driver_version, gpu_identity, require_cuda
+from collectors.probes._envelope import REPO_ROOT, envelope, meminfo, new_id, utc_now
+from collectors.probes._run import ProbeRun, child_env, finish, started_event
 
 EXPERIMENT = "probe.pinned-alloc"
 KIND = "probe.pinned_alloc"
@@ -147,6 +137,17 @@ def _host_stats(torch: Any) -> dict[str, int] | None:
     return {str(k): int(v) for k, v in stats.items() if isinstance(v, int | float)}
 
 
+def _stats_delta(before: Mapping[str, int] | None, after: Mapping[str, int] | None) -> dict[str, int] | None:
+    """The ``.current`` host-allocator statistics that changed, or None without both readings."""
+    if before is None or after is None:
+        return None
+    return {
+        k: after[k] - before.get(k, 0)
+        for k in after
+        if k.endswith(".current") and after[k] != before.get(k, 0)
+    }
+
+
 def _delta(after: Mapping[str, int], before: Mapping[str, int], key: str) -> int | None:
     if key in after and key in before:
         return after[key] - before[key]
@@ -196,13 +197,7 @@ def measure_pinned_alloc(nbytes: int, device: int = 0) -> dict[str, Any]:
     is_pinned = bool(x.is_pinned()) if x is not None else False
     mapping = _mapping_containing(int(x.data_ptr())) if x is not None else None
 
-    stats_delta: dict[str, int] | None = None
-    if stats_before is not None and stats_after is not None:
-        stats_delta = {
-            k: stats_after[k] - stats_before.get(k, 0)
-            for k in stats_after
-            if k.endswith(".current") and stats_after[k] != stats_before.get(k, 0)
-        }
+    stats_delta = _stats_delta(stats_before, stats_after)
     measurements: dict[str, Any] = {
         "host_memory_stats_delta": stats_delta,
         "host_memory_stats_after": stats_after,
@@ -256,9 +251,7 @@ def _child_env(alloc_conf: str | None) -> dict[str, str]:
     var, value = split_alloc_conf(alloc_conf)
     if var is not None and value is not None:
         env[var] = value
-    root = str(REPO_ROOT)
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    return env
+    return child_env(env)
 
 
 def run_pinned_alloc(
@@ -279,19 +272,14 @@ def run_pinned_alloc(
     run = ProbeRun(run_id=run_id)
     host_bytes = config.host_memory_bytes or meminfo().get("MemTotal") or 0
     run.events.append(
-        envelope(
-            "run.started",
-            {
-                "experiment": EXPERIMENT,
-                "script_sha256": file_sha256(__file__),
-                "params": {**config.params(), "host_memory_bytes_used_by_guard": host_bytes},
-                "seed": None,
-                "code": code_version(),
-                "packages": package_versions({"torch.version.cuda": torch.version.cuda}),
-                "host": host_info(gpus_inventory(), driver_version=driver_version()),
-                "script": "collectors/probes/pinned_alloc.py",
-            },
+        started_event(
             run_id,
+            experiment=EXPERIMENT,
+            script_file=__file__,
+            script="collectors/probes/pinned_alloc.py",
+            params={**config.params(), "host_memory_bytes_used_by_guard": host_bytes},
+            packages={"torch.version.cuda": torch.version.cuda},
+            driver=driver_version(),
         )
     )
     skipped: list[dict[str, Any]] = []
@@ -347,20 +335,7 @@ def run_pinned_alloc(
         ],
         "skipped": skipped,
     }  # fmt: skip
-    run.events.append(
-        envelope(
-            "run.finished",
-            {
-                "status": run.status,
-                "error": run.error,
-                "seconds": round(run.seconds, 6),
-                "allocations": run.checks,
-                "skipped": skipped,
-                "summary": run.summary["allocations"],
-            },
-            run_id,
-        )
-    )
+    finish(run, allocations=run.checks, skipped=skipped, summary=run.summary["allocations"])
     return run
 
 
