@@ -14,8 +14,9 @@ from pathlib import Path
 
 def available() -> list[str]:
     """Benchmark modules in this package (private helpers start with ``_``)."""
-    return sorted(m.name for m in pkgutil.iter_modules([str(Path(__file__).parent)])
-                  if not m.name.startswith("_"))
+    return sorted(
+        m.name for m in pkgutil.iter_modules([str(Path(__file__).parent)]) if not m.name.startswith("_")
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

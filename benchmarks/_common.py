@@ -40,8 +40,14 @@ def make_events(count: int, seed: int = 7) -> list[NewEvent]:
     rng = random.Random(seed)
     runs = [new_id() for _ in range(RUNS)]
     return [
-        NewEvent("response.received", payload(rng, i), run_id=runs[i % RUNS], block_id=None,
-                 id=new_id(), ts=utc_now())
+        NewEvent(
+            "response.received",
+            payload(rng, i),
+            run_id=runs[i % RUNS],
+            block_id=None,
+            id=new_id(),
+            ts=utc_now(),
+        )
         for i in range(count)
     ]
 
@@ -58,11 +64,14 @@ def fill(ledger: Ledger, count: int, batch: int = 20_000, template: int = 50_000
     start = time.perf_counter()
     for offset in range(0, count, batch):
         ts = utc_now()
-        ledger.append_many([
-            NewEvent("response.received", datas[i % len(datas)], run_id=runs[i % RUNS],
-                     id=new_id(), ts=ts)
-            for i in range(offset, min(offset + batch, count))
-        ])
+        ledger.append_many(
+            [
+                NewEvent(
+                    "response.received", datas[i % len(datas)], run_id=runs[i % RUNS], id=new_id(), ts=ts
+                )
+                for i in range(offset, min(offset + batch, count))
+            ]
+        )
     return time.perf_counter() - start
 
 

@@ -21,10 +21,15 @@ from ledger import NewEvent, open_ledger
 
 from ._common import emit, make_events, timed
 
-_PLAIN = ("CREATE TABLE plain (seq INTEGER PRIMARY KEY, id TEXT, ts TEXT, kind TEXT, run_id TEXT, "
-          "block_id TEXT, data TEXT, digest TEXT, chain TEXT)")
-_INDEXES = ("CREATE UNIQUE INDEX plain_id ON plain (id)", "CREATE INDEX plain_run ON plain (run_id)",
-            "CREATE INDEX plain_kind ON plain (kind)")
+_PLAIN = (
+    "CREATE TABLE plain (seq INTEGER PRIMARY KEY, id TEXT, ts TEXT, kind TEXT, run_id TEXT, "
+    "block_id TEXT, data TEXT, digest TEXT, chain TEXT)"
+)
+_INDEXES = (
+    "CREATE UNIQUE INDEX plain_id ON plain (id)",
+    "CREATE INDEX plain_run ON plain (run_id)",
+    "CREATE INDEX plain_kind ON plain (kind)",
+)
 
 
 def bench_ledger(directory: Path, events: list[NewEvent], batch: int) -> tuple[float, list[tuple[Any, ...]]]:
@@ -74,8 +79,12 @@ def bench_eventsourcing(directory: Path, rows: list[tuple[Any, ...]], batch: int
     recorder.create_table()
     # One aggregate per batch: the batch is that aggregate's events, versions 1..n.
     stored = [
-        StoredEvent(originator_id=uuid.UUID(int=start + 1), originator_version=i - start + 1,
-                    topic=row[3], state=row[6].encode())
+        StoredEvent(
+            originator_id=uuid.UUID(int=start + 1),
+            originator_version=i - start + 1,
+            topic=row[3],
+            state=row[6].encode(),
+        )
         for start in range(0, len(rows), batch)
         for i, row in enumerate(rows[start : start + batch], start=start)
     ]
@@ -107,8 +116,13 @@ def bench_eventsourcing_mapped(directory: Path, events: list[NewEvent], batch: i
     transcoder.register(DatetimeAsISO())
     mapper: Mapper[uuid.UUID] = Mapper(transcoder)
     domain = [
-        Recorded(originator_id=uuid.UUID(int=start + 1), originator_version=i - start + 1,
-                 timestamp=datetime.fromisoformat(e.ts), kind=e.kind, data=e.data)  # type: ignore[call-arg]
+        Recorded(
+            originator_id=uuid.UUID(int=start + 1),
+            originator_version=i - start + 1,
+            timestamp=datetime.fromisoformat(e.ts),
+            kind=e.kind,
+            data=e.data,
+        )  # type: ignore[call-arg]
         for start in range(0, len(events), batch)
         for i, e in enumerate(events[start : start + batch], start=start)
     ]
@@ -148,16 +162,18 @@ def main() -> None:
     print(f"  eventsourcing 9: recorder alone, bytes given    {n / es_s:>12,.0f} events/s (context)")
     print("  ratio_to_eventsourcing compares the same work: event objects in, committed rows out;")
     print("  the ledger also validates, digests and chains, which the peer does not.")
-    emit({
-        "benchmark": "append",
-        "events": n,
-        "events_per_s": round(n / ledger_s),
-        "raw_events_per_s": round(n / raw_s),
-        "eventsourcing_events_per_s": round(n / es_mapped_s),
-        "eventsourcing_recorder_only_events_per_s": round(n / es_s),
-        "raw_indexed_events_per_s": round(n / indexed_s),
-        "ratio_to_raw": round(raw_s / ledger_s, 3),
-        "ratio_to_eventsourcing": round(es_mapped_s / ledger_s, 3),
-        "ratio_to_eventsourcing_recorder_only": round(es_s / ledger_s, 3),
-        "unix_time": int(time.time()),
-    })
+    emit(
+        {
+            "benchmark": "append",
+            "events": n,
+            "events_per_s": round(n / ledger_s),
+            "raw_events_per_s": round(n / raw_s),
+            "eventsourcing_events_per_s": round(n / es_mapped_s),
+            "eventsourcing_recorder_only_events_per_s": round(n / es_s),
+            "raw_indexed_events_per_s": round(n / indexed_s),
+            "ratio_to_raw": round(raw_s / ledger_s, 3),
+            "ratio_to_eventsourcing": round(es_mapped_s / ledger_s, 3),
+            "ratio_to_eventsourcing_recorder_only": round(es_s / ledger_s, 3),
+            "unix_time": int(time.time()),
+        }
+    )

@@ -48,8 +48,13 @@ def _measure(directory: Path, files: list[Path]) -> dict[str, float]:
     openssl = _best(lambda: [_tool(["openssl", "dgst", "-sha256", n])() for n in names])
     sha256sum = _best(_tool(["sha256sum", *names]), repeats=1) if shutil.which("sha256sum") else float("nan")
     total = sum(f.stat().st_size for f in files)
-    return {"ours_s": ours, "openssl_s": openssl, "sha256sum_s": sha256sum,
-            "ours_gb_s": total / ours / 1e9, "openssl_gb_s": total / openssl / 1e9}
+    return {
+        "ours_s": ours,
+        "openssl_s": openssl,
+        "sha256sum_s": sha256sum,
+        "ours_gb_s": total / ours / 1e9,
+        "openssl_gb_s": total / openssl / 1e9,
+    }
 
 
 def main() -> None:
@@ -71,11 +76,15 @@ def main() -> None:
         "four_files": {k: round(v, 3) for k, v in multi.items()},
         "cpus": os.cpu_count(),
     }
-    print(f"one 2 GiB file: kvledger {single['ours_s']:.3f}s ({single['ours_gb_s']:.2f} GB/s), "
-          f"openssl {single['openssl_s']:.3f}s, sha256sum {single['sha256sum_s']:.3f}s "
-          f"-> {result['ratio_to_openssl']}x openssl (goal >= 0.95)")
-    print(f"four 512 MiB files: kvledger {multi['ours_s']:.3f}s in parallel, openssl one after "
-          f"another {multi['openssl_s']:.3f}s -> {result['ratio_parallel_to_openssl']}x (goal >= 1.6)")
+    print(
+        f"one 2 GiB file: kvledger {single['ours_s']:.3f}s ({single['ours_gb_s']:.2f} GB/s), "
+        f"openssl {single['openssl_s']:.3f}s, sha256sum {single['sha256sum_s']:.3f}s "
+        f"-> {result['ratio_to_openssl']}x openssl (goal >= 0.95)"
+    )
+    print(
+        f"four 512 MiB files: kvledger {multi['ours_s']:.3f}s in parallel, openssl one after "
+        f"another {multi['openssl_s']:.3f}s -> {result['ratio_parallel_to_openssl']}x (goal >= 1.6)"
+    )
     print(json.dumps(result, sort_keys=True))
 
 

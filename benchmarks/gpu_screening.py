@@ -62,7 +62,7 @@ def main() -> int:
             runs = ledger.sql("""SELECT s.run_id, s.ts AS started, f.ts AS finished, f.data
                                  FROM (SELECT * FROM run_started WHERE experiment = 'screening') s
                                  LEFT JOIN (SELECT run_id, ts, status AS data FROM run_finished) f
-                                 USING (run_id)""").to_pylist()  # fmt: skip
+                                 USING (run_id)""").to_pylist()
             if not runs:
                 print(f"error: {export} holds no screening run", file=sys.stderr)
                 return 2
@@ -72,14 +72,14 @@ def main() -> int:
                 FROM request_sent q JOIN block_started b USING (block_id)
                 JOIN response_received r USING (request_id)
                 WHERE q.run_id = '{run["run_id"]}' AND q.workload = 'micro' AND NOT q.warmup
-                  AND r.ttft_s IS NOT NULL""").to_pylist()  # fmt: skip
+                  AND r.ttft_s IS NOT NULL""").to_pylist()
             leaky = ledger.sql(f"""
                 SELECT count(DISTINCT b.block_id) FILTER (WHERE h.local_hit_tokens > 0
                            OR h.external_hit_tokens > 0) AS leaky, count(DISTINCT b.block_id) AS blocks
                 FROM request_sent q JOIN block_started b USING (block_id)
                 JOIN hits_observed h USING (request_id)
                 WHERE q.run_id = '{run["run_id"]}' AND b.arm = 'ON' AND q.step = 'cold'
-                  AND NOT q.warmup""").to_pylist()[0]  # fmt: skip
+                  AND NOT q.warmup""").to_pylist()[0]
             measured = ledger.sql(f"""SELECT count(*) AS n FROM request_sent
                                       WHERE run_id = '{run["run_id"]}' AND NOT warmup""").to_pylist()[0]["n"]
         finally:
@@ -93,31 +93,54 @@ def main() -> int:
     sizes = sorted({k[2] for k in medians})
     per_size: list[dict[str, Any]] = []
     print(f"{args.data.name}: screening {run['run_id']}, status {run['data']}")
-    print(f"{measured} measured requests in {wall:.1f} s of wall time: {measured / wall:.2f} requests/s"
-          if wall else f"{measured} measured requests; the run did not finish")  # fmt: skip
-    print(f"ON blocks with a cold request that saw hits (excluded by the audit): "
-          f"{leaky['leaky']} of {leaky['blocks']}")
-    print(f"{'size':>8} {'cold ON':>9} {'cross ON':>9} {'cross OFF':>9} {'local1 ON':>9} "
-          f"{'cross ON/OFF':>12} {'cross/local1':>12} {'cold/cross':>10}")
+    print(
+        f"{measured} measured requests in {wall:.1f} s of wall time: {measured / wall:.2f} requests/s"
+        if wall
+        else f"{measured} measured requests; the run did not finish"
+    )
+    print(
+        f"ON blocks with a cold request that saw hits (excluded by the audit): "
+        f"{leaky['leaky']} of {leaky['blocks']}"
+    )
+    print(
+        f"{'size':>8} {'cold ON':>9} {'cross ON':>9} {'cross OFF':>9} {'local1 ON':>9} "
+        f"{'cross ON/OFF':>12} {'cross/local1':>12} {'cold/cross':>10}"
+    )
     for size in sizes:
-        m = {(arm, step): medians.get((arm, step, size)) for arm in ("ON", "OFF")
-             for step in ("cold", "cross", "local1")}  # fmt: skip
-        row = {"size": size, "median_ttft_s": {f"{s}_{a}": v for (a, s), v in m.items()},
-               "cross_on_over_off": _ratio(m["ON", "cross"], m["OFF", "cross"]),
-               "cross_over_local1_on": _ratio(m["ON", "cross"], m["ON", "local1"]),
-               "cold_over_cross_on": _ratio(m["ON", "cold"], m["ON", "cross"])}  # fmt: skip
+        m = {
+            (arm, step): medians.get((arm, step, size))
+            for arm in ("ON", "OFF")
+            for step in ("cold", "cross", "local1")
+        }
+        row = {
+            "size": size,
+            "median_ttft_s": {f"{s}_{a}": v for (a, s), v in m.items()},
+            "cross_on_over_off": _ratio(m["ON", "cross"], m["OFF", "cross"]),
+            "cross_over_local1_on": _ratio(m["ON", "cross"], m["ON", "local1"]),
+            "cold_over_cross_on": _ratio(m["ON", "cold"], m["ON", "cross"]),
+        }
         per_size.append(row)
 
         def ms(v: float | None) -> str:
             return f"{v * 1000:8.1f}ms" if v is not None else f"{'-':>10}"
 
         ratios = [row["cross_on_over_off"], row["cross_over_local1_on"], row["cold_over_cross_on"]]
-        print(f"{size:>8} {ms(m['ON', 'cold'])} {ms(m['ON', 'cross'])} {ms(m['OFF', 'cross'])} "
-              f"{ms(m['ON', 'local1'])} {ratios[0]!s:>12} {ratios[1]!s:>12} {ratios[2]!s:>10}")
-    emit({"benchmark": "gpu-screening", "data": str(args.data), "run_id": run["run_id"],
-          "measured": measured, "on_blocks_with_cold_hits": leaky["leaky"],
-          "wall_s": round(wall, 2) if wall else None,
-          "requests_per_s": round(measured / wall, 3) if wall else None, "sizes": per_size})  # fmt: skip
+        print(
+            f"{size:>8} {ms(m['ON', 'cold'])} {ms(m['ON', 'cross'])} {ms(m['OFF', 'cross'])} "
+            f"{ms(m['ON', 'local1'])} {ratios[0]!s:>12} {ratios[1]!s:>12} {ratios[2]!s:>10}"
+        )
+    emit(
+        {
+            "benchmark": "gpu-screening",
+            "data": str(args.data),
+            "run_id": run["run_id"],
+            "measured": measured,
+            "on_blocks_with_cold_hits": leaky["leaky"],
+            "wall_s": round(wall, 2) if wall else None,
+            "requests_per_s": round(measured / wall, 3) if wall else None,
+            "sizes": per_size,
+        }
+    )
     return 0
 
 

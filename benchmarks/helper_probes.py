@@ -29,8 +29,11 @@ def main() -> int:
     root = Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT
     helper_path = root / "helper_probes.jsonl"
     if not helper_path.exists():
-        print(f"no helper probe records at {helper_path}: run scripts/gpu-probes on a GPU host and commit "
-              "its helper_probes.jsonl there", file=sys.stderr)  # fmt: skip
+        print(
+            f"no helper probe records at {helper_path}: run scripts/gpu-probes on a GPU host and commit "
+            "its helper_probes.jsonl there",
+            file=sys.stderr,
+        )
         return 2
     events = _load(helper_path)
     finished = events[-1]["data"]
@@ -40,17 +43,21 @@ def main() -> int:
     processes = finished.get("processes") or []
     in_process = sum(float(c["data"].get("seconds") or 0.0) for c in checks)
     gpus = sorted({c["data"]["gpu"]["uuid"] for c in checks if isinstance(c["data"]["gpu"], dict)})
-    print(f"helper probes: {len(checks)} checks on {len(gpus)} GPU(s) in {seconds:.2f} s "
-          f"({len(processes)} child processes, LMCache import included) = {rate:.1f} checks/s; "
-          f"the checks themselves {in_process:.2f} s")  # fmt: skip
+    print(
+        f"helper probes: {len(checks)} checks on {len(gpus)} GPU(s) in {seconds:.2f} s "
+        f"({len(processes)} child processes, LMCache import included) = {rate:.1f} checks/s; "
+        f"the checks themselves {in_process:.2f} s"
+    )
     peer: dict[str, Any] = {}
     copy_path = root / "copy_ordering.jsonl"
     if copy_path.exists():
         copy = _load(copy_path)[-1]["data"]
         peer = {k: copy[k] for k in ("checks", "seconds", "checks_per_second")}
-        print(f"peer, copy-ordering probe: {copy['checks']} checks in {copy['seconds']:.2f} s = "
-              f"{copy['checks_per_second']:.1f} checks/s; helper/copy rate ratio "
-              f"{rate / copy['checks_per_second']:.2f}")  # fmt: skip
+        print(
+            f"peer, copy-ordering probe: {copy['checks']} checks in {copy['seconds']:.2f} s = "
+            f"{copy['checks_per_second']:.1f} checks/s; helper/copy rate ratio "
+            f"{rate / copy['checks_per_second']:.2f}"
+        )
     print(f"limit: whole matrix in {GOAL_S:.0f} s; this run used {seconds / GOAL_S:.2%} of it")
     table = summarize(events)
     print(format_summary(table))
@@ -62,17 +69,40 @@ def main() -> int:
                 continue
             d = e["data"]
             ratio = d["bytes_reserved"] / d["bytes_requested"] if d["bytes_reserved"] else None
-            keys = ("bytes_requested", "bytes_reserved", "with_ops", "alloc_conf", "is_pinned", "seconds",
-                    "error")
+            keys = (
+                "bytes_requested",
+                "bytes_reserved",
+                "with_ops",
+                "alloc_conf",
+                "is_pinned",
+                "seconds",
+                "error",
+            )
             pools.append({k: d.get(k) for k in keys} | {"ratio": ratio})
-            print(f"pool {d['bytes_requested']:>14d} B ops={d['with_ops']!s:5s} "
-                  f"conf={d['alloc_conf'] or '-'}: reserved {d['bytes_reserved']} "
-                  + (f"({ratio:.3f}x) " if ratio else "") + f"pinned={d['is_pinned']} {d['seconds']} s"
-                  + (f" error={d['error']}" if d["error"] else ""))  # fmt: skip
-    print(json.dumps({
-        "benchmark": "helper-probes", "records": str(helper_path), "checks": len(checks), "gpus": gpus,
-        "seconds": seconds, "checks_per_second": round(rate, 3), "check_seconds": round(in_process, 3),
-        "goal_seconds": GOAL_S, "fraction_of_goal": round(seconds / GOAL_S, 4), "peer_copy_ordering": peer,
-        "paths": table, "pools": pools,
-    }, sort_keys=True))  # fmt: skip
+            print(
+                f"pool {d['bytes_requested']:>14d} B ops={d['with_ops']!s:5s} "
+                f"conf={d['alloc_conf'] or '-'}: reserved {d['bytes_reserved']} "
+                + (f"({ratio:.3f}x) " if ratio else "")
+                + f"pinned={d['is_pinned']} {d['seconds']} s"
+                + (f" error={d['error']}" if d["error"] else "")
+            )
+    print(
+        json.dumps(
+            {
+                "benchmark": "helper-probes",
+                "records": str(helper_path),
+                "checks": len(checks),
+                "gpus": gpus,
+                "seconds": seconds,
+                "checks_per_second": round(rate, 3),
+                "check_seconds": round(in_process, 3),
+                "goal_seconds": GOAL_S,
+                "fraction_of_goal": round(seconds / GOAL_S, 4),
+                "peer_copy_ordering": peer,
+                "paths": table,
+                "pools": pools,
+            },
+            sort_keys=True,
+        )
+    )
     return 0

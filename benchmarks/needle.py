@@ -63,11 +63,10 @@ def figures(led: Ledger, run_id: str) -> dict[str, Any]:
     return {
         "run_id": run_id,
         "n_by_size": {str(n): len(passed[n]) for n in sizes},
-        "accuracy_by_size": {str(n): (sum(passed[n]) / len(passed[n]) if passed[n] else None)
-                             for n in sizes},
+        "accuracy_by_size": {str(n): (sum(passed[n]) / len(passed[n]) if passed[n] else None) for n in sizes},
         "min_margin_by_size": {str(n): (round(min(margins[n]), 4) if margins[n] else None) for n in sizes},
         "requests_per_s": round(answered / seconds, 3) if seconds else None,
-    }  # fmt: skip
+    }
 
 
 def _only_run(led: Ledger) -> str:
@@ -79,8 +78,22 @@ def _only_run(led: Ledger) -> str:
 
 def evaluate(db: str, sizes: list[int], fixtures: int) -> tuple[int, float]:
     """``ledger run needle_eval`` on the CPU engine into ``db``: its exit status and wall time."""
-    cmd = [sys.executable, "-m", "ledger", "run", "needle_eval", "--target", "vllm", "--db", db,
-           "--no-progress", "--param", f"sizes={json.dumps(sizes)}", "--param", f"fixtures={fixtures}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "ledger",
+        "run",
+        "needle_eval",
+        "--target",
+        "vllm",
+        "--db",
+        db,
+        "--no-progress",
+        "--param",
+        f"sizes={json.dumps(sizes)}",
+        "--param",
+        f"fixtures={fixtures}",
+    ]
     if max(sizes) + 256 > 4096:  # the target's default context
         cmd += ["--param", f"max_model_len={max(sizes) + 512}"]
     t0 = time.monotonic()
@@ -115,8 +128,10 @@ def main() -> int:
         out = figures(led, args.run or _only_run(led))
     finally:
         led.close()
-    print(f"\nneedle model, cold, greedy; limit {card.threshold:.0%} "
-          f"(the card serves <= {card.served_max_tokens} tokens)")
+    print(
+        f"\nneedle model, cold, greedy; limit {card.threshold:.0%} "
+        f"(the card serves <= {card.served_max_tokens} tokens)"
+    )
     print(f"{'size':>8} {'n':>4} {'exact':>8} {'vs limit':>9} {'min margin':>11}")
     for size, acc in out["accuracy_by_size"].items():
         served = "served" if card.serves(int(size)) else "not served"
@@ -126,8 +141,12 @@ def main() -> int:
         shown = f"{margin:.3f}" if margin is not None else "-"
         print(f"{size:>8} {out['n_by_size'][size]:>4} {exact:>8} {ratio:>9} {shown:>11}  {served}")
     print(f"requests/s (one at a time): {out['requests_per_s']}")
-    print(json.dumps({**out, **extra, "threshold": card.threshold,
-                      "served_max_tokens": card.served_max_tokens}, sort_keys=True))  # fmt: skip
+    print(
+        json.dumps(
+            {**out, **extra, "threshold": card.threshold, "served_max_tokens": card.served_max_tokens},
+            sort_keys=True,
+        )
+    )
     return 0
 
 

@@ -49,8 +49,12 @@ def envelopes(count: int, seed: int = 314159) -> list[dict[str, Any]]:
 def fill(ledger: Ledger, events: list[dict[str, Any]], batch: int = 50_000) -> None:
     """Through the ledger's own append path (validated, sealed, chained)."""
     for start in range(0, len(events), batch):
-        ledger.append_many([NewEvent(e["kind"], e["data"], e["run_id"], e["block_id"], e["id"], e["ts"])
-                            for e in events[start:start + batch]])
+        ledger.append_many(
+            [
+                NewEvent(e["kind"], e["data"], e["run_id"], e["block_id"], e["id"], e["ts"])
+                for e in events[start : start + batch]
+            ]
+        )
 
 
 def _cpu() -> float:
@@ -108,12 +112,23 @@ def measure(directory: Path, label: str, count: int, repeat: int = 1) -> dict[st
         src.close()
         with timed() as verify_t:
             ledger.verify()
-        runs.append({"report_s": open_t[0] + derive_t[0], "open_s": open_t[0], "derive_s": derive_t[0],
-                     "audit_s": rederive_t[0] + audit_t[0], "rederive_s": rederive_build,
-                     "rederive_wait_s": rederive_t[0],
-                     "verify_s": verify_t[0], "cpu_s": cpu,
-                     "proof_s": proof.seconds, "proof_cpu_s": proof.cpu_seconds,
-                     "proof_files": proof.files, "proof_mb": proof.bytes / 1e6, "load_1min": load_before})
+        runs.append(
+            {
+                "report_s": open_t[0] + derive_t[0],
+                "open_s": open_t[0],
+                "derive_s": derive_t[0],
+                "audit_s": rederive_t[0] + audit_t[0],
+                "rederive_s": rederive_build,
+                "rederive_wait_s": rederive_t[0],
+                "verify_s": verify_t[0],
+                "cpu_s": cpu,
+                "proof_s": proof.seconds,
+                "proof_cpu_s": proof.cpu_seconds,
+                "proof_files": proof.files,
+                "proof_mb": proof.bytes / 1e6,
+                "load_1min": load_before,
+            }
+        )
     ledger.close()
     blocking = sum(f.severity == "blocking" for f in findings)
     assert blocking == 0, [f for f in findings if f.severity == "blocking"][:3]
@@ -121,36 +136,54 @@ def measure(directory: Path, label: str, count: int, repeat: int = 1) -> dict[st
     total = best["report_s"] + best["audit_s"]
     best["proof_share"] = best["proof_s"] / total
     best["proof_cpu_share"] = best["proof_cpu_s"] / best["cpu_s"]
-    print(f"{label:>5}: {events:>9,} events  report {best['report_s']:.2f} s (views {best['open_s']:.2f} + "
-          f"derive/JSON {best['derive_s']:.2f}) + audit {best['audit_s']:.2f} s (re-derivations "
-          f"{best['rederive_s']:.2f}; chain verify alone "
-          f"≈ {best['verify_s']:.2f} s) = {total:.2f} s wall, {best['cpu_s']:.2f} s CPU; snapshot proof "
-          f"{best['proof_s']:.2f} s wall ({best['proof_share']:.0%}), {best['proof_cpu_s']:.2f} s CPU "
-          f"({best['proof_cpu_share']:.0%}) over {best['proof_files']} files, {best['proof_mb']:.0f} MB; "
-          f"load {best['load_1min']:.1f} on {os.cpu_count()} CPUs; best of {repeat}; not counted: "
-          + "".join(f"{k.removesuffix('_s')} {v:.1f} s, " for k, v in setup.items())
-          + f"snapshot {snap_t[0]:.1f} s (rows verified as written: {write_check.rows_checked:,} in "
-          f"{write_check.write_check_seconds:.1f} s); report JSON {len(text) / 1e6:.1f} MB", flush=True)
-    return {"events": events, "seconds": round(total, 3), "snapshot_s": round(snap_t[0], 3),
-            "snapshot_rows_checked": write_check.rows_checked,
-            "snapshot_write_check_s": round(write_check.write_check_seconds, 3),
-            **{k: round(v, 3) for k, v in best.items()}, **{k: round(v, 1) for k, v in setup.items()}}
+    print(
+        f"{label:>5}: {events:>9,} events  report {best['report_s']:.2f} s (views {best['open_s']:.2f} + "
+        f"derive/JSON {best['derive_s']:.2f}) + audit {best['audit_s']:.2f} s (re-derivations "
+        f"{best['rederive_s']:.2f}; chain verify alone "
+        f"≈ {best['verify_s']:.2f} s) = {total:.2f} s wall, {best['cpu_s']:.2f} s CPU; snapshot proof "
+        f"{best['proof_s']:.2f} s wall ({best['proof_share']:.0%}), {best['proof_cpu_s']:.2f} s CPU "
+        f"({best['proof_cpu_share']:.0%}) over {best['proof_files']} files, {best['proof_mb']:.0f} MB; "
+        f"load {best['load_1min']:.1f} on {os.cpu_count()} CPUs; best of {repeat}; not counted: "
+        + "".join(f"{k.removesuffix('_s')} {v:.1f} s, " for k, v in setup.items())
+        + f"snapshot {snap_t[0]:.1f} s (rows verified as written: {write_check.rows_checked:,} in "
+        f"{write_check.write_check_seconds:.1f} s); report JSON {len(text) / 1e6:.1f} MB",
+        flush=True,
+    )
+    return {
+        "events": events,
+        "seconds": round(total, 3),
+        "snapshot_s": round(snap_t[0], 3),
+        "snapshot_rows_checked": write_check.rows_checked,
+        "snapshot_write_check_s": round(write_check.write_check_seconds, 3),
+        **{k: round(v, 3) for k, v in best.items()},
+        **{k: round(v, 1) for k, v in setup.items()},
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks report")
     parser.add_argument("--sizes", default="250k,1m,2m", help="Comma-separated: 250k, 1m, 2m.")
     parser.add_argument("--repeat", type=int, default=1, help="Timed passes per size; the best is kept.")
-    parser.add_argument("--keep", type=Path, default=None,
-                        help="Keep the generated ledgers in this folder and reuse them next time.")
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        default=None,
+        help="Keep the generated ledgers in this folder and reuse them next time.",
+    )
     args = parser.parse_args()
-    timed_what = ("report (the snapshot's proof + views over the warm Parquet snapshot + derive + JSON) + "
-                  "audit incl. full chain verification (started at open, beside the views) and the "
-                  "re-derivations (beside the derivation); generating, filling and the snapshot build "
-                  "are not counted")
-    figures: dict[str, Any] = {"benchmark": "report", "timed": timed_what, "goal_seconds_1m": 2.0,
-                               "cpus": os.cpu_count(),
-                               "load_avg_start": [round(x, 2) for x in os.getloadavg()]}
+    timed_what = (
+        "report (the snapshot's proof + views over the warm Parquet snapshot + derive + JSON) + "
+        "audit incl. full chain verification (started at open, beside the views) and the "
+        "re-derivations (beside the derivation); generating, filling and the snapshot build "
+        "are not counted"
+    )
+    figures: dict[str, Any] = {
+        "benchmark": "report",
+        "timed": timed_what,
+        "goal_seconds_1m": 2.0,
+        "cpus": os.cpu_count(),
+        "load_avg_start": [round(x, 2) for x in os.getloadavg()],
+    }
     with contextlib.ExitStack() as stack:
         if args.keep is None:
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="kvledger-bench-report-"))
@@ -167,17 +200,27 @@ def main() -> None:
             figures[f"detail_{label}"] = result
     if "seconds_1m" in figures:
         figures["goal_met_1m"] = figures["seconds_1m"] <= figures["goal_seconds_1m"]
-    per_m = {k: figures[f"seconds_{k}"] / (figures[f"detail_{k}"]["events"] / 1e6)
-             for k in SIZES if f"seconds_{k}" in figures}
-    cpu_per_m = {k: figures[f"cpu_seconds_{k}"] / (figures[f"detail_{k}"]["events"] / 1e6)
-                 for k in SIZES if f"cpu_seconds_{k}" in figures}
+    per_m = {
+        k: figures[f"seconds_{k}"] / (figures[f"detail_{k}"]["events"] / 1e6)
+        for k in SIZES
+        if f"seconds_{k}" in figures
+    }
+    cpu_per_m = {
+        k: figures[f"cpu_seconds_{k}"] / (figures[f"detail_{k}"]["events"] / 1e6)
+        for k in SIZES
+        if f"cpu_seconds_{k}" in figures
+    }
     figures["seconds_per_million"] = {k: round(v, 3) for k, v in per_m.items()}
     figures["cpu_seconds_per_million"] = {k: round(v, 3) for k, v in cpu_per_m.items()}
     if len(per_m) > 1:
         # Wall time on a shared machine follows its load; CPU seconds show the growth more faithfully.
-        print("per million events: wall " + ", ".join(f"{k} {v:.2f} s" for k, v in per_m.items())
-              + "; CPU " + ", ".join(f"{k} {v:.2f} s" for k, v in cpu_per_m.items())
-              + " (equal figures = linear growth)")
+        print(
+            "per million events: wall "
+            + ", ".join(f"{k} {v:.2f} s" for k, v in per_m.items())
+            + "; CPU "
+            + ", ".join(f"{k} {v:.2f} s" for k, v in cpu_per_m.items())
+            + " (equal figures = linear growth)"
+        )
     figures["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
     figures["unix_time"] = int(time.time())
     emit(figures)

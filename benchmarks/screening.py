@@ -42,15 +42,29 @@ def main() -> int:
         ledger.close()
     c = result.counters
     total = c.measured + c.warmups
-    print(f"screening on sim: {result.status}, {c.measured} measured + {c.warmups} warmups, "
-          f"{c.assertions} assertions ({c.failed_assertions} failed), {events} events")
-    print(f"{t[0]:.1f} s, {total / t[0]:.1f} requests/s (goal <= {GOAL_S:.0f} s: "
-          f"{'met' if t[0] <= GOAL_S else 'NOT met'})")
-    emit({"benchmark": "screening", "seconds": round(t[0], 2), "measured": c.measured,
-          "warmups": c.warmups, "requests_per_s": round(total / t[0], 2), "events": events,
-          "status": result.status, "failed_assertions": c.failed_assertions,
-          "goal_s": GOAL_S, "params": json.loads(json.dumps(args.param)),
-          "unix_time": int(time.time())})  # fmt: skip
+    print(
+        f"screening on sim: {result.status}, {c.measured} measured + {c.warmups} warmups, "
+        f"{c.assertions} assertions ({c.failed_assertions} failed), {events} events"
+    )
+    print(
+        f"{t[0]:.1f} s, {total / t[0]:.1f} requests/s (goal <= {GOAL_S:.0f} s: "
+        f"{'met' if t[0] <= GOAL_S else 'NOT met'})"
+    )
+    emit(
+        {
+            "benchmark": "screening",
+            "seconds": round(t[0], 2),
+            "measured": c.measured,
+            "warmups": c.warmups,
+            "requests_per_s": round(total / t[0], 2),
+            "events": events,
+            "status": result.status,
+            "failed_assertions": c.failed_assertions,
+            "goal_s": GOAL_S,
+            "params": json.loads(json.dumps(args.param)),
+            "unix_time": int(time.time()),
+        }
+    )
     return 0 if result.exit_code == 0 else 1
 
 

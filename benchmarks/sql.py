@@ -21,8 +21,9 @@ QUERY = "SELECT run_id, count(*) AS n FROM response_received GROUP BY run_id ORD
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks sql")
-    parser.add_argument("--sizes", default="1000000,2000000,4000000",
-                        help="Comma-separated ledger sizes, ascending.")
+    parser.add_argument(
+        "--sizes", default="1000000,2000000,4000000", help="Comma-separated ledger sizes, ascending."
+    )
     parser.add_argument("--repeat", type=int, default=3, help="Best of this many query runs.")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -49,8 +50,17 @@ def main() -> None:
             assert sum(table.column("n").to_pylist()) == size
             seconds[str(size)] = round(min(runs), 4)
             builds[str(size)] = round(build[0], 3)
-            print(f"{size:>10,} events: query {min(runs):.3f} s (best of {args.repeat}); "
-                  f"snapshot refresh {build[0]:.2f} s; fill {fill_s:.1f} s (not counted)")
+            print(
+                f"{size:>10,} events: query {min(runs):.3f} s (best of {args.repeat}); "
+                f"snapshot refresh {build[0]:.2f} s; fill {fill_s:.1f} s (not counted)"
+            )
         ledger.close()
-    emit({"benchmark": "sql", "query": QUERY, "seconds": seconds, "snapshot_build_seconds": builds,
-          "unix_time": int(time.time())})
+    emit(
+        {
+            "benchmark": "sql",
+            "query": QUERY,
+            "seconds": seconds,
+            "snapshot_build_seconds": builds,
+            "unix_time": int(time.time()),
+        }
+    )

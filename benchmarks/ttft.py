@@ -75,10 +75,20 @@ def _pct(values: list[float], q: float) -> float:
 
 def start_sim(time_scale: float) -> tuple[subprocess.Popen[str], str]:
     """The sim deployment (one replica, no tier traffic) in a subprocess; its replica URL."""
-    cmd = [sys.executable, "-m", "experiments.targets.sim", "--replicas", "1", "--shared", "off",
-           "--time-scale", str(time_scale)]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True,
-                            cwd=Path(__file__).resolve().parent.parent)  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "experiments.targets.sim",
+        "--replicas",
+        "1",
+        "--shared",
+        "off",
+        "--time-scale",
+        str(time_scale),
+    ]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parent.parent
+    )
     assert proc.stdout is not None
     lines: list[str] = []
     deadline = time.monotonic() + 60
@@ -114,9 +124,15 @@ async def measure_ours(url: str, concurrency: int, requests: int) -> dict[str, A
         counter = iter(range(requests + concurrency))  # + warm-up, one per stream
 
         def make(i: int) -> RequestSpec:
-            body = {"model": "sim-27b", "prompt": _prompt(i), "max_tokens": OUTPUT_TOKENS,
-                    "ignore_eos": True, "temperature": 0, "stream": True,
-                    "stream_options": {"include_usage": True}}  # fmt: skip
+            body = {
+                "model": "sim-27b",
+                "prompt": _prompt(i),
+                "max_tokens": OUTPUT_TOKENS,
+                "ignore_eos": True,
+                "temperature": 0,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
             return RequestSpec(f"bench-{concurrency}-{i}", url, "/v1/completions", body, {})
 
         outcomes = []
@@ -147,9 +163,14 @@ async def measure_ours(url: str, concurrency: int, requests: int) -> dict[str, A
 def _summary(lags: list[float], errors: int) -> dict[str, Any]:
     if not lags:
         return {"n": 0, "errors": errors, "p50_ms": None, "p99_ms": None}
-    return {"n": len(lags), "errors": errors, "p50_ms": round(statistics.median(lags), 4),
-            "p99_ms": round(_pct(lags, 99), 4), "max_ms": round(max(lags), 4),
-            "min_ms": round(min(lags), 4)}  # fmt: skip
+    return {
+        "n": len(lags),
+        "errors": errors,
+        "p50_ms": round(statistics.median(lags), 4),
+        "p99_ms": round(_pct(lags, 99), 4),
+        "max_ms": round(max(lags), 4),
+        "min_ms": round(min(lags), 4),
+    }
 
 
 # --- GuideLLM ---------------------------------------------------------------
@@ -173,8 +194,11 @@ PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>").save_pr
 
 
 def _tail(proc: subprocess.CompletedProcess[str] | subprocess.CalledProcessError) -> str:
-    lines = [ln for ln in ((proc.stderr or "") + (proc.stdout or "")).splitlines()
-             if ln.strip() and not ln.startswith("WARNING: Location")]  # fmt: skip
+    lines = [
+        ln
+        for ln in ((proc.stderr or "") + (proc.stdout or "")).splitlines()
+        if ln.strip() and not ln.startswith("WARNING: Location")
+    ]
     return " | ".join(lines[-3:])
 
 
@@ -183,11 +207,12 @@ def ensure_guidellm() -> tuple[Path | None, str]:
     exe = PEER_VENV / "bin" / "guidellm"
     if exe.exists():
         return exe, ""
-    print(f"installing {GUIDELLM_PIN} into {PEER_VENV} (first run only; it pulls torch, minutes)",
-          flush=True)  # fmt: skip
+    print(f"installing {GUIDELLM_PIN} into {PEER_VENV} (first run only; it pulls torch, minutes)", flush=True)
     py = PEER_VENV / "bin" / "python"
-    steps = [[sys.executable, "-m", "venv", "--clear", str(PEER_VENV)],
-             [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", GUIDELLM_PIN]]
+    steps = [
+        [sys.executable, "-m", "venv", "--clear", str(PEER_VENV)],
+        [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", GUIDELLM_PIN],
+    ]
     for cmd in steps:
         try:
             subprocess.run(cmd, capture_output=True, text=True, timeout=3600, check=True)
@@ -209,15 +234,21 @@ def _local_processor() -> tuple[Path | None, str]:
     if (_TOKENIZER_DIR / "tokenizer.json").exists():
         return _TOKENIZER_DIR, ""
     # A small byte-level BPE, trained here with the peer venv's own tokenizers/transformers.
-    proc = subprocess.run([str(PEER_VENV / "bin" / "python"), "-c", _BUILD_TOKENIZER, str(_TOKENIZER_DIR)],
-                          capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+    proc = subprocess.run(
+        [str(PEER_VENV / "bin" / "python"), "-c", _BUILD_TOKENIZER, str(_TOKENIZER_DIR)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     if proc.returncode != 0 or not (_TOKENIZER_DIR / "tokenizer.json").exists():
         return None, f"no local tokenizer for guidellm and building one failed: {_tail(proc)}"
     return _TOKENIZER_DIR, ""
 
 
-def measure_guidellm(url: str, concurrency: int, requests: int, work: Path
-                     ) -> tuple[dict[str, Any] | None, str]:  # fmt: skip
+def measure_guidellm(
+    url: str, concurrency: int, requests: int, work: Path
+) -> tuple[dict[str, Any] | None, str]:
     """GuideLLM's concurrent profile against the same server; lags matched by response id."""
     exe, why = ensure_guidellm()
     if exe is None:
@@ -231,16 +262,27 @@ def measure_guidellm(url: str, concurrency: int, requests: int, work: Path
         link.symlink_to(processor)
     out = work / f"guidellm-{concurrency}.json"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    cmd = [str(exe), "run",
-           "--backend", f"kind=openai_http,target={url},model=sim-27b,request_format=/v1/completions",
-           "--profile", f"kind=concurrent,streams={concurrency}",
-           "--constraint", f"kind=max_requests,count={requests}",
-           "--tokenizer", "kind=hf_auto",
-           "--data", f"kind=synthetic_text,prompt_tokens=100,output_tokens={OUTPUT_TOKENS}",
-           "--output", f"kind=json,path={out}", "--disable-progress"]  # fmt: skip
+    cmd = [
+        str(exe),
+        "run",
+        "--backend",
+        f"kind=openai_http,target={url},model=sim-27b,request_format=/v1/completions",
+        "--profile",
+        f"kind=concurrent,streams={concurrency}",
+        "--constraint",
+        f"kind=max_requests,count={requests}",
+        "--tokenizer",
+        "kind=hf_auto",
+        "--data",
+        f"kind=synthetic_text,prompt_tokens=100,output_tokens={OUTPUT_TOKENS}",
+        "--output",
+        f"kind=json,path={out}",
+        "--disable-progress",
+    ]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env,
-                              cwd=work, check=False)  # fmt: skip
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=900, env=env, cwd=work, check=False
+        )
     except subprocess.TimeoutExpired:
         return None, "guidellm timed out"
     if proc.returncode != 0 or not out.exists():
@@ -272,15 +314,23 @@ def _match_guidellm(report: Any, url: str) -> dict[str, Any]:
 def main() -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks ttft", description=__doc__.split("\n")[0])
     ap.add_argument("--requests", type=int, default=640, help="measured requests per level")
-    ap.add_argument("--time-scale", type=float, default=1.0,
-                    help="sim time scale (1.0: 15 ms prefill overhead, 20 ms per output token)")
+    ap.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="sim time scale (1.0: 15 ms prefill overhead, 20 ms per output token)",
+    )
     ap.add_argument("--skip-guidellm", action="store_true")
     args = ap.parse_args()
 
     proc, url = start_sim(args.time_scale)
-    result: dict[str, Any] = {"server": url, "time_scale": args.time_scale,
-                              "output_tokens": OUTPUT_TOKENS, "cpus": os.cpu_count(),
-                              "loadavg_start": [round(x, 2) for x in os.getloadavg()]}  # fmt: skip
+    result: dict[str, Any] = {
+        "server": url,
+        "time_scale": args.time_scale,
+        "output_tokens": OUTPUT_TOKENS,
+        "cpus": os.cpu_count(),
+        "loadavg_start": [round(x, 2) for x in os.getloadavg()],
+    }
     try:
         for level in LEVELS:
             n = max(args.requests, 4 * level) if level > 1 else max(200, args.requests // 2)

@@ -42,13 +42,21 @@ def main() -> None:
         native = _rate(ledger, args.events, "native")
         python = _rate(ledger, args.events, "python")
         print(f"verify, native: {native:>12,.0f} events/s ({workers} threads)")
-        print(f"verify, Python: {python:>12,.0f} events/s ({workers} processes); native/Python "
-              f"{native / python:.2f}; load {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
-        figures = {"benchmark": "verify", "events": args.events, "workers": workers,
-                   "events_per_s": round(native), "python_events_per_s": round(python),
-                   "ratio_native_to_python": round(native / python, 3),
-                   "goal_events_per_s": GOAL_EVENTS_PER_S, "goal_met": native >= GOAL_EVENTS_PER_S,
-                   "unix_time": int(time.time())}
+        print(
+            f"verify, Python: {python:>12,.0f} events/s ({workers} processes); native/Python "
+            f"{native / python:.2f}; load {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+        )
+        figures = {
+            "benchmark": "verify",
+            "events": args.events,
+            "workers": workers,
+            "events_per_s": round(native),
+            "python_events_per_s": round(python),
+            "ratio_native_to_python": round(native / python, 3),
+            "goal_events_per_s": GOAL_EVENTS_PER_S,
+            "goal_met": native >= GOAL_EVENTS_PER_S,
+            "unix_time": int(time.time()),
+        }
         if args.single:
             one = _rate(ledger, args.events, "native", workers=1)
             print(f"verify, native, one thread: {one:>12,.0f} events/s")

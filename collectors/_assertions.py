@@ -79,11 +79,19 @@ def assertion_event(
     **extra: Any,
 ) -> bool:
     """Emit one ``assertion.evaluated``; returns ``passed``."""
-    sink.emit("assertion.evaluated", {
-        "request_id": request_id, "check": check, "expected": expected, "observed": observed,
-        "passed": bool(passed), "independent": bool(independent), "config_sha256": config_sha256,
-        **extra,
-    })  # fmt: skip
+    sink.emit(
+        "assertion.evaluated",
+        {
+            "request_id": request_id,
+            "check": check,
+            "expected": expected,
+            "observed": observed,
+            "passed": bool(passed),
+            "independent": bool(independent),
+            "config_sha256": config_sha256,
+            **extra,
+        },
+    )
     return bool(passed)
 
 
@@ -114,9 +122,13 @@ def _same(expected: Any, observed: Any) -> bool:
 
 
 def check_exact_values(
-    sink: EventSink, outcome: Outcome, expected: Mapping[str, Any], *,
-    independent: bool, config_sha256: str | None,
-) -> bool:  # fmt: skip
+    sink: EventSink,
+    outcome: Outcome,
+    expected: Mapping[str, Any],
+    *,
+    independent: bool,
+    config_sha256: str | None,
+) -> bool:
     """Every expected name answered with exactly its value."""
     answer = extract_json_object(outcome.text) if outcome.ok else None
     if answer is None:
@@ -127,34 +139,68 @@ def check_exact_values(
         observed = {k: answer.get(k) for k in expected}
         mismatched = [k for k, v in expected.items() if k not in answer or not _same(v, answer[k])]
         passed = not mismatched
-    return assertion_event(sink, outcome.request_id, "exact_values", dict(expected), observed, passed,
-                           independent, config_sha256, mismatched=mismatched,
-                           parsed=answer is not None, response_error=outcome.error)  # fmt: skip
+    return assertion_event(
+        sink,
+        outcome.request_id,
+        "exact_values",
+        dict(expected),
+        observed,
+        passed,
+        independent,
+        config_sha256,
+        mismatched=mismatched,
+        parsed=answer is not None,
+        response_error=outcome.error,
+    )
 
 
 def check_output_length(
-    sink: EventSink, outcome: Outcome, max_tokens: int, *,
-    independent: bool = True, config_sha256: str | None,
-) -> bool:  # fmt: skip
+    sink: EventSink,
+    outcome: Outcome,
+    max_tokens: int,
+    *,
+    independent: bool = True,
+    config_sha256: str | None,
+) -> bool:
     """Forced-length generation produced exactly ``max_tokens`` tokens."""
     passed = outcome.output_tokens == max_tokens
-    return assertion_event(sink, outcome.request_id, "output_length", max_tokens, outcome.output_tokens,
-                           passed, independent, config_sha256,
-                           finish_reason=outcome.finish_reason)  # fmt: skip
+    return assertion_event(
+        sink,
+        outcome.request_id,
+        "output_length",
+        max_tokens,
+        outcome.output_tokens,
+        passed,
+        independent,
+        config_sha256,
+        finish_reason=outcome.finish_reason,
+    )
 
 
 def check_zero_hits(
-    sink: EventSink, request_id: str, delta: HitDelta, *, cached_tokens: int | None = None,
-    independent: bool = True, config_sha256: str | None,
-) -> bool:  # fmt: skip
+    sink: EventSink,
+    request_id: str,
+    delta: HitDelta,
+    *,
+    cached_tokens: int | None = None,
+    independent: bool = True,
+    config_sha256: str | None,
+) -> bool:
     """A cold request hit nothing: local 0, external 0 (and cached_tokens 0 when reported)."""
-    observed = {"local_hit_tokens": delta.local_hit_tokens,
-                "external_hit_tokens": delta.external_hit_tokens, "cached_tokens": cached_tokens}
-    passed = (delta.local_hit_tokens == 0 and delta.external_hit_tokens == 0
-              and (cached_tokens is None or cached_tokens == 0))  # fmt: skip
+    observed = {
+        "local_hit_tokens": delta.local_hit_tokens,
+        "external_hit_tokens": delta.external_hit_tokens,
+        "cached_tokens": cached_tokens,
+    }
+    passed = (
+        delta.local_hit_tokens == 0
+        and delta.external_hit_tokens == 0
+        and (cached_tokens is None or cached_tokens == 0)
+    )
     expected = {"local_hit_tokens": 0, "external_hit_tokens": 0, "cached_tokens": 0}
-    return assertion_event(sink, request_id, "zero_hits", expected, observed, passed, independent,
-                           config_sha256)  # fmt: skip
+    return assertion_event(
+        sink, request_id, "zero_hits", expected, observed, passed, independent, config_sha256
+    )
 
 
 def shareable_prefix(prompt_tokens: int, chunk_size: int) -> int:
@@ -165,9 +211,15 @@ def shareable_prefix(prompt_tokens: int, chunk_size: int) -> int:
 
 
 def check_full_prefix_hit(
-    sink: EventSink, request_id: str, delta: HitDelta, prompt_tokens: int | None, chunk_size: int, *,
-    independent: bool = True, config_sha256: str | None,
-) -> bool:  # fmt: skip
+    sink: EventSink,
+    request_id: str,
+    delta: HitDelta,
+    prompt_tokens: int | None,
+    chunk_size: int,
+    *,
+    independent: bool = True,
+    config_sha256: str | None,
+) -> bool:
     """ON cross-replica: external (+ already-local) hits cover the whole shareable prefix."""
     shareable = shareable_prefix(prompt_tokens, chunk_size) if prompt_tokens is not None else None
     ext, local = delta.external_hit_tokens, delta.local_hit_tokens
@@ -175,56 +227,125 @@ def check_full_prefix_hit(
         passed = False
     else:
         passed = local + ext >= shareable and (ext > 0 or local >= shareable)
-    return assertion_event(sink, request_id, "full_prefix_hit", shareable, ext, passed, independent,
-                           config_sha256, local_hit_tokens=local, prompt_tokens=prompt_tokens,
-                           chunk_size=chunk_size)  # fmt: skip
+    return assertion_event(
+        sink,
+        request_id,
+        "full_prefix_hit",
+        shareable,
+        ext,
+        passed,
+        independent,
+        config_sha256,
+        local_hit_tokens=local,
+        prompt_tokens=prompt_tokens,
+        chunk_size=chunk_size,
+    )
 
 
 def check_matches_cold_reference(
-    sink: EventSink, outcome: Outcome, reference: Outcome, *,
-    independent: bool = True, config_sha256: str | None,
-) -> bool:  # fmt: skip
+    sink: EventSink,
+    outcome: Outcome,
+    reference: Outcome,
+    *,
+    independent: bool = True,
+    config_sha256: str | None,
+) -> bool:
     """Same text as the same payload computed cold (a fresh ``cache_salt``)."""
-    passed = (outcome.ok and reference.ok and outcome.text_sha256 is not None
-              and outcome.text_sha256 == reference.text_sha256)  # fmt: skip
-    return assertion_event(sink, outcome.request_id, "matches_cold_reference", reference.text_sha256,
-                           outcome.text_sha256, passed, independent, config_sha256,
-                           reference_request_id=reference.request_id)  # fmt: skip
+    passed = (
+        outcome.ok
+        and reference.ok
+        and outcome.text_sha256 is not None
+        and outcome.text_sha256 == reference.text_sha256
+    )
+    return assertion_event(
+        sink,
+        outcome.request_id,
+        "matches_cold_reference",
+        reference.text_sha256,
+        outcome.text_sha256,
+        passed,
+        independent,
+        config_sha256,
+        reference_request_id=reference.request_id,
+    )
 
 
 def check_no_external_hits_off(
-    sink: EventSink, delta: HitDelta, *, request_id: str | None = None, window: str | None = None,
-    replica: int | str | None = None, independent: bool = True, config_sha256: str | None,
-) -> bool:  # fmt: skip
+    sink: EventSink,
+    delta: HitDelta,
+    *,
+    request_id: str | None = None,
+    window: str | None = None,
+    replica: int | str | None = None,
+    independent: bool = True,
+    config_sha256: str | None,
+) -> bool:
     """An OFF-arm request or window loaded nothing through the connector."""
     passed = delta.external_hit_tokens == 0
-    return assertion_event(sink, request_id, "no_external_hits_off", 0, delta.external_hit_tokens,
-                           passed, independent, config_sha256, window=window,
-                           replica=replica)  # fmt: skip
+    return assertion_event(
+        sink,
+        request_id,
+        "no_external_hits_off",
+        0,
+        delta.external_hit_tokens,
+        passed,
+        independent,
+        config_sha256,
+        window=window,
+        replica=replica,
+    )
 
 
 def check_stream_complete(
-    sink: EventSink, outcome: Outcome, *, independent: bool = True, config_sha256: str | None,
-) -> bool:  # fmt: skip
+    sink: EventSink,
+    outcome: Outcome,
+    *,
+    independent: bool = True,
+    config_sha256: str | None,
+) -> bool:
     """HTTP 200 and a complete stream ([DONE], usage when asked, no bad chunk)."""
-    return assertion_event(sink, outcome.request_id, "stream_complete",
-                           {"status": 200, "error": None},
-                           {"status": outcome.status, "error": outcome.error}, outcome.ok,
-                           independent, config_sha256)  # fmt: skip
+    return assertion_event(
+        sink,
+        outcome.request_id,
+        "stream_complete",
+        {"status": 200, "error": None},
+        {"status": outcome.status, "error": outcome.error},
+        outcome.ok,
+        independent,
+        config_sha256,
+    )
 
 
 def check_counters_match(
-    sink: EventSink, request_id: str, delta: HitDelta, prompt_tokens: int | None,
-    cached_tokens: int | None = None, *, independent: bool = True, config_sha256: str | None,
-) -> bool:  # fmt: skip
+    sink: EventSink,
+    request_id: str,
+    delta: HitDelta,
+    prompt_tokens: int | None,
+    cached_tokens: int | None = None,
+    *,
+    independent: bool = True,
+    config_sha256: str | None,
+) -> bool:
     """The window's counter increments agree with what the response itself reports."""
     # Without a connector the external counters may be absent: they count as 0.
     local, ext = delta.local_hit_tokens, delta.external_hit_tokens
     hits = None if local is None else local + (ext or 0)
     expected = {"prefix_queries": prompt_tokens, "hit_tokens": cached_tokens}
     observed = {"prefix_queries": delta.prefix_queries, "hit_tokens": hits}
-    passed = (prompt_tokens is not None and delta.prefix_queries == prompt_tokens
-              and (cached_tokens is None or hits == cached_tokens)
-              and not delta.counter_reset)  # fmt: skip
-    return assertion_event(sink, request_id, "counters_match", expected, observed, passed,
-                           independent, config_sha256, counter_reset=delta.counter_reset)  # fmt: skip
+    passed = (
+        prompt_tokens is not None
+        and delta.prefix_queries == prompt_tokens
+        and (cached_tokens is None or hits == cached_tokens)
+        and not delta.counter_reset
+    )
+    return assertion_event(
+        sink,
+        request_id,
+        "counters_match",
+        expected,
+        observed,
+        passed,
+        independent,
+        config_sha256,
+        counter_reset=delta.counter_reset,
+    )

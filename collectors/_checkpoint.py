@@ -108,19 +108,30 @@ def _audit_file(root: Path, path: Path, expected: dict[str, Reference]) -> FileA
     before = _identity(path)
     sha, sha1 = _digests(path, kind == GIT_SHA1)
     after = _identity(path)
-    return FileAudit(name, after[0], sha, want if kind == SHA256 else None, before == after,
-                     sha1, want if kind == GIT_SHA1 else None)  # fmt: skip
+    return FileAudit(
+        name,
+        after[0],
+        sha,
+        want if kind == SHA256 else None,
+        before == after,
+        sha1,
+        want if kind == GIT_SHA1 else None,
+    )
 
 
 def checkpoint_files(root: Path) -> list[Path]:
     """Regular files under ``root`` (links resolved), hidden entries skipped, sorted."""
-    files = [p for p in root.rglob("*") if p.is_file() and not any(
-        part.startswith(".") for part in p.relative_to(root).parts)]
+    files = [
+        p
+        for p in root.rglob("*")
+        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts)
+    ]
     return sorted(files)
 
 
-def hash_files(root: Path, files: Iterable[Path], expected: dict[str, Reference],
-               workers: int | None = None) -> list[FileAudit]:
+def hash_files(
+    root: Path, files: Iterable[Path], expected: dict[str, Reference], workers: int | None = None
+) -> list[FileAudit]:
     """Audit ``files`` in parallel; results in the order given."""
     items = list(files)
     count = workers or min(len(items), os.cpu_count() or 1) or 1
@@ -152,8 +163,11 @@ def manifest_hashes(manifest: Path) -> dict[str, str]:
     if text.lstrip().startswith("{"):
         data = json.loads(text)
         files = data.get("files", data)
-        pairs = [(f.get("name"), f.get("sha256")) for f in files] if isinstance(files, list) \
-            else list(files.items())  # fmt: skip
+        pairs = (
+            [(f.get("name"), f.get("sha256")) for f in files]
+            if isinstance(files, list)
+            else list(files.items())
+        )
         for name, sha in pairs:
             if not isinstance(name, str) or not isinstance(sha, str) or not _hex(sha.lower(), 64):
                 raise ValueError(f"{manifest}: entry {name!r} has no SHA-256 (64 hex digits): {sha!r}")
@@ -228,18 +242,27 @@ class CheckpointAudit:
     missing: list[str]
 
     def data(self) -> dict[str, object]:
-        return {"path": self.path, "revision": self.revision, "matched": self.matched,
-                "stable": self.stable, "reference": self.reference,
-                "total_bytes": sum(f.bytes for f in self.files),
-                "files": [asdict(f) for f in self.files], "missing": self.missing}  # fmt: skip
+        return {
+            "path": self.path,
+            "revision": self.revision,
+            "matched": self.matched,
+            "stable": self.stable,
+            "reference": self.reference,
+            "total_bytes": sum(f.bytes for f in self.files),
+            "files": [asdict(f) for f in self.files],
+            "missing": self.missing,
+        }
 
     @property
     def problems(self) -> list[str]:
         """What keeps the checkpoint from being verified, one phrase each (empty: verified)."""
         if self.reference is None or self.matched is None:
             return ["no reference to check against; " + MANIFEST_HELP]
-        out = [f"{f.name}: {'SHA-256' if f.expected_sha256 else 'git blob SHA-1'} differs"
-               for f in self.files if f.referenced and not f.agrees]  # fmt: skip
+        out = [
+            f"{f.name}: {'SHA-256' if f.expected_sha256 else 'git blob SHA-1'} differs"
+            for f in self.files
+            if f.referenced and not f.agrees
+        ]
         out += [f"{f.name}: not in the reference" for f in self.files if not f.referenced]
         out += [f"{name}: missing" for name in self.missing]
         if not self.stable:
@@ -254,8 +277,12 @@ def _match(files: list[FileAudit], missing: list[str]) -> bool | None:
     return not missing and all(f.referenced and f.agrees for f in files)
 
 
-def audit_checkpoint(directory: str | Path, revision: str | None = None,
-                     manifest: str | Path | None = None, workers: int | None = None) -> CheckpointAudit:
+def audit_checkpoint(
+    directory: str | Path,
+    revision: str | None = None,
+    manifest: str | Path | None = None,
+    workers: int | None = None,
+) -> CheckpointAudit:
     """Hash every file of a checkpoint and compare with the manifest or HF snapshot.
 
     Without either the audit is recorded unverified (``matched`` None, ``reference`` None).
@@ -276,8 +303,15 @@ def audit_checkpoint(directory: str | Path, revision: str | None = None,
     files = hash_files(root, paths, expected, workers)
     present = {f.name for f in files}
     missing = sorted(n for n in expected if n not in present)
-    return CheckpointAudit(str(root.resolve()), revision, files, _match(files, missing),
-                           all(f.stable for f in files), reference, missing)  # fmt: skip
+    return CheckpointAudit(
+        str(root.resolve()),
+        revision,
+        files,
+        _match(files, missing),
+        all(f.stable for f in files),
+        reference,
+        missing,
+    )
 
 
 def manifest_for(directory: str | Path, workers: int | None = None) -> dict[str, str]:

@@ -179,8 +179,24 @@ def _margins(obj: Any) -> list[float]:
 class _Stream:
     """Incremental SSE parser state for one response (kept small: it is per chunk)."""
 
-    __slots__ = ("buf", "done", "error", "finish", "first", "first_method", "first_read_wall", "first_wall",
-                 "last", "margin", "method", "n_content", "pieces", "read_wall", "usage", "wall")  # fmt: skip
+    __slots__ = (
+        "buf",
+        "done",
+        "error",
+        "finish",
+        "first",
+        "first_method",
+        "first_read_wall",
+        "first_wall",
+        "last",
+        "margin",
+        "method",
+        "n_content",
+        "pieces",
+        "read_wall",
+        "usage",
+        "wall",
+    )
 
     def __init__(self, method: str) -> None:
         self.buf = b""
@@ -295,8 +311,15 @@ def _transport_error(ex: _Exchange, kind: str, detail: str) -> None:
         ex.error = f"connection error: {reason}"
 
 
-async def _via_httpx(client: httpx.AsyncClient, url: str, payload: bytes, headers: dict[str, str],
-                     st: _Stream, ex: _Exchange, timeout_s: float) -> None:  # fmt: skip
+async def _via_httpx(
+    client: httpx.AsyncClient,
+    url: str,
+    payload: bytes,
+    headers: dict[str, str],
+    st: _Stream,
+    ex: _Exchange,
+    timeout_s: float,
+) -> None:
     request = client.build_request("POST", url, content=payload, headers=headers, timeout=timeout_s)
     try:
         resp = await client.send(request, stream=True)
@@ -327,8 +350,15 @@ async def _via_httpx(client: httpx.AsyncClient, url: str, payload: bytes, header
         await resp.aclose()
 
 
-async def _via_raw(pool: _http.Pool, url: str, payload: bytes, headers: dict[str, str],
-                   st: _Stream, ex: _Exchange, stamps: bool) -> None:  # fmt: skip
+async def _via_raw(
+    pool: _http.Pool,
+    url: str,
+    payload: bytes,
+    headers: dict[str, str],
+    st: _Stream,
+    ex: _Exchange,
+    stamps: bool,
+) -> None:
     """The same exchange on the raw transport: SSE parsed inside ``data_received``."""
     error_body = bytearray()
     last = [0.0]
@@ -346,9 +376,15 @@ async def _via_raw(pool: _http.Pool, url: str, payload: bytes, headers: dict[str
         return st.error is not None
 
     try:
-        resp = await pool.request("POST", url, {**headers, "accept-encoding": "identity"}, payload, body,
-                                  on_head=lambda r: setattr(ex, "status", r.status),
-                                  stamps=stamps)  # fmt: skip
+        resp = await pool.request(
+            "POST",
+            url,
+            {**headers, "accept-encoding": "identity"},
+            payload,
+            body,
+            on_head=lambda r: setattr(ex, "status", r.status),
+            stamps=stamps,
+        )
     except _http.HTTPError as exc:
         ex.status = exc.status
         if exc.status is not None and exc.status != 200:
@@ -387,8 +423,12 @@ async def send_request(
         raise ValueError(f"unknown TTFT method {method!r}; one of {', '.join(TTFT_METHODS)}")
     payload, digest = payload_digest(spec.body)
     wants_usage = bool((spec.body.get("stream_options") or {}).get("include_usage"))
-    sent = {**spec.meta, "request_id": spec.request_id, "payload_sha256": digest,
-            "params": request_params(spec.body)}  # fmt: skip
+    sent = {
+        **spec.meta,
+        "request_id": spec.request_id,
+        "payload_sha256": digest,
+        "params": request_params(spec.body),
+    }
     url = spec.base_url.rstrip("/") + spec.path
     headers = {**_HEADERS, "x-request-id": spec.request_id}
     pool = None if method == "httpx-read" else _http.pool_for(client, max_connections)
@@ -411,8 +451,16 @@ async def send_request(
     return _finish(spec, sink, st, ex, wants_usage, t0, t_end, sent_wall)
 
 
-def _finish(spec: RequestSpec, sink: EventSink, st: _Stream, ex: _Exchange, wants_usage: bool,
-            t0: float, t_end: float, sent_wall: int) -> Outcome:  # fmt: skip
+def _finish(
+    spec: RequestSpec,
+    sink: EventSink,
+    st: _Stream,
+    ex: _Exchange,
+    wants_usage: bool,
+    t0: float,
+    t_end: float,
+    sent_wall: int,
+) -> Outcome:
     """Judge the stream, build the outcome and emit ``response.received``."""
     status, error = ex.status, ex.error
     if error is None and status == 200:
@@ -434,14 +482,29 @@ def _finish(spec: RequestSpec, sink: EventSink, st: _Stream, ex: _Exchange, want
     t_first = None if st.first is None else st.first - t0
     t_last = None if st.last is None else st.last - t0
     outcome = Outcome(
-        request_id=spec.request_id, status=status, text=text, ttft_s=t_first, t_first=t_first,
-        t_last=t_last, e2e_s=t_end - t0, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
-        cached_tokens=cached_tokens, finish_reason=st.finish, error=error,
-        ok=status == 200 and error is None, decode_rate=_decode_rate(output_tokens, t_first, t_last),
-        text_sha256=text_sha, usage=st.usage, content_chunks=st.n_content, sent_wall_ns=sent_wall,
-        first_wall_ns=st.first_wall, first_read_wall_ns=st.first_read_wall, ttft_method=st.first_method,
+        request_id=spec.request_id,
+        status=status,
+        text=text,
+        ttft_s=t_first,
+        t_first=t_first,
+        t_last=t_last,
+        e2e_s=t_end - t0,
+        prompt_tokens=prompt_tokens,
+        output_tokens=output_tokens,
+        cached_tokens=cached_tokens,
+        finish_reason=st.finish,
+        error=error,
+        ok=status == 200 and error is None,
+        decode_rate=_decode_rate(output_tokens, t_first, t_last),
+        text_sha256=text_sha,
+        usage=st.usage,
+        content_chunks=st.n_content,
+        sent_wall_ns=sent_wall,
+        first_wall_ns=st.first_wall,
+        first_read_wall_ns=st.first_read_wall,
+        ttft_method=st.first_method,
         min_logprob_margin=st.margin,
-    )  # fmt: skip
+    )
     sink.emit("response.received", response_data(outcome))
     return outcome
 
@@ -450,14 +513,24 @@ def response_data(outcome: Outcome) -> dict[str, Any]:
     """The ``response.received`` data of an outcome (the text itself is never stored);
     ``min_logprob_margin`` only when the request asked for top logprobs."""
     data = {
-        "request_id": outcome.request_id, "status": outcome.status, "ttft_s": outcome.ttft_s,
-        "t_first": outcome.t_first, "t_last": outcome.t_last, "e2e_s": outcome.e2e_s,
-        "prompt_tokens": outcome.prompt_tokens, "output_tokens": outcome.output_tokens,
-        "cached_tokens": outcome.cached_tokens, "decode_rate": outcome.decode_rate,
-        "text_sha256": outcome.text_sha256, "finish_reason": outcome.finish_reason,
-        "error": outcome.error, "output_text_prefix": outcome.text[:_TEXT_PREFIX],
-        "content_chunks": outcome.content_chunks, "ok": outcome.ok, "ttft_method": outcome.ttft_method,
-    }  # fmt: skip
+        "request_id": outcome.request_id,
+        "status": outcome.status,
+        "ttft_s": outcome.ttft_s,
+        "t_first": outcome.t_first,
+        "t_last": outcome.t_last,
+        "e2e_s": outcome.e2e_s,
+        "prompt_tokens": outcome.prompt_tokens,
+        "output_tokens": outcome.output_tokens,
+        "cached_tokens": outcome.cached_tokens,
+        "decode_rate": outcome.decode_rate,
+        "text_sha256": outcome.text_sha256,
+        "finish_reason": outcome.finish_reason,
+        "error": outcome.error,
+        "output_text_prefix": outcome.text[:_TEXT_PREFIX],
+        "content_chunks": outcome.content_chunks,
+        "ok": outcome.ok,
+        "ttft_method": outcome.ttft_method,
+    }
     if outcome.min_logprob_margin is not None:
         data["min_logprob_margin"] = outcome.min_logprob_margin
     return data

@@ -61,9 +61,15 @@ def gpu_inventory() -> list[dict[str, Any]]:
         for i in range(nv.nvmlDeviceGetCount()):
             h = nv.nvmlDeviceGetHandleByIndex(i)
             mem = nv.nvmlDeviceGetMemoryInfo(h)
-            gpus.append({"index": i, "name": _text(nv.nvmlDeviceGetName(h)),
-                         "uuid": _text(nv.nvmlDeviceGetUUID(h)), "driver": driver,
-                         "memory_bytes": int(mem.total)})  # fmt: skip
+            gpus.append(
+                {
+                    "index": i,
+                    "name": _text(nv.nvmlDeviceGetName(h)),
+                    "uuid": _text(nv.nvmlDeviceGetUUID(h)),
+                    "driver": driver,
+                    "memory_bytes": int(mem.total),
+                }
+            )
         return gpus
     except Exception:
         return []
@@ -150,8 +156,9 @@ def _os_release() -> str | None:
 
 def _git(path: Path, *args: str) -> str | None:
     try:
-        out = subprocess.run(["git", "-C", str(path), *args], capture_output=True, text=True,
-                             timeout=10, check=False)  # fmt: skip
+        out = subprocess.run(
+            ["git", "-C", str(path), *args], capture_output=True, text=True, timeout=10, check=False
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() if out.returncode == 0 else None
@@ -274,8 +281,13 @@ class GpuSampler:
         out = []
         for i, rows in self.samples.items():
             utils = [u for _, u, _ in rows]
-            out.append({"index": i, "samples": len(rows),
-                        "util_mean": sum(utils) / len(utils) if utils else None,
-                        "util_max": max(utils) if utils else None,
-                        "mem_used_max": max((m for _, _, m in rows), default=None)})  # fmt: skip
+            out.append(
+                {
+                    "index": i,
+                    "samples": len(rows),
+                    "util_mean": sum(utils) / len(utils) if utils else None,
+                    "util_max": max(utils) if utils else None,
+                    "mem_used_max": max((m for _, _, m in rows), default=None),
+                }
+            )
         return out

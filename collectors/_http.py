@@ -89,11 +89,29 @@ class WriteError(HTTPError):
 class Response:
     """One response's head and framing state, filled by the connection's ``data_received``."""
 
-    __slots__ = ("bytes_seen", "chunk_left", "close", "done", "framing", "head_done",
-                 "headers", "read_wall", "remaining", "sink", "stamped", "status", "use_stamps")  # fmt: skip
+    __slots__ = (
+        "bytes_seen",
+        "chunk_left",
+        "close",
+        "done",
+        "framing",
+        "head_done",
+        "headers",
+        "read_wall",
+        "remaining",
+        "sink",
+        "stamped",
+        "status",
+        "use_stamps",
+    )
 
-    def __init__(self, sink: BodySink, head_done: asyncio.Future[None],
-                 done: asyncio.Future[None], use_stamps: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        sink: BodySink,
+        head_done: asyncio.Future[None],
+        done: asyncio.Future[None],
+        use_stamps: bool = False,
+    ) -> None:
         self.sink = sink
         self.use_stamps = use_stamps
         """Date reads by the kernel's receive stamp where it gives one."""
@@ -282,7 +300,7 @@ class _Connection:
                 self.buf = b""
                 self._head(resp, data[:end])
                 _resolve(resp.head_done)
-                data = data[end + 4:]
+                data = data[end + 4 :]
                 if not data and resp.framing != "length":
                     return
             self._body(resp, data, now, wall)
@@ -356,7 +374,7 @@ class _Connection:
         while pos < n:
             left = resp.chunk_left
             if left > 0:
-                piece = data[pos:pos + left]
+                piece = data[pos : pos + left]
                 out.append(piece)
                 pos += len(piece)
                 resp.chunk_left = left - len(piece)
@@ -367,7 +385,7 @@ class _Connection:
                 if n - pos < 2:
                     self.buf = data[pos:]
                     break
-                if data[pos:pos + 2] != b"\r\n":
+                if data[pos : pos + 2] != b"\r\n":
                     raise RemoteProtocolError("chunk data not followed by CRLF")
                 pos += 2
                 resp.chunk_left = -1
@@ -509,9 +527,15 @@ class Pool:
         self.idle.clear()
 
     async def request(
-        self, method: str, url: str, headers: Mapping[str, str], body: bytes, sink: BodySink,
-        on_head: Callable[[Response], None] | None = None, stamps: bool = False,
-    ) -> Response:  # fmt: skip
+        self,
+        method: str,
+        url: str,
+        headers: Mapping[str, str],
+        body: bytes,
+        sink: BodySink,
+        on_head: Callable[[Response], None] | None = None,
+        stamps: bool = False,
+    ) -> Response:
         """Send one request and read the whole response through ``sink``.
 
         ``on_head`` is called once the status line and headers are in.

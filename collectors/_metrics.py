@@ -137,11 +137,18 @@ def record_scrape(
     error: str | None = None,
 ) -> None:
     """Emit ``metrics.scraped`` (non-finite values are stored as strings)."""
-    sink.emit("metrics.scraped", {
-        "replica": replica, "endpoint": endpoint, "phase": phase, "request_id": request_id,
-        "window": window, "samples": {k: _json_value(v) for k, v in samples.items()},
-        "error": error,
-    })  # fmt: skip
+    sink.emit(
+        "metrics.scraped",
+        {
+            "replica": replica,
+            "endpoint": endpoint,
+            "phase": phase,
+            "request_id": request_id,
+            "window": window,
+            "samples": {k: _json_value(v) for k, v in samples.items()},
+            "error": error,
+        },
+    )
 
 
 def _series(samples: Mapping[str, float], name: str) -> dict[str, float]:
@@ -206,12 +213,14 @@ def hits_between(
     """
     tb = before if tier_before is None else tier_before
     ta = after if tier_after is None else tier_after
-    names = {"prefix_queries": (PREFIX_QUERIES, before, after),
-             "local_hit_tokens": (PREFIX_HITS, before, after),
-             "external_queries": (EXTERNAL_QUERIES, before, after),
-             "external_hit_tokens": (EXTERNAL_HITS, before, after),
-             "lmcache_requested_tokens": (LMCACHE_REQUESTED, tb, ta),
-             "lmcache_hit_tokens": (LMCACHE_HIT, tb, ta)}  # fmt: skip
+    names = {
+        "prefix_queries": (PREFIX_QUERIES, before, after),
+        "local_hit_tokens": (PREFIX_HITS, before, after),
+        "external_queries": (EXTERNAL_QUERIES, before, after),
+        "external_hit_tokens": (EXTERNAL_HITS, before, after),
+        "lmcache_requested_tokens": (LMCACHE_REQUESTED, tb, ta),
+        "lmcache_hit_tokens": (LMCACHE_HIT, tb, ta),
+    }
     values: dict[str, int | None] = {}
     resets: list[str] = []
     for field_name, (metric, b, a) in names.items():
@@ -231,10 +240,16 @@ def record_hits(
     prompt_tokens: int | None = None,
 ) -> None:
     """Emit ``hits.observed`` for a single-request window or a concurrent window."""
-    sink.emit("hits.observed", {
-        "request_id": request_id, "window": window, "replica": replica,
-        "prompt_tokens": prompt_tokens, **delta.data(),
-    })  # fmt: skip
+    sink.emit(
+        "hits.observed",
+        {
+            "request_id": request_id,
+            "window": window,
+            "replica": replica,
+            "prompt_tokens": prompt_tokens,
+            **delta.data(),
+        },
+    )
 
 
 @dataclass
@@ -266,9 +281,14 @@ class Scraper:
         self.timeout_s = timeout_s
 
     async def scrape(
-        self, replica: int | str, base_url: str, phase: str, *,
-        request_id: str | None = None, window: str | None = None,
-    ) -> dict[str, float] | None:  # fmt: skip
+        self,
+        replica: int | str,
+        base_url: str,
+        phase: str,
+        *,
+        request_id: str | None = None,
+        window: str | None = None,
+    ) -> dict[str, float] | None:
         """One recorded scrape; None when it failed (the failure is recorded)."""
         try:
             samples = await scrape_metrics(self.client, base_url, self.timeout_s)
@@ -278,17 +298,19 @@ class Scraper:
         record_scrape(self.sink, replica, base_url, samples, phase, request_id, window)
         return samples
 
-    async def _tier(self, phase: str, request_id: str | None, window: str | None
-                    ) -> dict[str, float] | None:  # fmt: skip
+    async def _tier(self, phase: str, request_id: str | None, window: str | None) -> dict[str, float] | None:
         if self.tier_url is None:
             return None
         return await self.scrape("tier", self.tier_url, phase, request_id=request_id, window=window)
 
     @staticmethod
     def _delta(
-        b: dict[str, float] | None, a: dict[str, float] | None,
-        tb: dict[str, float] | None, ta: dict[str, float] | None, use_tier: bool,
-    ) -> HitDelta:  # fmt: skip
+        b: dict[str, float] | None,
+        a: dict[str, float] | None,
+        tb: dict[str, float] | None,
+        ta: dict[str, float] | None,
+        use_tier: bool,
+    ) -> HitDelta:
         if b is None or a is None:
             return HitDelta(None, None, None, None)
         if use_tier and (tb is None or ta is None):
@@ -319,9 +341,7 @@ class Scraper:
         return outcome, delta
 
     @asynccontextmanager
-    async def window(
-        self, replicas: Mapping[int | str, str], window: str
-    ) -> AsyncIterator[_Window]:
+    async def window(self, replicas: Mapping[int | str, str], window: str) -> AsyncIterator[_Window]:
         """Scrape every replica before and after the block; one ``hits.observed`` each.
 
         The per-replica deltas of a concurrent window are interpreted only as

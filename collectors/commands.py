@@ -33,15 +33,25 @@ def checkpoint_group() -> None:
 @checkpoint_group.command("audit")
 @click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--revision", default=None, help="The published revision these files should match.")
-@click.option("--manifest", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              default=None, help="Expected hashes: JSON {name: sha256} or sha256sum output.")
+@click.option(
+    "--manifest",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="Expected hashes: JSON {name: sha256} or sha256sum output.",
+)
 @click.option("--run", "run_id", default=None, help="Record the audit in this run.")
 @click.option("--workers", type=int, default=None, help="Files hashed at once (default: CPUs).")
 @json_option
 @db_option
-def checkpoint_audit_command(directory: Path, revision: str | None, manifest: Path | None,
-                             run_id: str | None, workers: int | None, as_json: bool,
-                             db_url: str) -> None:
+def checkpoint_audit_command(
+    directory: Path,
+    revision: str | None,
+    manifest: Path | None,
+    run_id: str | None,
+    workers: int | None,
+    as_json: bool,
+    db_url: str,
+) -> None:
     """Hash every file of a checkpoint (SHA-256) and record `checkpoint.audited`.
 
     Expected hashes come from --manifest (JSON {name: sha256}, as written by
@@ -73,8 +83,13 @@ def checkpoint_audit_command(directory: Path, revision: str | None, manifest: Pa
 
 @checkpoint_group.command("manifest")
 @click.argument("directory", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Write here instead of standard output.")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write here instead of standard output.",
+)
 @click.option("--workers", type=int, default=None, help="Files hashed at once (default: CPUs).")
 def checkpoint_manifest_command(directory: Path, output: Path | None, workers: int | None) -> None:
     """Print a checkpoint's manifest, JSON {file: sha256}, for later audits.

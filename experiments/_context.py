@@ -97,8 +97,7 @@ class Sink:
         self._buffer: list[NewEvent] = []
 
     def emit(self, kind: str, data: dict[str, Any]) -> None:
-        self._buffer.append(NewEvent(kind, data, run_id=self.run_id, block_id=self.block_id,
-                                     ts=utc_now()))  # fmt: skip
+        self._buffer.append(NewEvent(kind, data, run_id=self.run_id, block_id=self.block_id, ts=utc_now()))
         if len(self._buffer) >= self.max_buffer:
             self.flush()
 
@@ -161,16 +160,21 @@ def check_block_design(pairs: Any, order: Sequence[str] | None = None) -> None:
         raise ValueError(
             f"block_pairs must be even, got {pairs}: a balanced order mirrors every OFF–ON pair with an "
             "ON–OFF pair (OFF–ON–ON–OFF), so ON and OFF blocks have the same mean position and a drift "
-            "over the run cannot pass for an arm effect; with an odd count one pair stays unmirrored")
+            "over the run cannot pass for an arm effect; with an odd count one pair stays unmirrored"
+        )
     if order is None:
         return
     arms = list(order)
-    if len(arms) != 2 * pairs or any(sorted(arms[i:i + 2]) != ["OFF", "ON"] for i in range(0, len(arms), 2)):
+    if len(arms) != 2 * pairs or any(
+        sorted(arms[i : i + 2]) != ["OFF", "ON"] for i in range(0, len(arms), 2)
+    ):
         raise ValueError(f"order must list {pairs} block pairs, each one ON and one OFF, got {arms}")
     on = sum(i for i, arm in enumerate(arms) if arm == "ON")
     if 2 * on != sum(range(len(arms))):
-        raise ValueError(f"order {'–'.join(arms)} is unbalanced: ON and OFF blocks differ in mean position "
-                         "(as many pairs must run ON first as OFF first, e.g. OFF–ON–ON–OFF)")
+        raise ValueError(
+            f"order {'–'.join(arms)} is unbalanced: ON and OFF blocks differ in mean position "
+            "(as many pairs must run ON first as OFF first, e.g. OFF–ON–ON–OFF)"
+        )
 
 
 @dataclass(frozen=True)
@@ -188,9 +192,18 @@ class SessionPlan:
 class RunContext:
     """The ``ctx`` an experiment's ``run(ctx)`` receives (see experiments/README.md)."""
 
-    def __init__(self, *, ledger: Ledger, sink: Sink, target: Target, experiment: str,
-                 params: Mapping[str, Any], seed: int, counters: Counters,
-                 progress: Callable[[str, int], None] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        ledger: Ledger,
+        sink: Sink,
+        target: Target,
+        experiment: str,
+        params: Mapping[str, Any],
+        seed: int,
+        counters: Counters,
+        progress: Callable[[str, int], None] | None = None,
+    ) -> None:
         self.ledger = ledger
         self.sink = sink
         self.target = target
@@ -199,8 +212,9 @@ class RunContext:
         self.seed = seed
         self.counters = counters
         self.run_id = sink.run_id
-        self.client = httpx.AsyncClient(timeout=httpx.Timeout(_REQUEST_TIMEOUT_S),
-                                        limits=httpx.Limits(max_connections=_MAX_CONNECTIONS))  # fmt: skip
+        self.client = httpx.AsyncClient(
+            timeout=httpx.Timeout(_REQUEST_TIMEOUT_S), limits=httpx.Limits(max_connections=_MAX_CONNECTIONS)
+        )
         # How TTFT is dated: a run param, so run.started records the choice (each response, what was used).
         self.ttft_method = str(self.params.get("ttft_method") or DEFAULT_TTFT_METHOD)
         self.fixtures = FixtureFactory(self._tokenize)
@@ -211,8 +225,14 @@ class RunContext:
 
     async def send(self, spec: RequestSpec, sink: EventSink) -> Outcome:
         """One streamed request, its TTFT dated by the run's ``ttft_method``."""
-        return await send_request(self.client, spec, sink, _REQUEST_TIMEOUT_S, method=self.ttft_method,
-                                  max_connections=_MAX_CONNECTIONS)  # fmt: skip
+        return await send_request(
+            self.client,
+            spec,
+            sink,
+            _REQUEST_TIMEOUT_S,
+            method=self.ttft_method,
+            max_connections=_MAX_CONNECTIONS,
+        )
 
     # --- what the target says about itself ------------------------------------------
 
@@ -266,8 +286,12 @@ class RunContext:
     async def _tokenize(self, messages: Messages) -> int:
         if self._tokenize_url is None:
             raise TargetError("fixtures need a started deployment (inside ctx.run_blocks)")
-        body = {"model": self.target.model_name, "messages": messages,
-                "add_generation_prompt": True, "chat_template_kwargs": self.template_kwargs}  # fmt: skip
+        body = {
+            "model": self.target.model_name,
+            "messages": messages,
+            "add_generation_prompt": True,
+            "chat_template_kwargs": self.template_kwargs,
+        }
         resp = await self.client.post(self._tokenize_url + "/tokenize", json=body)
         resp.raise_for_status()
         # orjson: the body carries every token id (256k of them at the largest size).
@@ -292,15 +316,21 @@ class RunContext:
         """Canonical session history (expected JSON as the previous answers)."""
         return await self.fixtures.session(fixture, turns, growth)
 
-    def body(self, messages: Messages, namespace: str, *, max_tokens: int,
-             ignore_eos: bool = False) -> dict[str, Any]:  # fmt: skip
+    def body(
+        self, messages: Messages, namespace: str, *, max_tokens: int, ignore_eos: bool = False
+    ) -> dict[str, Any]:
         """The exact request body: nothing time-dependent or random, so replays match bytes."""
         body: dict[str, Any] = {
-            "model": self.target.model_name, "messages": messages, "max_tokens": max_tokens,
-            "temperature": self.params.get("temperature", 0), "seed": self.seed,
-            "stream": True, "stream_options": {"include_usage": True},
-            "cache_salt": namespace, "chat_template_kwargs": self.template_kwargs,
-        }  # fmt: skip
+            "model": self.target.model_name,
+            "messages": messages,
+            "max_tokens": max_tokens,
+            "temperature": self.params.get("temperature", 0),
+            "seed": self.seed,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "cache_salt": namespace,
+            "chat_template_kwargs": self.template_kwargs,
+        }
         if ignore_eos:
             body["ignore_eos"] = True
         top = int(self.params.get("top_logprobs") or 0)
@@ -311,15 +341,14 @@ class RunContext:
 
     # --- blocks ----------------------------------------------------------------
 
-    def block_plan(self, pairs: int, order: Sequence[str] | None = None,
-                   gpu_swap: bool = True) -> list[BlockSpec]:  # fmt: skip
+    def block_plan(
+        self, pairs: int, order: Sequence[str] | None = None, gpu_swap: bool = True
+    ) -> list[BlockSpec]:
         """Blocks for ``pairs`` ON/OFF pairs: balanced order unless given; odd pairs swap GPUs."""
         arms = tuple(order) if order else tuple(balanced_order(pairs))
-        return [BlockSpec(i, arm, i // 2, gpu_swap and (i // 2) % 2 == 1, arms)
-                for i, arm in enumerate(arms)]  # fmt: skip
+        return [BlockSpec(i, arm, i // 2, gpu_swap and (i // 2) % 2 == 1, arms) for i, arm in enumerate(arms)]
 
-    async def run_blocks(self, specs: Sequence[BlockSpec],
-                         body: Callable[[Block], Awaitable[None]]) -> None:  # fmt: skip
+    async def run_blocks(self, specs: Sequence[BlockSpec], body: Callable[[Block], Awaitable[None]]) -> None:
         """Run ``body`` in each block, in order, each on a freshly (re)started deployment.
 
         A block whose replica becomes unhealthy (:class:`BlockFailed`) or whose
@@ -340,11 +369,18 @@ class RunContext:
         self.sink.block_id = block_id
         gpus = spec.gpus(self._replica_count())
         head = {"index": spec.index, "arm": spec.arm, "pair": spec.pair}
-        self.sink.emit("block.started", {
-            **head, "status": "started", "order": list(spec.order), "gpu_swap": spec.gpu_swap,
-            "config_sha256": self.target.config_sha256(spec.arm), "gpus": gpus,
-            "restarted": self.restarts_blocks,
-        })  # fmt: skip
+        self.sink.emit(
+            "block.started",
+            {
+                **head,
+                "status": "started",
+                "order": list(spec.order),
+                "gpu_swap": spec.gpu_swap,
+                "config_sha256": self.target.config_sha256(spec.arm),
+                "gpus": gpus,
+                "restarted": self.restarts_blocks,
+            },
+        )
         status, error, unhealthy = "completed", None, None
         try:
             launch = await self.target.start(arm=spec.arm, gpus=gpus)
@@ -368,8 +404,14 @@ class RunContext:
         finally:
             await self._finish_block(head, status, error, block_id, unhealthy)
 
-    async def _finish_block(self, head: dict[str, Any], status: str, error: str | None,
-                            block_id: str, unhealthy: int | None = None) -> None:  # fmt: skip
+    async def _finish_block(
+        self,
+        head: dict[str, Any],
+        status: str,
+        error: str | None,
+        block_id: str,
+        unhealthy: int | None = None,
+    ) -> None:
         try:
             for record in await asyncio.shield(self.target.stop()):
                 self.sink.emit(record.kind, record.data)
@@ -378,12 +420,18 @@ class RunContext:
         if status != "completed":
             # Nothing of a failed or aborted block may reach a table: the whole block is
             # excluded (never single requests), and the exclusion says why.
-            self.sink.emit("exclusion.declared", {
-                "scope": "block", "target": block_id, "reason": f"block {status}: {error}",
-                "source": "runner",
-            })  # fmt: skip
-        self.sink.emit("block.finished", {**head, "status": status, "error": error,
-                                          "unhealthy_replica": unhealthy})  # fmt: skip
+            self.sink.emit(
+                "exclusion.declared",
+                {
+                    "scope": "block",
+                    "target": block_id,
+                    "reason": f"block {status}: {error}",
+                    "source": "runner",
+                },
+            )
+        self.sink.emit(
+            "block.finished", {**head, "status": status, "error": error, "unhealthy_replica": unhealthy}
+        )
         self.sink.flush()
         self.sink.block_id = None
         self._progress("block", 1)
@@ -438,10 +486,21 @@ class Block:
     # --- building blocks ---------------------------------------------------------
 
     def _spec(self, replica: Replica, body: dict[str, Any], meta: dict[str, Any]) -> RequestSpec:
-        full = {"replica": replica.index, "gpu": replica.gpu, "chain": None, "session": None,
-                "window": None, "turn": None, "placement": None, "warmup": False,
-                "nominal_tokens": None, "fixture_id": None, "prompt_tokens_expected": None,
-                "namespace": body["cache_salt"], **meta}  # fmt: skip
+        full = {
+            "replica": replica.index,
+            "gpu": replica.gpu,
+            "chain": None,
+            "session": None,
+            "window": None,
+            "turn": None,
+            "placement": None,
+            "warmup": False,
+            "nominal_tokens": None,
+            "fixture_id": None,
+            "prompt_tokens_expected": None,
+            "namespace": body["cache_salt"],
+            **meta,
+        }
         full["request_key"] = f"b{self.index}/{full.get('request_key', '')}"
         return RequestSpec(new_id(), replica.endpoint, _PATH, body, full)
 
@@ -474,12 +533,23 @@ class Block:
     # --- single-request windows -----------------------------------------------------
 
     async def request(
-        self, messages: Messages, *, replica: int, namespace: str, workload: str, step: str,
-        key: str, max_tokens: int | None = None, ignore_eos: bool = False,
-        expected: Mapping[str, Any] | None = None, independent: bool = True,
-        warmup: bool = False, fixture: Fixture | None = None, prompt_tokens: int | None = None,
+        self,
+        messages: Messages,
+        *,
+        replica: int,
+        namespace: str,
+        workload: str,
+        step: str,
+        key: str,
+        max_tokens: int | None = None,
+        ignore_eos: bool = False,
+        expected: Mapping[str, Any] | None = None,
+        independent: bool = True,
+        warmup: bool = False,
+        fixture: Fixture | None = None,
+        prompt_tokens: int | None = None,
         **meta: Any,
-    ) -> Result:  # fmt: skip
+    ) -> Result:
         """One request in its own metric window, checked (warmups are recorded, not checked).
 
         Checks: ``stream_complete``; ``exact_values`` when ``expected``;
@@ -490,12 +560,20 @@ class Block:
         limit = max_tokens or int(self.ctx.params.get("max_tokens", 64))
         rep = self.replica(replica)
         body = self.ctx.body(messages, namespace, max_tokens=limit, ignore_eos=ignore_eos)
-        spec = self._spec(rep, body, {
-            "workload": workload, "step": step, "warmup": warmup, "request_key": key,
-            "nominal_tokens": fixture.nominal_tokens if fixture else None,
-            "fixture_id": fixture.fixture_id if fixture else None,
-            "prompt_tokens_expected": prompt_tokens, **meta,
-        })  # fmt: skip
+        spec = self._spec(
+            rep,
+            body,
+            {
+                "workload": workload,
+                "step": step,
+                "warmup": warmup,
+                "request_key": key,
+                "nominal_tokens": fixture.nominal_tokens if fixture else None,
+                "fixture_id": fixture.fixture_id if fixture else None,
+                "prompt_tokens_expected": prompt_tokens,
+                **meta,
+            },
+        )
         rid = spec.request_id
         before = await self.scraper.scrape(rep.index, rep.endpoint, "before", request_id=rid)
         t0 = time.perf_counter()
@@ -513,26 +591,42 @@ class Block:
         await self._after(outcome, rep, warmup)
         return Result(outcome, delta, seconds)
 
-    def _checks(self, outcome: Outcome, delta: HitDelta, step: str, limit: int, ignore_eos: bool,
-                expected: Mapping[str, Any] | None, independent: bool) -> None:  # fmt: skip
+    def _checks(
+        self,
+        outcome: Outcome,
+        delta: HitDelta,
+        step: str,
+        limit: int,
+        ignore_eos: bool,
+        expected: Mapping[str, Any] | None,
+        independent: bool,
+    ) -> None:
         sink, cfg, rid = self.sink, self.config_sha256, outcome.request_id
         self.count_check(check_stream_complete(sink, outcome, config_sha256=cfg))
         if expected is not None:
-            self.count_check(check_exact_values(sink, outcome, expected, independent=independent,
-                                           config_sha256=cfg))  # fmt: skip
+            self.count_check(
+                check_exact_values(sink, outcome, expected, independent=independent, config_sha256=cfg)
+            )
         if ignore_eos:
             self.count_check(check_output_length(sink, outcome, limit, config_sha256=cfg))
         if step == "cold":
-            self.count_check(check_zero_hits(sink, rid, delta, cached_tokens=outcome.cached_tokens,
-                                        config_sha256=cfg))  # fmt: skip
+            self.count_check(
+                check_zero_hits(sink, rid, delta, cached_tokens=outcome.cached_tokens, config_sha256=cfg)
+            )
         if step == "cross" and self.arm == "ON":
-            self.count_check(check_full_prefix_hit(sink, rid, delta, outcome.prompt_tokens,
-                                              self.ctx.target.chunk_size, config_sha256=cfg))  # fmt: skip
+            self.count_check(
+                check_full_prefix_hit(
+                    sink, rid, delta, outcome.prompt_tokens, self.ctx.target.chunk_size, config_sha256=cfg
+                )
+            )
         if step == "cross" and self.arm == "OFF":
             self.count_check(check_no_external_hits_off(sink, delta, request_id=rid, config_sha256=cfg))
         if outcome.ok:
-            self.count_check(check_counters_match(sink, rid, delta, outcome.prompt_tokens,
-                                             outcome.cached_tokens, config_sha256=cfg))  # fmt: skip
+            self.count_check(
+                check_counters_match(
+                    sink, rid, delta, outcome.prompt_tokens, outcome.cached_tokens, config_sha256=cfg
+                )
+            )
 
     async def warmups(self, count: int, tokens: int) -> None:
         """``count`` warmups round-robin over every replica (each gets at least one).
@@ -546,37 +640,72 @@ class Block:
             key = self.ctx.fixture_key("warmup", i)
             ns = self.ctx.namespace("warmup", i)
             fx = await self.ctx.fixture(key, tokens, ns)
-            await self.request(fx.messages, replica=i % len(self.replicas), namespace=ns,
-                               workload="warmup", step="cold", key=f"warmup/{i}", warmup=True,
-                               fixture=fx, prompt_tokens=fx.prompt_tokens)  # fmt: skip
+            await self.request(
+                fx.messages,
+                replica=i % len(self.replicas),
+                namespace=ns,
+                workload="warmup",
+                step="cold",
+                key=f"warmup/{i}",
+                warmup=True,
+                fixture=fx,
+                prompt_tokens=fx.prompt_tokens,
+            )
         self.sink.flush()
 
-    async def session(self, history: SessionHistory, *, session: str, namespace: str,
-                      replicas: Sequence[int], placement: str, key: str,
-                      workload: str = "session") -> list[Result]:  # fmt: skip
+    async def session(
+        self,
+        history: SessionHistory,
+        *,
+        session: str,
+        namespace: str,
+        replicas: Sequence[int],
+        placement: str,
+        key: str,
+        workload: str = "session",
+    ) -> list[Result]:
         """A sequential session; each turn is a single-request window on ``replicas[t]``."""
         results: list[Result] = []
         fx = history.fixture
         for turn in history.turns:
-            results.append(await self.request(
-                turn.messages, replica=replicas[turn.index % len(replicas)], namespace=namespace,
-                workload=workload, step="turn", key=f"{key}/t{turn.index}", expected=fx.expected,
-                independent=turn.index == 0, fixture=fx, prompt_tokens=turn.prompt_tokens,
-                session=session, turn=turn.index, placement=placement,
-            ))  # fmt: skip
-        self.sink.emit("session.finished", {
-            "session": session, "placement": placement, "turns": len(results),
-            "wall_s": sum(r.seconds for r in results), "nominal_tokens": fx.nominal_tokens,
-            "replicas": [replicas[t % len(replicas)] for t in range(len(results))],
-            "requests": [r.outcome.request_id for r in results], "workload": workload,
-        })  # fmt: skip
+            results.append(
+                await self.request(
+                    turn.messages,
+                    replica=replicas[turn.index % len(replicas)],
+                    namespace=namespace,
+                    workload=workload,
+                    step="turn",
+                    key=f"{key}/t{turn.index}",
+                    expected=fx.expected,
+                    independent=turn.index == 0,
+                    fixture=fx,
+                    prompt_tokens=turn.prompt_tokens,
+                    session=session,
+                    turn=turn.index,
+                    placement=placement,
+                )
+            )
+        self.sink.emit(
+            "session.finished",
+            {
+                "session": session,
+                "placement": placement,
+                "turns": len(results),
+                "wall_s": sum(r.seconds for r in results),
+                "nominal_tokens": fx.nominal_tokens,
+                "replicas": [replicas[t % len(replicas)] for t in range(len(results))],
+                "requests": [r.outcome.request_id for r in results],
+                "workload": workload,
+            },
+        )
         self.sink.flush()
         return results
 
     # --- concurrent windows -------------------------------------------------------------
 
-    async def window(self, sessions: Sequence[SessionPlan], *, window: str, placement: str,
-                     workload: str = "concurrency") -> list[Outcome]:  # fmt: skip
+    async def window(
+        self, sessions: Sequence[SessionPlan], *, window: str, placement: str, workload: str = "concurrency"
+    ) -> list[Outcome]:
         """Sessions run concurrently (turns sequential within each); counters read per window."""
         urls: dict[int | str, str] = {r.index: r.endpoint for r in self.replicas}
         outcomes: list[Outcome] = []
@@ -584,8 +713,7 @@ class Block:
             t0 = time.perf_counter()
             try:
                 async with asyncio.TaskGroup() as group:
-                    tasks = [group.create_task(self._window_session(s, window, workload))
-                             for s in sessions]  # fmt: skip
+                    tasks = [group.create_task(self._window_session(s, window, workload)) for s in sessions]
             except BaseExceptionGroup as group_error:
                 raise _first(group_error) from None
             wall = time.perf_counter() - t0
@@ -593,15 +721,27 @@ class Block:
                 outcomes.extend(task.result())
         if self.arm == "OFF":
             for replica, delta in state.deltas.items():
-                self.count_check(check_no_external_hits_off(self.sink, delta, window=window, replica=replica,
-                                                       config_sha256=self.config_sha256))  # fmt: skip
+                self.count_check(
+                    check_no_external_hits_off(
+                        self.sink, delta, window=window, replica=replica, config_sha256=self.config_sha256
+                    )
+                )
         nominal = sessions[0].history.fixture.nominal_tokens if sessions else None
-        self.sink.emit("window.finished", {
-            "window": window, "placement": placement, "sessions": len(sessions),
-            "requests": len(outcomes), "output_tokens": sum(o.output_tokens or 0 for o in outcomes),
-            "wall_s": wall, "nominal_tokens": nominal, "replicas": sorted(urls), "workload": workload,
-            "failed_requests": sum(not o.ok for o in outcomes),
-        })  # fmt: skip
+        self.sink.emit(
+            "window.finished",
+            {
+                "window": window,
+                "placement": placement,
+                "sessions": len(sessions),
+                "requests": len(outcomes),
+                "output_tokens": sum(o.output_tokens or 0 for o in outcomes),
+                "wall_s": wall,
+                "nominal_tokens": nominal,
+                "replicas": sorted(urls),
+                "workload": workload,
+                "failed_requests": sum(not o.ok for o in outcomes),
+            },
+        )
         self.sink.flush()
         return outcomes
 
@@ -610,21 +750,34 @@ class Block:
         outcomes = []
         for turn in plan.history.turns:
             rep = self.replica(plan.replicas[turn.index % len(plan.replicas)])
-            body = self.ctx.body(turn.messages, plan.namespace,
-                                 max_tokens=int(self.ctx.params.get("max_tokens", 64)))  # fmt: skip
-            spec = self._spec(rep, body, {
-                "workload": workload, "step": "turn", "session": plan.session, "window": window,
-                "turn": turn.index, "placement": plan.placement, "request_key": f"{plan.key}/t{turn.index}",
-                "nominal_tokens": fx.nominal_tokens, "fixture_id": fx.fixture_id,
-                "prompt_tokens_expected": turn.prompt_tokens,
-            })  # fmt: skip
+            body = self.ctx.body(
+                turn.messages, plan.namespace, max_tokens=int(self.ctx.params.get("max_tokens", 64))
+            )
+            spec = self._spec(
+                rep,
+                body,
+                {
+                    "workload": workload,
+                    "step": "turn",
+                    "session": plan.session,
+                    "window": window,
+                    "turn": turn.index,
+                    "placement": plan.placement,
+                    "request_key": f"{plan.key}/t{turn.index}",
+                    "nominal_tokens": fx.nominal_tokens,
+                    "fixture_id": fx.fixture_id,
+                    "prompt_tokens_expected": turn.prompt_tokens,
+                },
+            )
             outcome = await self.ctx.send(spec, self.sink)
             cfg = self.config_sha256
             self.count_check(check_stream_complete(self.sink, outcome, config_sha256=cfg))
             if self.ctx.answers_meaningful_at(turn.prompt_tokens):
-                self.count_check(check_exact_values(self.sink, outcome, fx.expected,
-                                                    independent=turn.index == 0,
-                                                    config_sha256=cfg))  # fmt: skip
+                self.count_check(
+                    check_exact_values(
+                        self.sink, outcome, fx.expected, independent=turn.index == 0, config_sha256=cfg
+                    )
+                )
             outcomes.append(outcome)
             await self._after(outcome, rep, False)
         return outcomes

@@ -108,5 +108,6 @@ def load(ref: str) -> Experiment:
     if ref in builtin_names():
         path = BUILTIN_DIR / f"{ref}.py"
         return load_source(path.read_text(encoding="utf-8"), name=ref, path=str(path))
-    raise ExperimentError(f"unknown experiment {ref!r}; built-in: {', '.join(builtin_names())}"
-                          " (or give a path to a .py file)")
+    raise ExperimentError(
+        f"unknown experiment {ref!r}; built-in: {', '.join(builtin_names())} (or give a path to a .py file)"
+    )

@@ -30,23 +30,41 @@ def _usage(message: str) -> None:
 def _summary(result: Any) -> None:
     c = result.counters
     colour = "green" if result.exit_code == 0 else "red"
-    click.secho(f"run {result.run_id}: {result.status}"
-                f"{'' if not result.error else ' (' + result.error + ')'}", fg=colour, err=True)  # fmt: skip
-    click.echo(f"  measured {c.measured}, warmups {c.warmups}, assertions {c.assertions} "
-               f"({c.failed_assertions} failed), failed blocks {c.failed_blocks or 'none'}", err=True)
+    click.secho(
+        f"run {result.run_id}: {result.status}{'' if not result.error else ' (' + result.error + ')'}",
+        fg=colour,
+        err=True,
+    )
+    click.echo(
+        f"  measured {c.measured}, warmups {c.warmups}, assertions {c.assertions} "
+        f"({c.failed_assertions} failed), failed blocks {c.failed_blocks or 'none'}",
+        err=True,
+    )
 
 
 @click.command("run")
 @click.argument("experiment")
-@click.option("--target", type=click.Choice(TARGETS), default="sim", show_default=True,
-              help="Deployment to run against.")
-@click.option("--param", "-p", "params", multiple=True, metavar="NAME=VALUE",
-              help="Override a param (JSON literal, else string); repeatable.")
+@click.option(
+    "--target",
+    type=click.Choice(TARGETS),
+    default="sim",
+    show_default=True,
+    help="Deployment to run against.",
+)
+@click.option(
+    "--param",
+    "-p",
+    "params",
+    multiple=True,
+    metavar="NAME=VALUE",
+    help="Override a param (JSON literal, else string); repeatable.",
+)
 @click.option("--seed", type=int, default=None, help="Run seed (default: the experiment's SEED).")
 @click.option("--no-progress", is_flag=True, help="No progress bars.")
 @db_option
-def run_command(experiment: str, target: str, params: tuple[str, ...], seed: int | None,
-                no_progress: bool, db_url: str) -> None:  # fmt: skip
+def run_command(
+    experiment: str, target: str, params: tuple[str, ...], seed: int | None, no_progress: bool, db_url: str
+) -> None:
     """Run a replayable experiment and record it in the ledger.
 
     EXPERIMENT is a built-in (screening, validation) or a path to a Python file
@@ -73,8 +91,14 @@ def run_command(experiment: str, target: str, params: tuple[str, ...], seed: int
         _usage(str(exc))
     ledger = open_ledger(db_url)
     try:
-        result = run_sync(ledger, exp, resolved, target_name=target, seed=seed,
-                          progress=not no_progress and sys.stderr.isatty())  # fmt: skip
+        result = run_sync(
+            ledger,
+            exp,
+            resolved,
+            target_name=target,
+            seed=seed,
+            progress=not no_progress and sys.stderr.isatty(),
+        )
     except TargetError as exc:  # the target could not be made (engines, model): nothing was recorded
         _usage(f"target {target}: {exc}")
     finally:
@@ -85,8 +109,12 @@ def run_command(experiment: str, target: str, params: tuple[str, ...], seed: int
 
 @click.command("replay")
 @click.argument("run_id")
-@click.option("--target", type=click.Choice(TARGETS), default=None,
-              help="Target to replay against (default: the recorded one).")
+@click.option(
+    "--target",
+    type=click.Choice(TARGETS),
+    default=None,
+    help="Target to replay against (default: the recorded one).",
+)
 @click.option("--no-progress", is_flag=True, help="No progress bars.")
 @db_option
 def replay_command(run_id: str, target: str | None, no_progress: bool, db_url: str) -> None:
@@ -107,8 +135,9 @@ def replay_command(run_id: str, target: str | None, no_progress: bool, db_url: s
     ledger = open_ledger(db_url)
     try:
         try:
-            comparison = replay(ledger, run_id, target=target,
-                                progress=not no_progress and sys.stderr.isatty())  # fmt: skip
+            comparison = replay(
+                ledger, run_id, target=target, progress=not no_progress and sys.stderr.isatty()
+            )
         except (ReplayError, ExperimentError, ParamError) as exc:
             _usage(str(exc))
     finally:

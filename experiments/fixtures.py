@@ -101,11 +101,16 @@ class Fixture:
     def event_data(self, namespace: str) -> dict[str, Any]:
         """``fixture.created`` data."""
         return {
-            "fixture_id": self.fixture_id, "namespace": namespace,
-            "nominal_tokens": self.nominal_tokens, "prompt_tokens": self.prompt_tokens,
-            "payload_sha256": self.payload_sha256, "expected": self.expected,
-            "text_sha256": sha256_hex(self.content.encode()), "lines": self.lines, "key": self.key,
-        }  # fmt: skip
+            "fixture_id": self.fixture_id,
+            "namespace": namespace,
+            "nominal_tokens": self.nominal_tokens,
+            "prompt_tokens": self.prompt_tokens,
+            "payload_sha256": self.payload_sha256,
+            "expected": self.expected,
+            "text_sha256": sha256_hex(self.content.encode()),
+            "lines": self.lines,
+            "key": self.key,
+        }
 
 
 @dataclass
@@ -232,8 +237,11 @@ class FixtureFactory:
 
     def _turn_messages(self, fixture: Fixture, prev: Turn, t: int, words: int) -> Messages:
         user = text.turn_text(fixture.key, t, words, fixture.question)
-        return [*prev.messages, {"role": "assistant", "content": fixture.expected_json},
-                {"role": "user", "content": user}]  # fmt: skip
+        return [
+            *prev.messages,
+            {"role": "assistant", "content": fixture.expected_json},
+            {"role": "user", "content": user},
+        ]
 
     async def _next_turn(self, fixture: Fixture, prev: Turn, t: int, growth: int) -> Turn:
         target = prev.prompt_tokens + growth

@@ -51,8 +51,11 @@ def check(params: dict[str, Any]) -> None:
 
 
 def planned(params: dict[str, Any]) -> dict[str, int]:
-    return {"blocks": 1, "warmups_per_block": params["warmups"],
-            "requests_per_block": len(params["sizes"]) * params["fixtures"]}  # fmt: skip
+    return {
+        "blocks": 1,
+        "warmups_per_block": params["warmups"],
+        "requests_per_block": len(params["sizes"]) * params["fixtures"],
+    }
 
 
 async def run(ctx: Any) -> None:
@@ -64,9 +67,17 @@ async def run(ctx: Any) -> None:
             for i in range(p["fixtures"]):
                 ns = ctx.namespace("needle_eval", size, i)
                 fx = await ctx.fixture(ctx.fixture_key("needle_eval", size, i), size, ns)
-                await b.request(fx.messages, replica=i % 2, namespace=ns, workload="needle_eval",
-                                step="cold", key=f"needle_eval/{size}/{i}", expected=fx.expected,
-                                fixture=fx, prompt_tokens=fx.prompt_tokens)  # fmt: skip
+                await b.request(
+                    fx.messages,
+                    replica=i % 2,
+                    namespace=ns,
+                    workload="needle_eval",
+                    step="cold",
+                    key=f"needle_eval/{size}/{i}",
+                    expected=fx.expected,
+                    fixture=fx,
+                    prompt_tokens=fx.prompt_tokens,
+                )
             b.sink.flush()
 
     await ctx.run_blocks(ctx.block_plan(1, ["OFF"], gpu_swap=False), block)

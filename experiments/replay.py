@@ -46,8 +46,10 @@ class Comparison:
 
 
 def _payloads(ledger: Ledger, run_id: str) -> dict[str, str]:
-    return {e.data.get("request_key") or e.data["request_id"]: e.data["payload_sha256"]
-            for e in ledger.events(run_id=run_id, kind="request.sent")}  # fmt: skip
+    return {
+        e.data.get("request_key") or e.data["request_id"]: e.data["payload_sha256"]
+        for e in ledger.events(run_id=run_id, kind="request.sent")
+    }
 
 
 def compare_runs(ledger: Ledger, original: str, replayed: str) -> Comparison:
@@ -66,8 +68,7 @@ def _recorded(ledger: Ledger, run_id: str) -> Mapping[str, Any]:
     return started.data
 
 
-def replay(ledger: Ledger, run_id: str, *, target: str | None = None,
-           progress: bool = False) -> Comparison:  # fmt: skip
+def replay(ledger: Ledger, run_id: str, *, target: str | None = None, progress: bool = False) -> Comparison:
     """Re-run ``run_id`` and compare payload digests request by request."""
     data = _recorded(ledger, run_id)
     recorded = dict(data["params"])
@@ -79,16 +80,32 @@ def replay(ledger: Ledger, run_id: str, *, target: str | None = None,
         known = set(exp.defaults) | set(target_defaults(target_name))
         given = {k: v for k, v in given.items() if k in known}
     params = prepare_params(exp, target_name, given)
-    result = run_sync(ledger, exp, params, target_name=target_name, seed=data.get("seed"),
-                      progress=progress, replay_of=run_id)  # fmt: skip
+    result = run_sync(
+        ledger,
+        exp,
+        params,
+        target_name=target_name,
+        seed=data.get("seed"),
+        progress=progress,
+        replay_of=run_id,
+    )
     comparison = compare_runs(ledger, run_id, result.run_id)
     comparison.result = result
-    ledger.append(NewEvent("note.added", {
-        "text": f"replay of {run_id}: {comparison.matched}/{len(comparison.rows)} payload digests matched",
-        "replay_of": run_id, "matched": comparison.matched, "requests": len(comparison.rows),
-        "all_matched": comparison.all_matched,
-        "mismatched": [k for k, x, y in comparison.rows if x is None or x != y][:100],
-    }, run_id=result.run_id))  # fmt: skip
+    ledger.append(
+        NewEvent(
+            "note.added",
+            {
+                "text": f"replay of {run_id}: {comparison.matched}/{len(comparison.rows)} "
+                "payload digests matched",
+                "replay_of": run_id,
+                "matched": comparison.matched,
+                "requests": len(comparison.rows),
+                "all_matched": comparison.all_matched,
+                "mismatched": [k for k, x, y in comparison.rows if x is None or x != y][:100],
+            },
+            run_id=result.run_id,
+        )
+    )
     return comparison
 
 
@@ -103,8 +120,7 @@ def print_comparison(c: Comparison) -> None:
         table.add_column(column)
     for key, a, b in c.rows:
         ok = a is not None and a == b
-        table.add_row(key, "[green]yes[/green]" if ok else "[red]NO[/red]",
-                      (a or "-")[:16], (b or "-")[:16])  # fmt: skip
+        table.add_row(key, "[green]yes[/green]" if ok else "[red]NO[/red]", (a or "-")[:16], (b or "-")[:16])
     console.print(table)
     verdict = "all matched" if c.all_matched else "MISMATCH"
     console.print(f"{c.matched}/{len(c.rows)} payload digests matched: {verdict}")

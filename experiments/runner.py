@@ -30,8 +30,19 @@ from .targets._registry import check_target_params, make_target, target_defaults
 
 __all__ = ["DERIVED_PARAMS", "RunResult", "prepare_params", "run_experiment", "run_sync"]
 
-_PACKAGES = ("kvledger", "httpx", "aiohttp", "sqlalchemy", "prometheus-client", "rich", "click",
-             "orjson", "vllm", "lmcache", "torch")  # fmt: skip
+_PACKAGES = (
+    "kvledger",
+    "httpx",
+    "aiohttp",
+    "sqlalchemy",
+    "prometheus-client",
+    "rich",
+    "click",
+    "orjson",
+    "vllm",
+    "lmcache",
+    "torch",
+)
 DERIVED_PARAMS = ("target", "config_sha256")
 """Keys the runner adds to ``run.started.params`` (not settable; recomputed on replay)."""
 
@@ -64,16 +75,22 @@ def prepare_params(exp: Experiment, target: str, given: Mapping[str, Any]) -> di
     return params
 
 
-def _started(exp: Experiment, params: dict[str, Any], seed: int, target: Target,
-             replay_of: str | None) -> dict[str, Any]:  # fmt: skip
+def _started(
+    exp: Experiment, params: dict[str, Any], seed: int, target: Target, replay_of: str | None
+) -> dict[str, Any]:
     return {
-        "experiment": exp.name, "script_sha256": exp.script_sha256, "source": exp.source,
+        "experiment": exp.name,
+        "script_sha256": exp.script_sha256,
+        "source": exp.source,
         "path": exp.path,
         "params": {**params, "target": target.name, "config_sha256": target.config_sha256("ON")},
-        "target": target.describe(), "seed": seed,
-        "code": code_version(Path(__file__).resolve().parent), "packages": package_versions(_PACKAGES),
-        "host": host_inventory(), "replay_of": replay_of,
-    }  # fmt: skip
+        "target": target.describe(),
+        "seed": seed,
+        "code": code_version(Path(__file__).resolve().parent),
+        "packages": package_versions(_PACKAGES),
+        "host": host_inventory(),
+        "replay_of": replay_of,
+    }
 
 
 class _Progress:
@@ -91,8 +108,13 @@ class _Progress:
             return
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), transient=False) as bar:  # fmt: skip
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            transient=False,
+        ) as bar:
             self._bar = bar
             blocks = self.planned.get("blocks")
             per_block = self.planned.get("requests_per_block", 0) + self.planned.get("warmups_per_block", 0)
@@ -107,9 +129,15 @@ class _Progress:
 
 
 async def run_experiment(
-    ledger: Ledger, exp: Experiment, params: dict[str, Any], *, target_name: str = "sim",
-    seed: int | None = None, progress: bool = False, replay_of: str | None = None,
-) -> RunResult:  # fmt: skip
+    ledger: Ledger,
+    exp: Experiment,
+    params: dict[str, Any],
+    *,
+    target_name: str = "sim",
+    seed: int | None = None,
+    progress: bool = False,
+    replay_of: str | None = None,
+) -> RunResult:
     """Run ``exp`` with resolved ``params`` against a fresh target; record everything."""
     seed = seed if seed is not None else (exp.default_seed if exp.default_seed is not None else 0)
     target = make_target(target_name, params)
@@ -118,8 +146,16 @@ async def run_experiment(
     counters = Counters()
     ledger.append(NewEvent("run.started", _started(exp, params, seed, target, replay_of), run_id=run_id))
     bars = _Progress(progress, exp.planned(params))
-    ctx = RunContext(ledger=ledger, sink=sink, target=target, experiment=exp.name, params=params,
-                     seed=seed, counters=counters, progress=bars)  # fmt: skip
+    ctx = RunContext(
+        ledger=ledger,
+        sink=sink,
+        target=target,
+        experiment=exp.name,
+        params=params,
+        seed=seed,
+        counters=counters,
+        progress=bars,
+    )
     status: str = "aborted"
     error: str | None = "interrupted"
     try:
@@ -135,11 +171,18 @@ async def run_experiment(
     finally:
         await _close(ctx, target)
         sink.block_id = None
-        sink.emit("run.finished", {
-            "status": status, "error": error, "measured": counters.measured,
-            "warmups": counters.warmups, "assertions": counters.assertions,
-            "failed_assertions": counters.failed_assertions, "failed_blocks": counters.failed_blocks,
-        })  # fmt: skip
+        sink.emit(
+            "run.finished",
+            {
+                "status": status,
+                "error": error,
+                "measured": counters.measured,
+                "warmups": counters.warmups,
+                "assertions": counters.assertions,
+                "failed_assertions": counters.failed_assertions,
+                "failed_blocks": counters.failed_blocks,
+            },
+        )
         sink.flush()
     return RunResult(run_id, status, error, counters)
 
@@ -153,21 +196,30 @@ async def _prepare(ctx: RunContext, run_id: str) -> None:
         for record in await prepare(run_id):
             sink.emit_run(record.kind, record.data)
     if not ctx.answers_meaningful:
-        sink.emit_run("note.added", {
-            "text": "exact_values checks not applicable: the served model's answers are not meaningful "
-                    "(random weights); correctness is checked against cold references instead",
-            "topic": "answers_meaningful", "answers_meaningful": False,
-        })  # fmt: skip
+        sink.emit_run(
+            "note.added",
+            {
+                "text": "exact_values checks not applicable: the served model's answers are not meaningful "
+                "(random weights); correctness is checked against cold references instead",
+                "topic": "answers_meaningful",
+                "answers_meaningful": False,
+            },
+        )
     elif ctx.meaningful_up_to_tokens is not None:
         card = getattr(ctx.target, "model_card", None) or {}
         below = ", ".join(f"{n}: {a:.1%}" for n, a in card.get("unserved", {}).items())
-        sink.emit_run("note.added", {
-            "text": f"exact_values checks not applicable to prompts over {ctx.meaningful_up_to_tokens} "
-                    f"tokens: the served model's card declares accuracy below "
-                    f"{card.get('threshold', 0.99):.0%} there ({below or 'not measured'})",
-            "topic": "answers_meaningful", "answers_meaningful": True,
-            "meaningful_up_to_tokens": ctx.meaningful_up_to_tokens, "card": card,
-        })  # fmt: skip
+        sink.emit_run(
+            "note.added",
+            {
+                "text": f"exact_values checks not applicable to prompts over {ctx.meaningful_up_to_tokens} "
+                f"tokens: the served model's card declares accuracy below "
+                f"{card.get('threshold', 0.99):.0%} there ({below or 'not measured'})",
+                "topic": "answers_meaningful",
+                "answers_meaningful": True,
+                "meaningful_up_to_tokens": ctx.meaningful_up_to_tokens,
+                "card": card,
+            },
+        )
     sink.flush()
 
 

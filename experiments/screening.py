@@ -61,12 +61,19 @@ def check(params: dict[str, Any]) -> None:
     if unknown:
         raise ValueError(f"workloads: unknown {sorted(unknown)}; known: {list(_WORKLOADS)}")
     if params["fault"] not in (None, "namespace-leak"):
-        raise ValueError(f"fault must be null or namespace-leak, got {params['fault']!r}"
-                         " (sim faults: --param sim_fault=...)")
+        raise ValueError(
+            f"fault must be null or namespace-leak, got {params['fault']!r}"
+            " (sim faults: --param sim_fault=...)"
+        )
     if set(params["placements"]) - {"fixed", "alternating"}:
         raise ValueError("placements: only fixed and alternating")
-    sizes = [*params["sizes"], *params["session_sizes"], *params["generation_sizes"],
-             params["window_size"], params["warmup_tokens"]]  # fmt: skip
+    sizes = [
+        *params["sizes"],
+        *params["session_sizes"],
+        *params["generation_sizes"],
+        params["window_size"],
+        params["warmup_tokens"],
+    ]
     if any(not isinstance(s, int) or s < 200 for s in sizes):
         raise ValueError("sizes are integers of at least 200 tokens")
 
@@ -76,15 +83,24 @@ def planned(params: dict[str, Any]) -> dict[str, int]:
     w, places = set(params["workloads"]), len(params["placements"])
     counts = {
         "micro": len(params["sizes"]) * params["chains"] * len(MICRO_STEPS) if "micro" in w else 0,
-        "session": (len(params["session_sizes"]) * places * params["sessions"]
-                    * params["session_turns"]) if "session" in w else 0,
-        "generation": (len(params["generation_sizes"]) * 2 * len(params["generation_outputs"])
-                       if "generation" in w else 0),
-        "concurrency": (sum(params["window_sessions"]) * params["window_turns"] * places
-                        if "concurrency" in w else 0),
-    }  # fmt: skip
-    return {**counts, "blocks": 2 * params["block_pairs"], "warmups_per_block": params["warmups"],
-            "requests_per_block": sum(counts.values())}  # fmt: skip
+        "session": (len(params["session_sizes"]) * places * params["sessions"] * params["session_turns"])
+        if "session" in w
+        else 0,
+        "generation": (
+            len(params["generation_sizes"]) * 2 * len(params["generation_outputs"])
+            if "generation" in w
+            else 0
+        ),
+        "concurrency": (
+            sum(params["window_sessions"]) * params["window_turns"] * places if "concurrency" in w else 0
+        ),
+    }
+    return {
+        **counts,
+        "blocks": 2 * params["block_pairs"],
+        "warmups_per_block": params["warmups"],
+        "requests_per_block": sum(counts.values()),
+    }
 
 
 async def run(ctx: Any) -> None:
@@ -117,17 +133,28 @@ async def micro(ctx: Any, b: Any) -> None:
             cold = None
             for step in MICRO_STEPS:
                 replica = a if step in ("cold", "local1", "local2") else r
-                result = await b.request(fx.messages, replica=replica, namespace=ns, workload="micro",
-                                         step=step, key=f"micro/{size}/c{chain}/{step}", chain=chain,
-                                         expected=fx.expected, fixture=fx,
-                                         prompt_tokens=fx.prompt_tokens)  # fmt: skip
+                result = await b.request(
+                    fx.messages,
+                    replica=replica,
+                    namespace=ns,
+                    workload="micro",
+                    step=step,
+                    key=f"micro/{size}/c{chain}/{step}",
+                    chain=chain,
+                    expected=fx.expected,
+                    fixture=fx,
+                    prompt_tokens=fx.prompt_tokens,
+                )
                 if step == "cold":
                     cold = result
                 elif cold is not None:
                     # Greedy output from reused KV (local or cross-replica) must equal the chain's
                     # cold computation of the same payload: the check that needs no meaningful answer.
-                    b.count_check(check_matches_cold_reference(b.sink, result.outcome, cold.outcome,
-                                                               config_sha256=b.config_sha256))  # fmt: skip
+                    b.count_check(
+                        check_matches_cold_reference(
+                            b.sink, result.outcome, cold.outcome, config_sha256=b.config_sha256
+                        )
+                    )
             b.sink.flush()
 
 
@@ -146,8 +173,14 @@ async def sessions(ctx: Any, b: Any) -> None:
                 ns = ctx.namespace("session", size, placement, f"s{s}")
                 fx = await ctx.fixture(ctx.fixture_key("session", size, placement, s), size, ns)
                 history = await ctx.history(fx, p["session_turns"], p["turn_growth"])
-                await b.session(history, session=sid, namespace=ns, placement=placement, key=sid,
-                                replicas=_replicas(placement, s % 2, p["session_turns"]))  # fmt: skip
+                await b.session(
+                    history,
+                    session=sid,
+                    namespace=ns,
+                    placement=placement,
+                    key=sid,
+                    replicas=_replicas(placement, s % 2, p["session_turns"]),
+                )
 
 
 async def generation(ctx: Any, b: Any) -> None:
@@ -158,9 +191,18 @@ async def generation(ctx: Any, b: Any) -> None:
             ns = ctx.namespace("generation", size, out)
             fx = await ctx.fixture(ctx.fixture_key("generation", size, out), size, ns)
             for step in ("cold", "hot"):
-                await b.request(fx.messages, replica=0, namespace=ns, workload="generation",
-                                step=step, key=f"generation/{size}/{out}/{step}", max_tokens=out,
-                                ignore_eos=True, fixture=fx, prompt_tokens=fx.prompt_tokens)  # fmt: skip
+                await b.request(
+                    fx.messages,
+                    replica=0,
+                    namespace=ns,
+                    workload="generation",
+                    step=step,
+                    key=f"generation/{size}/{out}/{step}",
+                    max_tokens=out,
+                    ignore_eos=True,
+                    fixture=fx,
+                    prompt_tokens=fx.prompt_tokens,
+                )
 
 
 async def concurrency(ctx: Any, b: Any) -> None:
@@ -177,7 +219,14 @@ async def concurrency(ctx: Any, b: Any) -> None:
                 ns = ctx.namespace("window", n, placement, f"s{s}")
                 fx = await ctx.fixture(ctx.fixture_key("window", n, placement, s), size, ns)
                 history = await ctx.history(fx, turns, p["turn_growth"])
-                plans.append(SessionPlan(f"{window}/s{s}", history, ns,
-                                         _replicas(placement, s % 2, turns), placement,
-                                         f"{window}/s{s}"))  # fmt: skip
+                plans.append(
+                    SessionPlan(
+                        f"{window}/s{s}",
+                        history,
+                        ns,
+                        _replicas(placement, s % 2, turns),
+                        placement,
+                        f"{window}/s{s}",
+                    )
+                )
             await b.window(plans, window=window, placement=placement)

@@ -52,8 +52,11 @@ def check(params: dict[str, Any]) -> None:
 
 def planned(params: dict[str, Any]) -> dict[str, int]:
     directional = 5 + 3  # long chain + its control; reverse pair + its control
-    return {"blocks": 1, "warmups_per_block": params["warmups"],
-            "requests_per_block": directional + params["sessions"] * params["session_turns"]}
+    return {
+        "blocks": 1,
+        "warmups_per_block": params["warmups"],
+        "requests_per_block": directional + params["sessions"] * params["session_turns"],
+    }
 
 
 async def run(ctx: Any) -> None:
@@ -62,8 +65,9 @@ async def run(ctx: Any) -> None:
     async def block(b: Any) -> None:
         p = ctx.params
         await b.warmups(p["warmups"], p["warmup_tokens"])
-        await reuse(ctx, b, "long", p["size"], computes=0,
-                    steps=("cold", "local1", "cross", "receiver_local"))  # fmt: skip
+        await reuse(
+            ctx, b, "long", p["size"], computes=0, steps=("cold", "local1", "cross", "receiver_local")
+        )
         await reuse(ctx, b, "reverse", p["reverse_size"], computes=1, steps=("cold", "cross"))
         await interleaved_sessions(ctx, b)
 
@@ -78,9 +82,17 @@ async def reuse(ctx: Any, b: Any, name: str, size: int, computes: int, steps: tu
     cross = None
     for step in steps:
         replica = computes if step in ("cold", "local1") else other
-        result = await b.request(fx.messages, replica=replica, namespace=ns, workload="validation",
-                                 step=step, key=f"validation/{name}/{step}", expected=fx.expected,
-                                 fixture=fx, prompt_tokens=fx.prompt_tokens)  # fmt: skip
+        result = await b.request(
+            fx.messages,
+            replica=replica,
+            namespace=ns,
+            workload="validation",
+            step=step,
+            key=f"validation/{name}/{step}",
+            expected=fx.expected,
+            fixture=fx,
+            prompt_tokens=fx.prompt_tokens,
+        )
         if step == "cross":
             cross = result
     if cross is not None:
@@ -91,19 +103,38 @@ async def salt_control(ctx: Any, b: Any, fx: Any, name: str, size: int, replica:
     """The same input under a fresh ``cache_salt``: zero hits, and the same answer as the reuse."""
     ns = ctx.namespace("validation", name, size, "control")
     await ctx.fixture(fx.key, size, ns)  # recorded under the control namespace too
-    control = await b.request(fx.messages, replica=replica, namespace=ns, workload="validation",
-                              step="cold", key=f"validation/{name}/control", expected=fx.expected,
-                              fixture=fx, prompt_tokens=fx.prompt_tokens,
-                              control_of=cross.outcome.request_id)  # fmt: skip
+    control = await b.request(
+        fx.messages,
+        replica=replica,
+        namespace=ns,
+        workload="validation",
+        step="cold",
+        key=f"validation/{name}/control",
+        expected=fx.expected,
+        fixture=fx,
+        prompt_tokens=fx.prompt_tokens,
+        control_of=cross.outcome.request_id,
+    )
     d = control.delta
     hits = None
     if d is not None and d.local_hit_tokens is not None:
         hits = d.local_hit_tokens + (d.external_hit_tokens or 0)
-    b.count_check(assertion_event(b.sink, control.outcome.request_id, "salt_control", 0, hits,
-                                  hits == 0 and control.outcome.ok, True, b.config_sha256,
-                                  reused_request_id=cross.outcome.request_id))  # fmt: skip
-    b.count_check(check_matches_cold_reference(b.sink, cross.outcome, control.outcome,
-                                               config_sha256=b.config_sha256))  # fmt: skip
+    b.count_check(
+        assertion_event(
+            b.sink,
+            control.outcome.request_id,
+            "salt_control",
+            0,
+            hits,
+            hits == 0 and control.outcome.ok,
+            True,
+            b.config_sha256,
+            reused_request_id=cross.outcome.request_id,
+        )
+    )
+    b.count_check(
+        check_matches_cold_reference(b.sink, cross.outcome, control.outcome, config_sha256=b.config_sha256)
+    )
 
 
 async def interleaved_sessions(ctx: Any, b: Any) -> None:
@@ -120,18 +151,34 @@ async def interleaved_sessions(ctx: Any, b: Any) -> None:
         for s, (sid, ns, history) in enumerate(plans):
             turn = history.turns[t]
             result = await b.request(
-                turn.messages, replica=(s + t) % 2, namespace=ns, workload="validation", step="turn",
-                key=f"{sid}/t{t}", expected=history.fixture.expected, independent=t == 0,
-                fixture=history.fixture, prompt_tokens=turn.prompt_tokens, session=sid, turn=t,
+                turn.messages,
+                replica=(s + t) % 2,
+                namespace=ns,
+                workload="validation",
+                step="turn",
+                key=f"{sid}/t{t}",
+                expected=history.fixture.expected,
+                independent=t == 0,
+                fixture=history.fixture,
+                prompt_tokens=turn.prompt_tokens,
+                session=sid,
+                turn=t,
                 placement="alternating",
-            )  # fmt: skip
+            )
             done[sid].append(result)
     for s, (sid, _, history) in enumerate(plans):
         results = done[sid]
-        b.sink.emit("session.finished", {
-            "session": sid, "placement": "alternating", "turns": len(results),
-            "wall_s": sum(r.seconds for r in results), "nominal_tokens": history.fixture.nominal_tokens,
-            "replicas": [(s + t) % 2 for t in range(len(results))],
-            "requests": [r.outcome.request_id for r in results], "workload": "validation",
-        })  # fmt: skip
+        b.sink.emit(
+            "session.finished",
+            {
+                "session": sid,
+                "placement": "alternating",
+                "turns": len(results),
+                "wall_s": sum(r.seconds for r in results),
+                "nominal_tokens": history.fixture.nominal_tokens,
+                "replicas": [(s + t) % 2 for t in range(len(results))],
+                "requests": [r.outcome.request_id for r in results],
+                "workload": "validation",
+            },
+        )
     b.sink.flush()

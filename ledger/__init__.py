@@ -30,8 +30,9 @@ from ._verify import Verification, native_path, verify_ledger
 from ._vocabulary import KINDS
 
 
-def verify(ledger: Ledger, expected_head: str | None = None, *, beside_other_work: bool = False
-           ) -> Verification:
+def verify(
+    ledger: Ledger, expected_head: str | None = None, *, beside_other_work: bool = False
+) -> Verification:
     """Recompute every digest and chain link of ``ledger``; names the first bad seq.
 
     ``beside_other_work``: the caller keeps the cores busy meanwhile (a report's
@@ -42,8 +43,9 @@ def verify(ledger: Ledger, expected_head: str | None = None, *, beside_other_wor
     return verify_ledger(ledger, expected_head, workers=workers)
 
 
-def query(url_or_ledger: str | Ledger, statement: str, fmt: str = "arrow",
-          snapshot_root: Path | None = None) -> Any:
+def query(
+    url_or_ledger: str | Ledger, statement: str, fmt: str = "arrow", snapshot_root: Path | None = None
+) -> Any:
     """Run a reading SQL statement over the ledger; ``fmt``: arrow, pandas or polars."""
     ledger = open_ledger(url_or_ledger, create=False) if isinstance(url_or_ledger, str) else url_or_ledger
     analytics = Analytics(ledger, snapshot_root)

@@ -26,8 +26,15 @@ _READING = {
 }
 _EXPLAINED = re.compile(r"\s*EXPLAIN\s+(?:ANALYZE\s+|\([^)]*\)\s*)?(.*)", re.IGNORECASE | re.DOTALL)
 # DuckDB's json_type names → SQL types for view columns.
-_JSON_TYPES = {"BIGINT": "BIGINT", "UBIGINT": "BIGINT", "DOUBLE": "DOUBLE", "BOOLEAN": "BOOLEAN",
-               "VARCHAR": "VARCHAR", "OBJECT": "JSON", "ARRAY": "JSON"}
+_JSON_TYPES = {
+    "BIGINT": "BIGINT",
+    "UBIGINT": "BIGINT",
+    "DOUBLE": "DOUBLE",
+    "BOOLEAN": "BOOLEAN",
+    "VARCHAR": "VARCHAR",
+    "OBJECT": "JSON",
+    "ARRAY": "JSON",
+}
 
 
 def view_name(kind: str) -> str:
@@ -74,12 +81,15 @@ def _kind_view_sql(kind: str, fields: dict[str, str]) -> str:
         alias = f"data_{field}" if field in (*_ENVELOPE_COLUMNS, "event_id") else field
         columns.append(f"{_field_expr(field, sql_type)} AS {_quote(alias)}")
     kind_literal = kind.replace("'", "''")
-    return (f"CREATE VIEW {_quote(view_name(kind))} AS SELECT {', '.join(columns)} "
-            f"FROM events WHERE kind = '{kind_literal}'")
+    return (
+        f"CREATE VIEW {_quote(view_name(kind))} AS SELECT {', '.join(columns)} "
+        f"FROM events WHERE kind = '{kind_literal}'"
+    )
 
 
-def connect(segments: list[Path], fields: dict[str, dict[str, list[str]]] | None = None
-            ) -> duckdb.DuckDBPyConnection:
+def connect(
+    segments: list[Path], fields: dict[str, dict[str, list[str]]] | None = None
+) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB with the ``events`` view and one view per kind.
 
     ``fields`` (kind → field → JSON types, from the snapshot) spares a scan of
@@ -89,16 +99,20 @@ def connect(segments: list[Path], fields: dict[str, dict[str, list[str]]] | None
     if segments:
         con.execute(f"CREATE VIEW events AS {_read_parquet(segments)}")
     else:
-        con.execute("CREATE VIEW events AS SELECT CAST(NULL AS BIGINT) AS seq, "
-                    "CAST(NULL AS VARCHAR) AS id, CAST(NULL AS VARCHAR) AS ts, "
-                    "CAST(NULL AS VARCHAR) AS kind, CAST(NULL AS VARCHAR) AS run_id, "
-                    "CAST(NULL AS VARCHAR) AS block_id, CAST(NULL AS VARCHAR) AS data, "
-                    "CAST(NULL AS VARCHAR) AS digest, CAST(NULL AS VARCHAR) AS chain WHERE false")
+        con.execute(
+            "CREATE VIEW events AS SELECT CAST(NULL AS BIGINT) AS seq, "
+            "CAST(NULL AS VARCHAR) AS id, CAST(NULL AS VARCHAR) AS ts, "
+            "CAST(NULL AS VARCHAR) AS kind, CAST(NULL AS VARCHAR) AS run_id, "
+            "CAST(NULL AS VARCHAR) AS block_id, CAST(NULL AS VARCHAR) AS data, "
+            "CAST(NULL AS VARCHAR) AS digest, CAST(NULL AS VARCHAR) AS chain WHERE false"
+        )
     if fields is None:
         typed = kind_fields(con)
     else:
-        typed = {kind: {f: _column_type(set(t)) for f, t in sorted(fs.items())}
-                 for kind, fs in sorted(fields.items())}
+        typed = {
+            kind: {f: _column_type(set(t)) for f, t in sorted(fs.items())}
+            for kind, fs in sorted(fields.items())
+        }
     for kind, columns in typed.items():
         con.execute(_kind_view_sql(kind, columns))
     return con
@@ -119,8 +133,7 @@ def check_read_only(statement: str) -> None:
         raise QueryError("no SQL statement given")
     for item in parsed:
         if item.type not in _READING:
-            raise QueryError(f"refused: {item.type.name} statements would write; "
-                             "`ledger sql` only reads")
+            raise QueryError(f"refused: {item.type.name} statements would write; `ledger sql` only reads")
         if item.type == duckdb.StatementType.EXPLAIN:
             # EXPLAIN ANALYZE runs what it explains (a COPY ... TO writes a file): check that too.
             inner = _EXPLAINED.match(item.query)
@@ -137,8 +150,13 @@ class Analytics:
     the same JSON every time (reports) parse it once per event instead.
     """
 
-    def __init__(self, ledger: Ledger, snapshot_root: Path | None = None,
-                 projections: Mapping[str, str] | None = None, up_to_seq: int | None = None) -> None:
+    def __init__(
+        self,
+        ledger: Ledger,
+        snapshot_root: Path | None = None,
+        projections: Mapping[str, str] | None = None,
+        up_to_seq: int | None = None,
+    ) -> None:
         self.ledger = ledger
         self.snapshot = Snapshot.for_ledger(ledger, snapshot_root)
         self.projections = dict(projections or {})
@@ -157,8 +175,10 @@ class Analytics:
             segments = self.snapshot.refresh(self.ledger, self.projections, self.up_to_seq)
             self._con = connect(segments, self.snapshot.fields())
             for name, sql in self.projections.items():
-                self._con.execute(f"CREATE VIEW {_quote(name)} AS "
-                                  + (_read_parquet(self.snapshot.projection_files(sql)) if segments else sql))
+                self._con.execute(
+                    f"CREATE VIEW {_quote(name)} AS "
+                    + (_read_parquet(self.snapshot.projection_files(sql)) if segments else sql)
+                )
         return self._con
 
     def sql(self, statement: str) -> pa.Table:
@@ -175,7 +195,8 @@ class Analytics:
         con = self.connection()
         rows = con.execute(
             "SELECT table_name, column_name, data_type FROM information_schema.columns "
-            "ORDER BY table_name, ordinal_position").fetchall()
+            "ORDER BY table_name, ordinal_position"
+        ).fetchall()
         out: dict[str, list[tuple[str, str]]] = {}
         for table, column, dtype in rows:
             out.setdefault(table, []).append((column, dtype))

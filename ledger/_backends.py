@@ -40,9 +40,7 @@ def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
 def make_engine(url: URL) -> Engine:
     """A SQLAlchemy engine configured for ledger work on ``url``'s backend."""
     if url.get_backend_name() == "sqlite":
-        engine = create_engine(
-            url, connect_args={"timeout": 120, "check_same_thread": False}
-        )
+        engine = create_engine(url, connect_args={"timeout": 120, "check_same_thread": False})
         event.listen(engine, "connect", _sqlite_on_connect)
         return engine
     if url.get_backend_name() == "postgresql":
@@ -58,8 +56,7 @@ class Dialect:
         mark = "?" if name == "sqlite" else "%s"
         marks = ", ".join([mark] * 9)
         self.insert_event = (
-            "INSERT INTO events (seq, id, ts, kind, run_id, block_id, data, digest, chain) "
-            f"VALUES ({marks})"
+            f"INSERT INTO events (seq, id, ts, kind, run_id, block_id, data, digest, chain) VALUES ({marks})"
         )
         self.insert_head = f"INSERT INTO heads (seq, chain, ts) VALUES ({mark}, {mark}, {mark})"
         self.mark = mark

@@ -25,8 +25,14 @@ console = Console()
 
 
 def _progress() -> Progress:
-    return Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:,} events"),
-                    TimeElapsedColumn(), console=Console(stderr=True), transient=True)
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed:,} events"),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    )
 
 
 def _open(db_url: str) -> Ledger:
@@ -69,10 +75,18 @@ def import_command(file: Path, db_url: str) -> None:
 
 
 @click.command("export")
-@click.option("--jsonl", "jsonl_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write every envelope to this JSON Lines file ('-' for stdout).")
-@click.option("--parquet", "parquet_dir", type=click.Path(file_okay=False, path_type=Path),
-              help="Write events.parquet and one file per kind into this directory.")
+@click.option(
+    "--jsonl",
+    "jsonl_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write every envelope to this JSON Lines file ('-' for stdout).",
+)
+@click.option(
+    "--parquet",
+    "parquet_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Write events.parquet and one file per kind into this directory.",
+)
 @db_option
 def export_command(jsonl_path: Path | None, parquet_dir: Path | None, db_url: str) -> None:
     """Export the ledger as JSON Lines envelopes and/or Parquet files.
@@ -113,8 +127,9 @@ def _export_jsonl(ledger: Ledger, path: Path) -> None:
 @click.option("--limit", type=int, default=None, help="At most this many events.")
 @json_option
 @db_option
-def events_command(run_id: str | None, kinds: tuple[str, ...], limit: int | None,
-                   as_json: bool, db_url: str) -> None:
+def events_command(
+    run_id: str | None, kinds: tuple[str, ...], limit: int | None, as_json: bool, db_url: str
+) -> None:
     """List events in seq order, filtered by run and kind.
 
     Example:
@@ -130,16 +145,31 @@ def events_command(run_id: str | None, kinds: tuple[str, ...], limit: int | None
     table = Table("seq", "kind", "ts", "run", "block", "data", box=None)
     for event in events:
         data = json.dumps(event.data, separators=(",", ":"))
-        table.add_row(str(event.seq), event.kind, event.ts, (event.run_id or "")[:13],
-                      (event.block_id or "")[:13], data[:80] + ("…" if len(data) > 80 else ""))
+        table.add_row(
+            str(event.seq),
+            event.kind,
+            event.ts,
+            (event.run_id or "")[:13],
+            (event.block_id or "")[:13],
+            data[:80] + ("…" if len(data) > 80 else ""),
+        )
     console.print(table)
 
 
 @click.command("verify")
-@click.option("--head", "expected_head", metavar="CHAIN", default=None,
-              help="Also require the ledger's head chain to equal this (from a report or attestation).")
-@click.option("--snapshot", "check_snapshot", is_flag=True,
-              help="Also prove the Parquet snapshot that reports read, in full; name any file that differs.")
+@click.option(
+    "--head",
+    "expected_head",
+    metavar="CHAIN",
+    default=None,
+    help="Also require the ledger's head chain to equal this (from a report or attestation).",
+)
+@click.option(
+    "--snapshot",
+    "check_snapshot",
+    is_flag=True,
+    help="Also prove the Parquet snapshot that reports read, in full; name any file that differs.",
+)
 @json_option
 @db_option
 def verify_command(expected_head: str | None, check_snapshot: bool, as_json: bool, db_url: str) -> None:
@@ -167,9 +197,14 @@ def verify_command(expected_head: str | None, check_snapshot: bool, as_json: boo
         proof = snapshot.check(led)
         ok = ok and not proof.mismatches
         mismatches = [{"file": str(m.file), "problem": m.problem} for m in proof.mismatches]
-        out["snapshot"] = {"ok": not mismatches, "directory": str(snapshot.directory),
-                           "head_seq": proof.head_seq, "files": proof.files, "stale_segments": proof.stale,
-                           "mismatches": mismatches}
+        out["snapshot"] = {
+            "ok": not mismatches,
+            "directory": str(snapshot.directory),
+            "head_seq": proof.head_seq,
+            "files": proof.files,
+            "stale_segments": proof.stale,
+            "mismatches": mismatches,
+        }
     if as_json:
         click.echo(json.dumps(out))
     else:
@@ -184,14 +219,19 @@ def verify_command(expected_head: str | None, check_snapshot: bool, as_json: boo
 
 def _print_snapshot(snapshot: dict[str, Any]) -> None:
     for m in snapshot["mismatches"]:
-        console.print(f"[red]snapshot mismatch[/red]: {m['file']}: {m['problem']}", highlight=False,
-                      soft_wrap=True)
+        console.print(
+            f"[red]snapshot mismatch[/red]: {m['file']}: {m['problem']}", highlight=False, soft_wrap=True
+        )
     if snapshot["ok"]:
         stale = snapshot["stale_segments"]
-        console.print(f"[green]snapshot ok[/green]: {snapshot['files']} files proven up to seq "
-                      f"{snapshot['head_seq']:,}" + (f"; {stale} stale segment(s) the next reader reads again"
-                                                   if stale else "") + f" ({snapshot['directory']})",
-                      highlight=False, soft_wrap=True)
+        console.print(
+            f"[green]snapshot ok[/green]: {snapshot['files']} files proven up to seq "
+            f"{snapshot['head_seq']:,}"
+            + (f"; {stale} stale segment(s) the next reader reads again" if stale else "")
+            + f" ({snapshot['directory']})",
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 def _print_table(table: Any) -> None:
@@ -204,8 +244,14 @@ def _print_table(table: Any) -> None:
 @click.command("sql")
 @click.argument("statement", required=False)
 @click.option("--views", is_flag=True, help="List the views and their columns.")
-@click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table",
-              show_default=True, help="Output format.")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "json", "csv"]),
+    default="table",
+    show_default=True,
+    help="Output format.",
+)
 @db_option
 def sql_command(statement: str | None, views: bool, fmt: str, db_url: str) -> None:
     """Query the ledger with DuckDB over read-only views.

@@ -50,10 +50,16 @@ DEMO_TIME_SCALE = 0.05
 
 
 @click.command("demo")
-@click.option("--time-scale", type=float, default=DEMO_TIME_SCALE, show_default=True,
-              help="Scale the simulated latencies; at this scale cold >> cross > local shows at 128k.")
-@click.option("--html", "html_path", default="report.html", show_default=True,
-              help="Where to write the HTML report.")
+@click.option(
+    "--time-scale",
+    type=float,
+    default=DEMO_TIME_SCALE,
+    show_default=True,
+    help="Scale the simulated latencies; at this scale cold >> cross > local shows at 128k.",
+)
+@click.option(
+    "--html", "html_path", default="report.html", show_default=True, help="Where to write the HTML report."
+)
 @db_option
 @click.pass_context
 def demo_command(ctx: click.Context, time_scale: float, html_path: str, db_url: str) -> None:

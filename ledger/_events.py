@@ -147,8 +147,10 @@ def _check_envelope(event: NewEvent) -> None:
 def _envelope_ok(id_: Any, ts: Any, run_id: Any, block_id: Any, data: Any) -> bool:
     """The common case of :func:`_check_envelope`, in one expression (the append hot path)."""
     return (
-        type(id_) is str and _uuid_match(id_) is not None
-        and type(ts) is str and _ts_match(ts) is not None
+        type(id_) is str
+        and _uuid_match(id_) is not None
+        and type(ts) is str
+        and _ts_match(ts) is not None
         and (run_id is None or (type(run_id) is str and run_id != ""))
         and (block_id is None or (type(block_id) is str and block_id != ""))
         and type(data) is dict
@@ -158,7 +160,13 @@ def _envelope_ok(id_: Any, ts: Any, run_id: Any, block_id: Any, data: Any) -> bo
 def seal(event: NewEvent) -> Sealed:
     """Validate ``event`` against the envelope and vocabulary and compute its digest."""
     id_, ts, kind, run_id, block_id, data = (
-        event.id, event.ts, event.kind, event.run_id, event.block_id, event.data)
+        event.id,
+        event.ts,
+        event.kind,
+        event.run_id,
+        event.block_id,
+        event.data,
+    )
     if not _envelope_ok(id_, ts, run_id, block_id, data):
         _check_envelope(event)  # names the field; passes for str/dict subclasses
     validate(kind, data)
@@ -167,8 +175,10 @@ def seal(event: NewEvent) -> Sealed:
     # id and ts matched their patterns and kind is in the vocabulary: no escaping needed.
     run_text = "null" if run_id is None else _json_str(run_id)
     block_text = "null" if block_id is None else _json_str(block_id)
-    text = (f'{{"block_id":{block_text},"data":{data_json},"id":"{id_}",'
-            f'"kind":"{kind}","run_id":{run_text},"ts":"{ts}"}}')
+    text = (
+        f'{{"block_id":{block_text},"data":{data_json},"id":"{id_}",'
+        f'"kind":"{kind}","run_id":{run_text},"ts":"{ts}"}}'
+    )
     digest = _sha256(text.encode()).hexdigest()
     return Sealed(id_, ts, kind, run_id, block_id, data_json, digest, parsed)
 
@@ -184,8 +194,17 @@ def recorded(row: tuple[Any, ...], data: dict[str, Any]) -> Event:
     """
     event = _new(Event)
     fields = event.__dict__
-    (fields["seq"], fields["id"], fields["ts"], fields["kind"], fields["run_id"],
-     fields["block_id"], _, fields["digest"], fields["chain"]) = row
+    (
+        fields["seq"],
+        fields["id"],
+        fields["ts"],
+        fields["kind"],
+        fields["run_id"],
+        fields["block_id"],
+        _,
+        fields["digest"],
+        fields["chain"],
+    ) = row
     fields["data"] = data
     return event
 

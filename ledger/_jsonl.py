@@ -27,11 +27,29 @@ def _line_bytes(row: tuple[Any, ...]) -> bytes:
     dump = orjson.dumps
     data_bytes = data.encode() if isinstance(data, str) else bytes(data)
     # Keys in sorted order, data spliced in as stored: the line is canonical JSON.
-    return b"".join((
-        b'{"block_id":', dump(block_id), b',"chain":', dump(chain), b',"data":', data_bytes,
-        b',"digest":', dump(digest), b',"id":', dump(id_), b',"kind":', dump(kind),
-        b',"run_id":', dump(run_id), b',"seq":', dump(int(seq)), b',"ts":', dump(ts), b"}\n",
-    ))
+    return b"".join(
+        (
+            b'{"block_id":',
+            dump(block_id),
+            b',"chain":',
+            dump(chain),
+            b',"data":',
+            data_bytes,
+            b',"digest":',
+            dump(digest),
+            b',"id":',
+            dump(id_),
+            b',"kind":',
+            dump(kind),
+            b',"run_id":',
+            dump(run_id),
+            b',"seq":',
+            dump(int(seq)),
+            b',"ts":',
+            dump(ts),
+            b"}\n",
+        )
+    )
 
 
 def export_jsonl(ledger: Ledger, out: IO[bytes], progress: Progress | None = None) -> int:
@@ -67,8 +85,16 @@ def _seal_line(number: int, obj: dict[str, Any]) -> Sealed:
     if not isinstance(obj["kind"], str):
         raise ImportFileError(number, "kind", "must be a string")
     try:
-        sealed = seal(NewEvent(kind=obj["kind"], data=obj["data"], run_id=obj["run_id"],
-                               block_id=obj["block_id"], id=obj["id"], ts=obj["ts"]))
+        sealed = seal(
+            NewEvent(
+                kind=obj["kind"],
+                data=obj["data"],
+                run_id=obj["run_id"],
+                block_id=obj["block_id"],
+                id=obj["id"],
+                ts=obj["ts"],
+            )
+        )
     except EventError as exc:
         raise ImportFileError(number, exc.field, exc.reason) from exc
     given = obj.get("digest")

@@ -62,11 +62,19 @@ from ._events import GENESIS
 from ._store import Ledger
 from ._verify import scan_rows
 
-SCHEMA = pa.schema([
-    ("seq", pa.int64()), ("id", pa.string()), ("ts", pa.string()), ("kind", pa.string()),
-    ("run_id", pa.string()), ("block_id", pa.string()), ("data", pa.string()),
-    ("digest", pa.string()), ("chain", pa.string()),
-])
+SCHEMA = pa.schema(
+    [
+        ("seq", pa.int64()),
+        ("id", pa.string()),
+        ("ts", pa.string()),
+        ("kind", pa.string()),
+        ("run_id", pa.string()),
+        ("block_id", pa.string()),
+        ("data", pa.string()),
+        ("digest", pa.string()),
+        ("chain", pa.string()),
+    ]
+)
 _MAX_SEGMENTS = 24
 _BATCH = 200_000
 _VERSION = 2
@@ -77,8 +85,9 @@ _log = logging.getLogger(__name__)
 def rows_to_table(rows: list[tuple[Any, ...]]) -> pa.Table:
     """Arrow table of stored rows (data kept as canonical JSON text)."""
     columns = list(zip(*rows, strict=True)) if rows else [() for _ in SCHEMA]
-    return pa.Table.from_arrays([pa.array(c, type=f.type) for c, f in zip(columns, SCHEMA, strict=True)],
-                                schema=SCHEMA)
+    return pa.Table.from_arrays(
+        [pa.array(c, type=f.type) for c, f in zip(columns, SCHEMA, strict=True)], schema=SCHEMA
+    )
 
 
 def sql_literal(path: Path) -> str:
@@ -224,9 +233,12 @@ class Snapshot:
             state = json.loads(self._state_path.read_text())
         except (OSError, ValueError):
             return _empty()
-        if not isinstance(state, dict) or state.get("version") != _VERSION \
-                or not isinstance(state.get("segments"), list) \
-                or not isinstance(state.get("projections"), dict):
+        if (
+            not isinstance(state, dict)
+            or state.get("version") != _VERSION
+            or not isinstance(state.get("segments"), list)
+            or not isinstance(state.get("projections"), dict)
+        ):
             return _empty()  # an older format or not ours: rebuilt, nothing was served from it
         return state
 
@@ -256,8 +268,9 @@ class Snapshot:
             _merge_fields(merged, segment.fields)
         return merged
 
-    def refresh(self, ledger: Ledger, projections: Mapping[str, str] | None = None,
-                up_to_seq: int | None = None) -> list[Path]:
+    def refresh(
+        self, ledger: Ledger, projections: Mapping[str, str] | None = None, up_to_seq: int | None = None
+    ) -> list[Path]:
         """Prove the snapshot against the ledger, rebuild what fails, bring it (and
         ``projections``, name → SQL over ``events``) up to the ledger's head (or
         ``up_to_seq``, where a verification in progress covers that far); returns the
@@ -309,10 +322,13 @@ class Snapshot:
                 scan = scan_rows(rows, segment.first, previous)
                 ends = (scan.last_seq, scan.last_chain) == (segment.last, segment.chain)
                 if scan.bad_seq is not None or not ends:
-                    problem = f"seq {scan.bad_seq}: {scan.problem}" if scan.bad_seq is not None else \
-                        f"its rows do not chain to seq {segment.last}'s stored chain"
+                    problem = (
+                        f"seq {scan.bad_seq}: {scan.problem}"
+                        if scan.bad_seq is not None
+                        else f"its rows do not chain to seq {segment.last}'s stored chain"
+                    )
                     self.proof.mismatches.append(Mismatch(segment.path, problem))
-                    kept = kept[:kept.index(segment)]
+                    kept = kept[: kept.index(segment)]
                     break
                 previous = segment.chain
             for digest in sorted(state["projections"]):
@@ -327,8 +343,9 @@ class Snapshot:
         sql = entry.get("sql") if isinstance(entry, dict) else None
         files = entry.get("files") if isinstance(entry, dict) else None
         if not isinstance(sql, str) or self._sql_digest(sql) != digest or not isinstance(files, dict):
-            self.proof.mismatches.append(Mismatch(folder, "state.json does not record the SQL it was "
-                                                  "derived with"))
+            self.proof.mismatches.append(
+                Mismatch(folder, "state.json does not record the SQL it was derived with")
+            )
             return
         con = duckdb.connect(":memory:")
         try:
@@ -337,18 +354,22 @@ class Snapshot:
                 if not isinstance(record, dict) or record.get("from") != segment.sha256 or not path.exists():
                     continue  # stale: the next reader derives it again, nothing is served from it
                 if self.proof.hashed(path) != record.get("sha256"):
-                    self.proof.mismatches.append(Mismatch(path, "content differs from the digest recorded "
-                                                          "when it was derived"))
+                    self.proof.mismatches.append(
+                        Mismatch(path, "content differs from the digest recorded when it was derived")
+                    )
                     continue
                 source = sql_literal(segment.path)
                 con.execute(f"CREATE OR REPLACE VIEW events AS FROM read_parquet({source})")
                 stored = f"FROM read_parquet({sql_literal(path)})"
-                differing = con.execute(f"SELECT (SELECT count(*) FROM ({stored} EXCEPT ALL ({sql}))) + "
-                                        f"(SELECT count(*) FROM (({sql}) EXCEPT ALL {stored}))").fetchone()
+                differing = con.execute(
+                    f"SELECT (SELECT count(*) FROM ({stored} EXCEPT ALL ({sql}))) + "
+                    f"(SELECT count(*) FROM (({sql}) EXCEPT ALL {stored}))"
+                ).fetchone()
                 if differing is None or differing[0]:
                     count = "?" if differing is None else differing[0]
-                    self.proof.mismatches.append(Mismatch(path, f"{count} rows differ from its segment "
-                                                          "derived again"))
+                    self.proof.mismatches.append(
+                        Mismatch(path, f"{count} rows differ from its segment derived again")
+                    )
         finally:
             con.close()
 
@@ -387,8 +408,15 @@ class Snapshot:
             return None, "no segment metadata (first, last, chain, fields)"
         if meta["first"] != first or meta["last"] < meta["first"]:
             return None, f"holds seq {meta['first']}..{meta['last']} where seq {first} comes next"
-        return Segment(path, entry["sha256"], int(meta["first"]), int(meta["last"]), str(meta["chain"]),
-                       dict(meta["fields"]), bool(meta["proven"])), None
+        return Segment(
+            path,
+            entry["sha256"],
+            int(meta["first"]),
+            int(meta["last"]),
+            str(meta["chain"]),
+            dict(meta["fields"]),
+            bool(meta["proven"]),
+        ), None
 
     @staticmethod
     def _stored_chains(ledger: Ledger, seqs: list[int]) -> dict[int, str]:
@@ -425,11 +453,13 @@ class Snapshot:
                 if not isinstance(record, dict) or record.get("from") != segment.sha256 or not path.exists():
                     missing.append(segment)  # never derived from this segment: derive it
                 elif self.proof.hashed(path) != record.get("sha256"):
-                    self.proof.mismatches.append(Mismatch(path, "content differs from the digest recorded "
-                                                          "when it was derived"))
+                    self.proof.mismatches.append(
+                        Mismatch(path, "content differs from the digest recorded when it was derived")
+                    )
                     missing.append(segment)
-        entry["files"] = {s.path.name: records[s.path.name] for s in segments
-                          if s.path.name in records and s not in missing}
+        entry["files"] = {
+            s.path.name: records[s.path.name] for s in segments if s.path.name in records and s not in missing
+        }
         state["projections"][self._sql_digest(sql)] = entry
         if not missing:
             return
@@ -447,8 +477,15 @@ class Snapshot:
         finally:
             con.close()
 
-    def _write(self, table: pa.Table, first: int, last: int, chain: str, proven: bool,
-               fields: dict[str, dict[str, list[str]]]) -> Segment:
+    def _write(
+        self,
+        table: pa.Table,
+        first: int,
+        last: int,
+        chain: str,
+        proven: bool,
+        fields: dict[str, dict[str, list[str]]],
+    ) -> Segment:
         name = f"events-{first:012d}-{last:012d}.parquet"
         meta = {"first": first, "last": last, "chain": chain, "fields": fields, "proven": proven}
         table = table.replace_schema_metadata({_META_KEY: json.dumps(meta).encode()})

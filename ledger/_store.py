@@ -112,9 +112,7 @@ class Ledger:
         for start in range(0, len(sealed), 500):
             chunk = sealed[start : start + 500]
             marks = self.dialect.placeholders(len(chunk))
-            cursor.execute(
-                f"SELECT {_COLUMNS} FROM events WHERE id IN ({marks})", [s.id for s in chunk]
-            )
+            cursor.execute(f"SELECT {_COLUMNS} FROM events WHERE id IN ({marks})", [s.id for s in chunk])
             for row in cursor.fetchall():
                 known[row[1]] = event_from_row(row)
         for s in sealed:
@@ -136,17 +134,17 @@ class Ledger:
             rows.append((seq, s.id, s.ts, s.kind, s.run_id, s.block_id, s.data_json, s.digest, chain))
         cursor.executemany(self.dialect.insert_event, rows)
         cursor.execute(self.dialect.insert_head, (seq, chain, utc_now()))
-        return [recorded(row, parse_json(row[6]) if s.data is None else s.data)
-                for row, s in zip(rows, fresh, strict=True)]
+        return [
+            recorded(row, parse_json(row[6]) if s.data is None else s.data)
+            for row, s in zip(rows, fresh, strict=True)
+        ]
 
     # -- read -------------------------------------------------------------------
 
     def head(self) -> Head | None:
         """The last event's seq and chain, or None for an empty ledger."""
         with self.engine.connect() as conn:
-            row = conn.exec_driver_sql(
-                "SELECT seq, chain FROM events ORDER BY seq DESC LIMIT 1"
-            ).first()
+            row = conn.exec_driver_sql("SELECT seq, chain FROM events ORDER BY seq DESC LIMIT 1").first()
         return Head(int(row[0]), row[1]) if row else None
 
     def count(self) -> int:

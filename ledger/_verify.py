@@ -70,14 +70,16 @@ _RELINKED = "chain does not follow from the previous link (rows edited, inserted
 
 
 # Printable ASCII but the quote and the backslash: JSON needs no escape for these.
-_SAFE = re.compile(r'[ !#-\[\]-~]*')
+_SAFE = re.compile(r"[ !#-\[\]-~]*")
 
 
 def _envelope_text(row: tuple[Any, ...]) -> str:
     """The canonical envelope of a stored row whatever its strings hold (the slow path)."""
     _, id_, ts, kind, run_id, block_id, data, _, _ = row
-    return (f'{{"block_id":{_quoted(block_id)},"data":{data},"id":{_quoted(id_)},'
-            f'"kind":{_quoted(kind)},"run_id":{_quoted(run_id)},"ts":{_quoted(ts)}}}')
+    return (
+        f'{{"block_id":{_quoted(block_id)},"data":{data},"id":{_quoted(id_)},'
+        f'"kind":{_quoted(kind)},"run_id":{_quoted(run_id)},"ts":{_quoted(ts)}}}'
+    )
 
 
 def scan_rows(rows: Iterable[tuple[Any, ...]], start_seq: int, previous_chain: str) -> RangeResult:
@@ -88,16 +90,19 @@ def scan_rows(rows: Iterable[tuple[Any, ...]], start_seq: int, previous_chain: s
     for row in rows:
         seq, id_, ts, kind, run_id, block_id, data, digest, stored_chain = row
         if seq != expected:
-            return RangeResult(expected - 1, chain, min(expected, int(seq)),
-                               _DELETED.format(seq=seq, expected=expected))
+            return RangeResult(
+                expected - 1, chain, min(expected, int(seq)), _DELETED.format(seq=seq, expected=expected)
+            )
         if type(data) is not str:
             data = bytes(data).decode()
         run_text = "null" if run_id is None else f'"{run_id}"'
         block_text = "null" if block_id is None else f'"{block_id}"'
         # One pattern match tells whether plain quoting is canonical for all five strings.
         if safe(f"{id_}{ts}{kind}{run_id or ''}{block_id or ''}") is not None:
-            text = (f'{{"block_id":{block_text},"data":{data},"id":"{id_}",'
-                    f'"kind":"{kind}","run_id":{run_text},"ts":"{ts}"}}')
+            text = (
+                f'{{"block_id":{block_text},"data":{data},"id":"{id_}",'
+                f'"kind":"{kind}","run_id":{run_text},"ts":"{ts}"}}'
+            )
         else:
             text = _envelope_text((seq, id_, ts, kind, run_id, block_id, data, digest, stored_chain))
         if sha256(text.encode()).hexdigest() != digest:
@@ -120,8 +125,9 @@ def _missing_tail(result: RangeResult, last: int) -> RangeResult:
         # The rows stopped early: the next ones are missing (sequentially they would
         # have shown up as a gap before the following range's first row).
         missing = result.last_seq + 1
-        return RangeResult(result.last_seq, result.last_chain, missing,
-                           f"seq {missing} is missing (rows deleted)")
+        return RangeResult(
+            result.last_seq, result.last_chain, missing, f"seq {missing} is missing (rows deleted)"
+        )
     return result
 
 
@@ -131,15 +137,17 @@ def check_heads(
     """Compare recorded heads to the events; a head past the end means a truncated tail."""
     for seq, chain in heads:
         if seq > last_seq:
-            return last_seq + 1, (f"a head was recorded at seq {seq} but the ledger ends at "
-                                  f"{last_seq} (tail truncated)")
+            return last_seq + 1, (
+                f"a head was recorded at seq {seq} but the ledger ends at {last_seq} (tail truncated)"
+            )
         if chains_at.get(seq) != chain:
             return seq, f"recorded head at seq {seq} does not match the event's chain"
     return None, None
 
 
-def conclude(scan: RangeResult, heads: list[tuple[int, str]], chains_at: dict[int, str],
-             expected_head: str | None) -> Verification:
+def conclude(
+    scan: RangeResult, heads: list[tuple[int, str]], chains_at: dict[int, str], expected_head: str | None
+) -> Verification:
     """Combine the row scan, the recorded heads and an expected head into the verdict."""
     bad, problem = scan.bad_seq, scan.problem
     last_seq, last_chain = scan.last_seq, scan.last_chain
@@ -254,8 +262,12 @@ def native_path(ledger: Any, verifier: str | None = None) -> str | None:
     if (verifier or os.environ.get("KVLEDGER_VERIFIER", "auto")) == "python" or _cverify is None:
         return None
     database = ledger.url.database
-    if ledger.url.get_backend_name() != "sqlite" or not database or database == ":memory:" \
-            or database.startswith("file:"):
+    if (
+        ledger.url.get_backend_name() != "sqlite"
+        or not database
+        or database == ":memory:"
+        or database.startswith("file:")
+    ):
         return None
     return str(database)
 
@@ -271,8 +283,10 @@ def _native_range(path: str, first: int, last: int) -> RangeResult:
     else:
         after, previous = first - 2, ""
         with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as connection:
-            before = connection.execute("SELECT seq, chain FROM events WHERE seq > ? AND seq <= ? "
-                                        "ORDER BY seq LIMIT 1", (first - 2, last)).fetchone()
+            before = connection.execute(
+                "SELECT seq, chain FROM events WHERE seq > ? AND seq <= ? ORDER BY seq LIMIT 1",
+                (first - 2, last),
+            ).fetchone()
         connection.close()
         if before is not None and before[0] == first - 1:
             after, previous = first - 1, str(before[1])
@@ -280,8 +294,11 @@ def _native_range(path: str, first: int, last: int) -> RangeResult:
     outcome, bad, found, last_good, chain = _cverify.scan(path, after, last, first, previous)
     if outcome == _cverify.OK:
         return _missing_tail(RangeResult(last_good, chain), last)
-    problem = _DELETED.format(seq=found, expected=last_good + 1) if outcome == _cverify.DELETED \
+    problem = (
+        _DELETED.format(seq=found, expected=last_good + 1)
+        if outcome == _cverify.DELETED
         else _NATIVE_PROBLEMS[outcome]
+    )
     return RangeResult(last_good, chain, bad, problem)
 
 
@@ -293,8 +310,9 @@ def _scan_native(path: str, last: int, workers: int | None) -> RangeResult:
         return merge(list(executor.map(lambda part: _native_range(path, *part), ranges(last, count))))
 
 
-def verify_ledger(ledger: Any, expected_head: str | None = None, workers: int | None = None,
-                  verifier: str | None = None) -> Verification:
+def verify_ledger(
+    ledger: Any, expected_head: str | None = None, workers: int | None = None, verifier: str | None = None
+) -> Verification:
     """Verify ``ledger`` (a :class:`ledger.Ledger`), in parallel when it is large
     (``verifier``: see :func:`native_path`)."""
     # Heads first: each is committed with its events, so all of them lie at or below
@@ -302,8 +320,9 @@ def verify_ledger(ledger: Any, expected_head: str | None = None, workers: int | 
     heads = [(h.seq, h.chain) for h in ledger.recorded_heads()]
     with ledger.engine.connect() as conn:
         last = int(conn.exec_driver_sql("SELECT coalesce(max(seq), 0) FROM events").scalar_one())
-        chains_at = dict(conn.exec_driver_sql(
-            "SELECT e.seq, e.chain FROM heads h JOIN events e ON e.seq = h.seq").all())
+        chains_at = dict(
+            conn.exec_driver_sql("SELECT e.seq, e.chain FROM heads h JOIN events e ON e.seq = h.seq").all()
+        )
     path = native_path(ledger, verifier)
     if path is not None:
         return conclude(_scan_native(path, last, workers), heads, chains_at, expected_head)

@@ -32,5 +32,4 @@ def json_option(fn: F) -> F:
 
 def run_option(fn: F) -> F:
     """``--run RUN_ID``: restrict to one run."""
-    return click.option("--run", "run_id", metavar="RUN_ID", default=None,
-                        help="Only this run.")(fn)
+    return click.option("--run", "run_id", metavar="RUN_ID", default=None, help="Only this run.")(fn)

@@ -11,8 +11,11 @@ target_metadata = metadata
 
 
 def run_migrations_offline() -> None:
-    context.configure(url=context.config.get_main_option("sqlalchemy.url"),
-                      target_metadata=target_metadata, literal_binds=True)
+    context.configure(
+        url=context.config.get_main_option("sqlalchemy.url"),
+        target_metadata=target_metadata,
+        literal_binds=True,
+    )
     with context.begin_transaction():
         context.run_migrations()
 

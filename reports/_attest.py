@@ -162,8 +162,12 @@ def check_statement(statement: dict[str, Any], src: Source, report_dir: Path | N
         return problems
     pred = statement["predicate"]
     head = pred["ledger"]["head"]
-    if head and (src.head is None or src.head.seq != head["seq"] or src.head.chain != head["chain"]
-                 or _stored_chain(src, int(head["seq"])) != head["chain"]):
+    if head and (
+        src.head is None
+        or src.head.seq != head["seq"]
+        or src.head.chain != head["chain"]
+        or _stored_chain(src, int(head["seq"])) != head["chain"]
+    ):
         problems.append(f"the ledger has no event seq {head['seq']} with chain {head['chain']}")
         return problems
     files = report_files(src, pred["scope"]["run"])

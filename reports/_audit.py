@@ -111,14 +111,25 @@ def chain_broken(src: Source, run: str | None) -> list[Finding]:
 def snapshot_mismatch(src: Source, run: str | None) -> list[Finding]:
     """Snapshot files that failed their proof when the source opened (rebuilt before use)."""
     folder = src.analytics.snapshot.directory
-    found = [finding("snapshot-mismatch", {}, m.file.relative_to(folder) if m.file.is_relative_to(folder)
-                     else m.file, f"{m.file}: {m.problem}; rebuilt from the ledger")
-             for m in src.snapshot_mismatches]
+    found = [
+        finding(
+            "snapshot-mismatch",
+            {},
+            m.file.relative_to(folder) if m.file.is_relative_to(folder) else m.file,
+            f"{m.file}: {m.problem}; rebuilt from the ledger",
+        )
+        for m in src.snapshot_mismatches
+    ]
     proof, verified = src.snapshot_proof, src.verification()
     if verified.ok and proof.head_seq > (verified.head_seq or 0):
-        found.append(finding("snapshot-mismatch", {}, proof.head_seq,
-                             f"the snapshot holds seq {proof.head_seq}, past the verified head "
-                             f"{verified.head_seq}"))
+        found.append(
+            finding(
+                "snapshot-mismatch",
+                {},
+                proof.head_seq,
+                f"the snapshot holds seq {proof.head_seq}, past the verified head {verified.head_seq}",
+            )
+        )
     return found
 
 
@@ -142,11 +153,14 @@ def run_incomplete(src: Source, run: str | None) -> list[Finding]:
             r["run_id"],
             f"{r['experiment']} run "
             + ("has no run.finished" if r["finish_status"] is None else f"finished {r['finish_status']}")
-            + (f"; {r['unpaired']} measured request(s) left without a partner in the other arm"
-               if r["unpaired"] else ""),
+            + (
+                f"; {r['unpaired']} measured request(s) left without a partner in the other arm"
+                if r["unpaired"]
+                else ""
+            ),
         )
         for r in rows
-    ]  # fmt: skip
+    ]
 
 
 def _incomplete_runs(src: Source) -> set[str]:
@@ -263,11 +277,14 @@ def assertion_failed(src: Source, run: str | None) -> list[Finding]:
     out = []
     for r in rows:
         if not r["recorded_passed"]:
-            detail = (f"{r['check']} failed: expected {r['recorded_expected']}, "
-                      f"observed {r['recorded_observed']}")
+            detail = (
+                f"{r['check']} failed: expected {r['recorded_expected']}, observed {r['recorded_observed']}"
+            )
         else:
-            detail = (f"{r['check']} fails on its observations: expected {r['derived_expected']}, observed "
-                      f"{r['derived_observed']} (recorded as passed)")
+            detail = (
+                f"{r['check']} fails on its observations: expected {r['derived_expected']}, observed "
+                f"{r['derived_observed']} (recorded as passed)"
+            )
         out.append(finding("assertion-failed", r, _assertion_target(r), detail))
     return out
 
@@ -315,9 +332,11 @@ def hits_inconsistent(src: Source, run: str | None) -> list[Finding]:
     )
 
     def values(r: dict[str, Any], prefix: str) -> str:
-        return (f"prefix queries {r[prefix + 'prefix_queries']}, local {r[prefix + 'local_hit_tokens']}, "
-                f"external {r[prefix + 'external_hit_tokens']}"
-                + (", counter reset" if r[prefix + "counter_reset"] else ""))
+        return (
+            f"prefix queries {r[prefix + 'prefix_queries']}, local {r[prefix + 'local_hit_tokens']}, "
+            f"external {r[prefix + 'external_hit_tokens']}"
+            + (", counter reset" if r[prefix + "counter_reset"] else "")
+        )
 
     return [
         finding(
@@ -325,11 +344,14 @@ def hits_inconsistent(src: Source, run: str | None) -> list[Finding]:
             r,
             r["scope"],
             f"replica {r['replica']}: hits.observed records {values(r, '')}; "
-            + (f"its metrics.scraped before/after give {values(r, 'scraped_')}" if r["scraped"]
-               else "no metrics.scraped before/after stands behind it"),
+            + (
+                f"its metrics.scraped before/after give {values(r, 'scraped_')}"
+                if r["scraped"]
+                else "no metrics.scraped before/after stands behind it"
+            ),
         )
         for r in rows
-    ]  # fmt: skip
+    ]
 
 
 def assertion_not_independent(src: Source, run: str | None) -> list[Finding]:
@@ -405,11 +427,14 @@ def missing_full_prefix_hit(src: Source, run: str | None) -> list[Finding]:
             r["request_id"],
             f"cross-replica step hit {_count(r['external_hit_tokens'])} external "
             f"(+{_count(r['local_hit_tokens'])} local) tokens of a shareable prefix of "
-            + (f"{r['shareable']} ({r['prompt_tokens']} prompt tokens, chunk {r['chunk_size']})"
-               if r["shareable"] is not None else "unknown size (no chunk recorded)"),
+            + (
+                f"{r['shareable']} ({r['prompt_tokens']} prompt tokens, chunk {r['chunk_size']})"
+                if r["shareable"] is not None
+                else "unknown size (no chunk recorded)"
+            ),
         )
         for r in rows
-    ]  # fmt: skip
+    ]
 
 
 def _count(value: Any) -> str:
@@ -437,8 +462,9 @@ def counter_mismatch(src: Source, run: str | None) -> list[Finding]:
     for r in rows:
         problems = []
         if r["prefix_queries"] != r["prompt_tokens"]:
-            problems.append(f"prefix-query increment {_count(r['prefix_queries'])} "
-                            f"≠ prompt tokens {r['prompt_tokens']}")
+            problems.append(
+                f"prefix-query increment {_count(r['prefix_queries'])} ≠ prompt tokens {r['prompt_tokens']}"
+            )
         if r["cached_tokens"] is not None and r["hit_tokens"] != r["cached_tokens"]:
             problems.append(f"hit increments {_count(r['hit_tokens'])} ≠ cached tokens {r['cached_tokens']}")
         if r["counter_reset"]:
@@ -494,8 +520,11 @@ def checkpoint_mismatch(src: Source, run: str | None) -> list[Finding]:
         if not problems and r["matched"] is False:
             problems.append("recorded matched: false")
         if problems:
-            out.append(finding("checkpoint-mismatch", r, r["path"], f"revision {r['revision']}: "
-                               + "; ".join(problems)))  # fmt: skip
+            out.append(
+                finding(
+                    "checkpoint-mismatch", r, r["path"], f"revision {r['revision']}: " + "; ".join(problems)
+                )
+            )
         if r["stable"] is False:
             out.append(finding("checkpoint-mismatch", r, r["path"], "files changed while being read"))
     return out
@@ -503,11 +532,16 @@ def checkpoint_mismatch(src: Source, run: str | None) -> list[Finding]:
 
 def checkpoint_unverified(src: Source, run: str | None) -> list[Finding]:
     return [
-        finding("checkpoint-unverified", r, r["path"],
-                f"revision {r['revision']}: {len(r['unreferenced'])} file(s) with no reference to check "
-                f"against (no manifest, not a Hugging Face cache snapshot); {_MANIFEST_HELP}")
-        for r in _checkpoint_rows(src, run) if r["unverified"]
-    ]  # fmt: skip
+        finding(
+            "checkpoint-unverified",
+            r,
+            r["path"],
+            f"revision {r['revision']}: {len(r['unreferenced'])} file(s) with no reference to check "
+            f"against (no manifest, not a Hugging Face cache snapshot); {_MANIFEST_HELP}",
+        )
+        for r in _checkpoint_rows(src, run)
+        if r["unverified"]
+    ]
 
 
 def provenance_missing(src: Source, run: str | None) -> list[Finding]:
@@ -548,7 +582,8 @@ def validation_missing(src: Source, run: str | None) -> list[Finding]:
         if cfg["passed"]:
             continue
         missing = [
-            name + (f" ({cfg['notes'][name]})" if name in cfg["notes"] else "")
+            name
+            + (f" ({cfg['notes'][name]})" if name in cfg["notes"] else "")
             + (" (failed)" if cfg["layers"][name] == "failed" else "")
             for name in cfg["missing"]
         ]
@@ -577,12 +612,16 @@ def pinned_rounding(src: Source, run: str | None) -> list[Finding]:
         tried = ", ".join(s["tried"]) or "none"
         refused = f"; refused by torch: {', '.join(s['refused'])}" if s["refused"] else ""
         error = f"; error: {s['error']}" if s["error"] else ""
-        out.append(finding(
-            "pinned-rounding", {"run_id": s["run_id"]}, f"{s['bytes_requested']} bytes",
-            f"{s['series']}: requested {s['bytes_requested']} bytes, reserved {reserved} bytes{ratio}, "
-            f"{state}; beyond {TOLERANCE_TEXT} and no recorded setting brings it within "
-            f"(tried: {tried}){refused}{error}",
-        ))  # fmt: skip
+        out.append(
+            finding(
+                "pinned-rounding",
+                {"run_id": s["run_id"]},
+                f"{s['bytes_requested']} bytes",
+                f"{s['series']}: requested {s['bytes_requested']} bytes, reserved {reserved} bytes{ratio}, "
+                f"{state}; beyond {TOLERANCE_TEXT} and no recorded setting brings it within "
+                f"(tried: {tried}){refused}{error}",
+            )
+        )
     return out
 
 
@@ -594,16 +633,24 @@ def helper_probe_failed(src: Source, run: str | None) -> list[Finding]:
         if cfg["lmcache_allocator"] != "lazy" or cfg["layers"].get(HELPERS) != "failed":
             continue
         failed = [p for p in config_helper_paths(cfg, helpers["paths"]) if p["failed"]]
-        parts = [f"{p['direction']} {'delayed' if p['delayed'] else 'undelayed'} "
-                 f"{'with' if p['with_ops'] else 'without'} compiled ops via {p['copy']}: "
-                 f"{p['failed']} of {p['checks']} failed" for p in failed]  # fmt: skip
+        parts = [
+            f"{p['direction']} {'delayed' if p['delayed'] else 'undelayed'} "
+            f"{'with' if p['with_ops'] else 'without'} compiled ops via {p['copy']}: "
+            f"{p['failed']} of {p['checks']} failed"
+            for p in failed
+        ]
         offsets = [p["first_bad_offset"] for p in failed if p["first_bad_offset"] is not None]
         first = min(offsets, default=None)
-        out.append(finding(
-            "helper-probe-failed", {"run_id": cfg["runs"][0]}, cfg["config_sha256"],
-            f"lazy allocator on LMCache {cfg['lmcache_version']}: " + "; ".join(parts)
-            + (f"; first bad byte at offset {first}" if first is not None else ""),
-        ))  # fmt: skip
+        out.append(
+            finding(
+                "helper-probe-failed",
+                {"run_id": cfg["runs"][0]},
+                cfg["config_sha256"],
+                f"lazy allocator on LMCache {cfg['lmcache_version']}: "
+                + "; ".join(parts)
+                + (f"; first bad byte at offset {first}" if first is not None else ""),
+            )
+        )
     return out
 
 
@@ -650,11 +697,15 @@ def blocks_not_restarted(src: Source, run: str | None) -> list[Finding]:
         {"run": run},
     )
     return [
-        finding("blocks-not-restarted", r, r["block_id"],
-                f"{r['arm']} block {r['position']} ran on a deployment that was not restarted for it "
-                "(attach mode): caches and counters carry over, so arms are not independent")
+        finding(
+            "blocks-not-restarted",
+            r,
+            r["block_id"],
+            f"{r['arm']} block {r['position']} ran on a deployment that was not restarted for it "
+            "(attach mode): caches and counters carry over, so arms are not independent",
+        )
         for r in rows
-    ]  # fmt: skip
+    ]
 
 
 def hash_seed_unset(src: Source, run: str | None) -> list[Finding]:
@@ -670,31 +721,54 @@ def hash_seed_unset(src: Source, run: str | None) -> list[Finding]:
     for r in rows:
         seeds = [str(s) for s in r["seeds"]]
         if "(unset)" in seeds or len(set(seeds)) > 1:
-            out.append(finding("hash-seed-unset", r, r["config_sha256"],
-                               f"ON replicas launched with PYTHONHASHSEED {', '.join(sorted(set(seeds)))}: "
-                               "replicas hashing chunks with different seeds share nothing, silently"))
+            out.append(
+                finding(
+                    "hash-seed-unset",
+                    r,
+                    r["config_sha256"],
+                    f"ON replicas launched with PYTHONHASHSEED {', '.join(sorted(set(seeds)))}: "
+                    "replicas hashing chunks with different seeds share nothing, silently",
+                )
+            )
     return out
 
 
 def ttft_method_mixed(src: Source, run: str | None) -> list[Finding]:
     """TTFT figures of one table dated by different transports/clocks (``response.received.ttft_method``)."""
     by_run: dict[str, dict[str, int]] = {}
-    for r in src.rows(f"""SELECT run_id, coalesce(ttft_method, 'unrecorded') AS method, count(*) AS n
+    for r in src.rows(
+        f"""SELECT run_id, coalesce(ttft_method, 'unrecorded') AS method, count(*) AS n
                           FROM kv_ttft WHERE {SCOPE} GROUP BY ALL ORDER BY run_id, method""",
-                      {"run": run}):  # fmt: skip
+        {"run": run},
+    ):
         by_run.setdefault(r["run_id"], {})[r["method"]] = r["n"]
-    out = [finding("ttft-method-mixed", {"run_id": rid}, rid,
-                   "TTFT observations dated by " + ", ".join(f"{m} ({n})" for m, n in methods.items())
-                   + ": ON/OFF medians may compare different clocks")
-           for rid, methods in by_run.items() if len(methods) > 1]  # fmt: skip
+    out = [
+        finding(
+            "ttft-method-mixed",
+            {"run_id": rid},
+            rid,
+            "TTFT observations dated by "
+            + ", ".join(f"{m} ({n})" for m, n in methods.items())
+            + ": ON/OFF medians may compare different clocks",
+        )
+        for rid, methods in by_run.items()
+        if len(methods) > 1
+    ]
     uniform: dict[str, list[str]] = {}
     for rid, methods in by_run.items():
         if len(methods) == 1:
             uniform.setdefault(next(iter(methods)), []).append(rid)
     if len(uniform) > 1:
-        out.append(finding("ttft-method-mixed", {}, "runs", "the TTFT table's runs were dated by different "
-                           "methods: " + "; ".join(f"{m}: {', '.join(r[:8] for r in rids)}"
-                                                   for m, rids in sorted(uniform.items()))))  # fmt: skip
+        out.append(
+            finding(
+                "ttft-method-mixed",
+                {},
+                "runs",
+                "the TTFT table's runs were dated by different "
+                "methods: "
+                + "; ".join(f"{m}: {', '.join(r[:8] for r in rids)}" for m, rids in sorted(uniform.items())),
+            )
+        )
     return out
 
 
@@ -770,8 +844,10 @@ def grouped(findings: list[dict[str, Any]], examples: int = EXAMPLES) -> list[di
     with the first ``examples`` instances (the terminal view; ``--json`` keeps every one)."""
     groups: dict[tuple[str, str], dict[str, Any]] = {}
     for f in findings:
-        group = groups.setdefault((str(f["severity"]), str(f["code"])), {
-            "severity": f["severity"], "code": f["code"], "count": 0, "examples": []})  # fmt: skip
+        group = groups.setdefault(
+            (str(f["severity"]), str(f["code"])),
+            {"severity": f["severity"], "code": f["code"], "count": 0, "examples": []},
+        )
         group["count"] += 1
         if len(group["examples"]) < examples:
             group["examples"].append(f)

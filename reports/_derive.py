@@ -149,8 +149,9 @@ def _cell_order(cell: tuple[Any, ...]) -> tuple[tuple[bool, bool, float, str], .
     )
 
 
-def _table(src: Source, run: str | None, dims: tuple[str, ...], value: str,
-           observations: str, units: str) -> list[dict[str, Any]]:
+def _table(
+    src: Source, run: str | None, dims: tuple[str, ...], value: str, observations: str, units: str
+) -> list[dict[str, Any]]:
     """One row per cell of ``dims``: per-arm observations and medians, then the paired change.
 
     ``observations`` and ``units`` are ``relation WHERE condition``. DuckDB groups them
@@ -160,25 +161,42 @@ def _table(src: Source, run: str | None, dims: tuple[str, ...], value: str,
     kept = f"FILTER (WHERE {value} IS NOT NULL)"
     arms: dict[tuple[Any, ...], dict[str, tuple[list[Any], list[Any]]]] = defaultdict(dict)
     for *dim_values, arm, values, pairs in src.tuples(
-            f"SELECT {columns}, arm, list({value} ORDER BY seq) {kept}, list(pair ORDER BY seq) {kept} "
-            f"FROM {observations} AND {SCOPE} GROUP BY ALL", p):
+        f"SELECT {columns}, arm, list({value} ORDER BY seq) {kept}, list(pair ORDER BY seq) {kept} "
+        f"FROM {observations} AND {SCOPE} GROUP BY ALL",
+        p,
+    ):
         arms[tuple(dim_values)][arm] = (values or [], pairs or [])
-    paired = {tuple(dim_values): (pairs, changes) for *dim_values, pairs, changes in src.tuples(
-        f"SELECT {columns}, list(pair ORDER BY seq), list(change_pct ORDER BY seq) "
-        f"FROM {units} AND {SCOPE} GROUP BY ALL", p)}
+    paired = {
+        tuple(dim_values): (pairs, changes)
+        for *dim_values, pairs, changes in src.tuples(
+            f"SELECT {columns}, list(pair ORDER BY seq), list(change_pct ORDER BY seq) "
+            f"FROM {units} AND {SCOPE} GROUP BY ALL",
+            p,
+        )
+    }
     out = []
     for cell in sorted(set(arms) | set(paired), key=_cell_order):
         by_arm = arms.get(cell, {})
-        out.append({**dict(zip(dims, cell, strict=True)),
-                    "arms": {arm: _arm_summary(*by_arm.get(arm, ([], []))) for arm in ("OFF", "ON")},
-                    **_paired(*paired.get(cell, ([], [])))})
+        out.append(
+            {
+                **dict(zip(dims, cell, strict=True)),
+                "arms": {arm: _arm_summary(*by_arm.get(arm, ([], []))) for arm in ("OFF", "ON")},
+                **_paired(*paired.get(cell, ([], []))),
+            }
+        )
     return out
 
 
 def ttft_table(src: Source, run: str | None) -> list[dict[str, Any]]:
     """Table 3 / Figure 3: TTFT by nominal size × locality × arm."""
-    table = _table(src, run, ("run_id", "nominal_tokens", "locality"), "ttft_s",
-                   "kv_ttft WHERE true", "kv_ttft_pairs WHERE true")
+    table = _table(
+        src,
+        run,
+        ("run_id", "nominal_tokens", "locality"),
+        "ttft_s",
+        "kv_ttft WHERE true",
+        "kv_ttft_pairs WHERE true",
+    )
     order = {"cold": 0, "local1": 1, "cross": 2}
     table.sort(key=lambda r: (str(r["run_id"]), r["nominal_tokens"] or 0, order.get(r["locality"], 9)))
     for row in table:
@@ -197,20 +215,38 @@ def ttft_methods(src: Source, run: str | None) -> list[dict[str, Any]]:
 
 def session_table(src: Source, run: str | None) -> list[dict[str, Any]]:
     """Table 4 / Figure 4: session wall time by size × routing."""
-    return _table(src, run, ("run_id", "nominal_tokens", "placement"), "wall_s",
-                  "kv_sessions WHERE NOT excluded", "kv_session_pairs WHERE true")
+    return _table(
+        src,
+        run,
+        ("run_id", "nominal_tokens", "placement"),
+        "wall_s",
+        "kv_sessions WHERE NOT excluded",
+        "kv_session_pairs WHERE true",
+    )
 
 
 def decode_table(src: Source, run: str | None) -> list[dict[str, Any]]:
     """Decode rate of forced-length generation by input size, cache state and output length."""
-    return _table(src, run, ("run_id", "nominal_tokens", "step", "max_tokens"), "decode_rate",
-                  "kv_measured WHERE workload = 'generation' AND NOT excluded", "kv_decode_pairs WHERE true")
+    return _table(
+        src,
+        run,
+        ("run_id", "nominal_tokens", "step", "max_tokens"),
+        "decode_rate",
+        "kv_measured WHERE workload = 'generation' AND NOT excluded",
+        "kv_decode_pairs WHERE true",
+    )
 
 
 def window_table(src: Source, run: str | None) -> list[dict[str, Any]]:
     """Output tokens per second of concurrency windows by sessions × placement."""
-    return _table(src, run, ("run_id", "sessions", "placement"), "tokens_per_s",
-                  "kv_windows WHERE NOT excluded", "kv_window_pairs WHERE true")
+    return _table(
+        src,
+        run,
+        ("run_id", "sessions", "placement"),
+        "tokens_per_s",
+        "kv_windows WHERE NOT excluded",
+        "kv_window_pairs WHERE true",
+    )
 
 
 class Clean(list[Any]):

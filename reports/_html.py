@@ -169,8 +169,11 @@ def figure_paired(rows: list[dict[str, Any]]) -> str:
     sizes = _sizes(rows)
     localities = [loc for loc in _LOCALITIES if any(r["locality"] == loc for r in rows)]
     fig, axes = plt.subplots(
-        len(localities), len(sizes), figsize=(1.9 * len(sizes) + 0.8, 1.9 * len(localities) + 0.6),
-        squeeze=False, layout="constrained",
+        len(localities),
+        len(sizes),
+        figsize=(1.9 * len(sizes) + 0.8, 1.9 * len(localities) + 0.6),
+        squeeze=False,
+        layout="constrained",
     )
     pairs_seen: set[int] = set()
     for i, loc in enumerate(localities):
@@ -198,8 +201,17 @@ def figure_paired(rows: list[dict[str, Any]]) -> str:
                 ax.set_title(size(n), fontsize=8)
             if j == 0:
                 ax.set_ylabel(f"{LOCALITY_LABELS[loc]}\nTTFT (s)", fontsize=8)
-    handles = [Line2D([], [], marker="o", markersize=4, color=_PAIR_COLOURS[p % len(_PAIR_COLOURS)],
-                      label=f"block pair {p}") for p in sorted(pairs_seen)]
+    handles = [
+        Line2D(
+            [],
+            [],
+            marker="o",
+            markersize=4,
+            color=_PAIR_COLOURS[p % len(_PAIR_COLOURS)],
+            label=f"block pair {p}",
+        )
+        for p in sorted(pairs_seen)
+    ]
     if handles:
         fig.legend(handles=handles, loc="outside upper center", ncol=min(6, len(handles)), frameon=False)
     return _svg(fig)

@@ -123,13 +123,17 @@ def ttft_method_notes(rows: list[dict[str, Any]]) -> list[str]:
     for run_id, methods in by_run.items():
         if len(methods) == 1:
             m = methods[0]
-            notes.append(f"run {short(run_id, 8)}: TTFT dated by {m['ttft_method']}, "
-                         f"{TTFT_METHOD_LABELS.get(m['ttft_method'], m['ttft_method'])} "
-                         f"({m['observations']} observations)")  # fmt: skip
+            notes.append(
+                f"run {short(run_id, 8)}: TTFT dated by {m['ttft_method']}, "
+                f"{TTFT_METHOD_LABELS.get(m['ttft_method'], m['ttft_method'])} "
+                f"({m['observations']} observations)"
+            )
         else:
             counts = ", ".join(f"{m['ttft_method']} {m['observations']}" for m in methods)
-            notes.append(f"run {short(run_id, 8)}: TTFT dated by MIXED methods ({counts}); "
-                         "see the audit's ttft-method-mixed")  # fmt: skip
+            notes.append(
+                f"run {short(run_id, 8)}: TTFT dated by MIXED methods ({counts}); "
+                "see the audit's ttft-method-mixed"
+            )
     return notes
 
 
@@ -224,28 +228,36 @@ def validation_sections(v: dict[str, Any]) -> list[Section]:
     )
     by_name = {x["layer"]: x for x in v["layers"]}
     copy, helpers, pinned = by_name[BYTES], by_name[HELPERS], by_name[PINNED]
-    layers.notes = [
-        f"{x['layer']}: not applicable — {x['applicability']}"
-        for x in v["layers"]
-        if not x["applicable"] and x.get("applicability")
-    ] + [
-        f"{c['method']} {c['direction']} {'delayed' if c['delayed'] else 'undelayed'}: "
-        f"{c['passed']}/{c['checks']} passed"
-        for c in copy["cells"]
-    ] + [
-        f"LMCache {p['lmcache_version']} {p['allocator']} allocator, "
-        f"{'with' if p['with_ops'] else 'without'} compiled ops ({p['copy']}), {p['direction']} "
-        f"{'delayed' if p['delayed'] else 'undelayed'}: {p['passed']}/{p['checks']} passed"
-        + (f", {p['errored']} errored" if p["errored"] else "")
-        + (f", first bad byte {p['first_bad_offset']}" if p["first_bad_offset"] is not None else "")
-        for p in helpers["paths"]
-    ] + [
-        f"{s['series']}, {s['bytes_requested']} bytes: reserved {s['bytes_reserved']} unmitigated, "
-        + ((f"within tolerance under {s['mitigation']}" if s["mitigation"] else "within tolerance")
-           if s["passed"] else f"beyond {pinned['tolerance']} under every setting tried")
-        + (f"; refused: {', '.join(s['refused'])}" if s["refused"] else "")
-        for s in pinned["sizes"]
-    ]  # fmt: skip
+    layers.notes = (
+        [
+            f"{x['layer']}: not applicable — {x['applicability']}"
+            for x in v["layers"]
+            if not x["applicable"] and x.get("applicability")
+        ]
+        + [
+            f"{c['method']} {c['direction']} {'delayed' if c['delayed'] else 'undelayed'}: "
+            f"{c['passed']}/{c['checks']} passed"
+            for c in copy["cells"]
+        ]
+        + [
+            f"LMCache {p['lmcache_version']} {p['allocator']} allocator, "
+            f"{'with' if p['with_ops'] else 'without'} compiled ops ({p['copy']}), {p['direction']} "
+            f"{'delayed' if p['delayed'] else 'undelayed'}: {p['passed']}/{p['checks']} passed"
+            + (f", {p['errored']} errored" if p["errored"] else "")
+            + (f", first bad byte {p['first_bad_offset']}" if p["first_bad_offset"] is not None else "")
+            for p in helpers["paths"]
+        ]
+        + [
+            f"{s['series']}, {s['bytes_requested']} bytes: reserved {s['bytes_reserved']} unmitigated, "
+            + (
+                (f"within tolerance under {s['mitigation']}" if s["mitigation"] else "within tolerance")
+                if s["passed"]
+                else f"beyond {pinned['tolerance']} under every setting tried"
+            )
+            + (f"; refused: {', '.join(s['refused'])}" if s["refused"] else "")
+            for s in pinned["sizes"]
+        ]
+    )
     configs = Section(
         "Validation coverage of ON configurations",
         ["config", "transfer path", "layers", "status"],

@@ -132,7 +132,9 @@ def _rederive_in_background(con: duckdb.DuckDBPyConnection) -> Future[float]:
 
 
 def open_source(
-    url_or_ledger: str | Ledger, snapshot_root: Path | None = None, until_seq: int | None = None,
+    url_or_ledger: str | Ledger,
+    snapshot_root: Path | None = None,
+    until_seq: int | None = None,
     verify: bool = False,
 ) -> Source:
     """Open a ledger for reading and prepare the report views.

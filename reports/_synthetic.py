@@ -134,9 +134,17 @@ class Generator:
         if (run_id, label) not in self.fixtures:
             expected = {"value_000": int(sha(f"needle|{label}")[:5], 16)}
             self.fixtures[(run_id, label)] = expected
-            self.emit("fixture.created", {"fixture_id": label, "namespace": f"ns-{label}",
-                                          "nominal_tokens": 0, "payload_sha256": sha(label),
-                                          "expected": expected}, run_id)  # fmt: skip
+            self.emit(
+                "fixture.created",
+                {
+                    "fixture_id": label,
+                    "namespace": f"ns-{label}",
+                    "nominal_tokens": 0,
+                    "payload_sha256": sha(label),
+                    "expected": expected,
+                },
+                run_id,
+            )
         return self.fixtures[(run_id, label)]
 
     # -- envelopes ------------------------------------------------------------
@@ -294,8 +302,11 @@ class Generator:
                 run_id,
             )
             self.emit("response.received", _response(rid, 0.5, 8192, 64), run_id)
-            self.emit("assertion.evaluated", _assertion(rid, "exact_values", True, True, config, expected,
-                                                        expected), run_id)  # fmt: skip
+            self.emit(
+                "assertion.evaluated",
+                _assertion(rid, "exact_values", True, True, config, expected, expected),
+                run_id,
+            )
         self.run_finished(run_id)
         return run_id
 
@@ -311,21 +322,39 @@ class Generator:
     def helper_probes(self) -> None:
         """LMCache's helpers as the seed found them without compiled ops: lazy fails when delayed."""
         run_id = self.run_started("probe.lmcache-helpers", {"sizes": [1 << 20]})
-        for allocator, copy in (("lazy", "torch_ops.lmcache_memcpy_async (cudaMemcpy, no stream)"),
-                                ("mixed", "Tensor.copy_(non_blocking=True) (current stream)")):  # fmt: skip
+        for allocator, copy in (
+            ("lazy", "torch_ops.lmcache_memcpy_async (cudaMemcpy, no stream)"),
+            ("mixed", "Tensor.copy_(non_blocking=True) (current stream)"),
+        ):
             for direction in ("d2h", "h2d"):
                 for delay in (0, 10**8):
                     for trial in range(5):
                         bad = allocator == "lazy" and delay > 0
-                        self.emit("probe.helper", {
-                            "allocator": allocator, "helper": f"gpu_ops.lmcache_memcpy_async_{direction}",
-                            "copy": copy, "ops_requested": "masked", "with_ops": False,
-                            "direction": direction, "bytes": 1 << 20, "delay_cycles": delay, "trial": trial,
-                            "passed": not bad, "mismatching_bytes": (1 << 20) if bad else 0,
-                            "first_bad_offset": 0 if bad else None, "error": None, "transfer_path": "gpu",
-                            "lmcache_version": LMCACHE_VERSION, "lmcache_source_sha256": sha("lmcache"),
-                            "torch_version": "2.11.0", "cuda_runtime_version": "13.0", "gpu": self.gpu(2),
-                        }, run_id)  # fmt: skip
+                        self.emit(
+                            "probe.helper",
+                            {
+                                "allocator": allocator,
+                                "helper": f"gpu_ops.lmcache_memcpy_async_{direction}",
+                                "copy": copy,
+                                "ops_requested": "masked",
+                                "with_ops": False,
+                                "direction": direction,
+                                "bytes": 1 << 20,
+                                "delay_cycles": delay,
+                                "trial": trial,
+                                "passed": not bad,
+                                "mismatching_bytes": (1 << 20) if bad else 0,
+                                "first_bad_offset": 0 if bad else None,
+                                "error": None,
+                                "transfer_path": "gpu",
+                                "lmcache_version": LMCACHE_VERSION,
+                                "lmcache_source_sha256": sha("lmcache"),
+                                "torch_version": "2.11.0",
+                                "cuda_runtime_version": "13.0",
+                                "gpu": self.gpu(2),
+                            },
+                            run_id,
+                        )
         self.run_finished(run_id)
 
     def pool_probes(self) -> None:
@@ -333,14 +362,31 @@ class Generator:
         run_id = self.run_started("probe.lmcache-pool", {"sizes": [(1 << 30) + 4096]})
         rounding = self._plant("pinned_rounding", run_id)
         requested = (1 << 30) + 4096
-        for conf, reserved in ((None, 1 << 31), ("PYTORCH_CUDA_ALLOC_CONF=pinned_use_cuda_host_register:True",
-                                                 (1 << 31) if rounding else requested + 4096)):  # fmt: skip
-            self.emit("probe.pinned", {
-                "setting": {"LMCACHE_MAX_LOCAL_CPU_SIZE": "1.0000038146972656"}, "bytes_requested": requested,
-                "bytes_reserved": reserved, "is_pinned": True, "seconds": 0.8, "alloc_conf": conf,
-                "ops_requested": "masked", "with_ops": False, "error": None, "failed_at": None,
-                "transfer_path": "gpu", "lmcache_version": LMCACHE_VERSION,
-            }, run_id)  # fmt: skip
+        for conf, reserved in (
+            (None, 1 << 31),
+            (
+                "PYTORCH_CUDA_ALLOC_CONF=pinned_use_cuda_host_register:True",
+                (1 << 31) if rounding else requested + 4096,
+            ),
+        ):
+            self.emit(
+                "probe.pinned",
+                {
+                    "setting": {"LMCACHE_MAX_LOCAL_CPU_SIZE": "1.0000038146972656"},
+                    "bytes_requested": requested,
+                    "bytes_reserved": reserved,
+                    "is_pinned": True,
+                    "seconds": 0.8,
+                    "alloc_conf": conf,
+                    "ops_requested": "masked",
+                    "with_ops": False,
+                    "error": None,
+                    "failed_at": None,
+                    "transfer_path": "gpu",
+                    "lmcache_version": LMCACHE_VERSION,
+                },
+                run_id,
+            )
         self.run_finished(run_id)
 
     def probes(self) -> None:
@@ -419,8 +465,9 @@ def _request(
     return data
 
 
-def _response(rid: str, ttft: float, prompt: int, out: int, decode: float = 60.0,
-              cached: int = 0) -> dict[str, Any]:  # fmt: skip
+def _response(
+    rid: str, ttft: float, prompt: int, out: int, decode: float = 60.0, cached: int = 0
+) -> dict[str, Any]:
     t_last = ttft + (out - 1) / decode
     return {
         "request_id": rid,
@@ -692,13 +739,15 @@ class Screening:
         self.scrape(req.replica, "before", request_id=rid)
         g.emit("request.sent", meta, self.run_id, self.block_id)
         decode = 60.0 * self.noise()
-        response = _response(rid, round(req.ttft, 6), prompt, req.out, round(decode, 4),
-                             cached=local + external)
+        response = _response(
+            rid, round(req.ttft, 6), prompt, req.out, round(decode, 4), cached=local + external
+        )
         if not req.warmup and req.workload == "micro" and g._plant("ttft_method_mixed", self.run_id):
             response["ttft_method"] = "httpx-read"
         g.emit("response.received", response, self.run_id, self.block_id)
-        self.counters.advance(req.replica, prefix_queries=queries, local_hit_tokens=local,
-                              external_hit_tokens=external)  # fmt: skip
+        self.counters.advance(
+            req.replica, prefix_queries=queries, local_hit_tokens=local, external_hit_tokens=external
+        )
         self.scrape(req.replica, "after", request_id=rid)
         if external and self.arm == "ON" and req.step == "cross" and g._plant("hits_inconsistent", rid):
             external //= 3  # recorded hits no longer what the counters say; the verdict left as it was
@@ -710,15 +759,23 @@ class Screening:
             self.assertions(req, rid, prompt)
         return rid
 
-    def scrape(self, replica: int, phase: str, request_id: str | None = None,
-               window: str | None = None) -> None:  # fmt: skip
+    def scrape(
+        self, replica: int, phase: str, request_id: str | None = None, window: str | None = None
+    ) -> None:
         self.g.emit(
             "metrics.scraped",
-            {"replica": replica, "endpoint": "e", "samples": self.counters.samples(replica), "phase": phase,
-             "request_id": request_id, "window": window, "error": None},
+            {
+                "replica": replica,
+                "endpoint": "e",
+                "samples": self.counters.samples(replica),
+                "phase": phase,
+                "request_id": request_id,
+                "window": window,
+                "error": None,
+            },
             self.run_id,
             self.block_id,
-        )  # fmt: skip
+        )
 
     def meta(self, req: _Req, rid: str) -> dict[str, Any]:
         gpu = self.g.gpu(req.replica ^ int(self.swap))
@@ -785,9 +842,13 @@ class Screening:
         emit = self.g.emit
 
         def check(
-            name: str, passed: bool, independent: bool = True, expected: Any = None, observed: Any = None,
+            name: str,
+            passed: bool,
+            independent: bool = True,
+            expected: Any = None,
+            observed: Any = None,
             **extra: Any,
-        ) -> None:  # fmt: skip
+        ) -> None:
             emit(
                 "assertion.evaluated",
                 {**_assertion(rid, name, passed, independent, self.config, expected, observed), **extra},
@@ -809,9 +870,15 @@ class Screening:
             check("zero_hits", local == 0 and external == 0, expected=0, observed=local + external)
         if req.step == "cross" and self.arm == "ON":
             share = (prompt - 1) // CHUNK * CHUNK
-            check("full_prefix_hit", local + external >= share and external > 0, expected=share,
-                  observed=external, local_hit_tokens=local, prompt_tokens=prompt,
-                  chunk_size=CHUNK)  # fmt: skip
+            check(
+                "full_prefix_hit",
+                local + external >= share and external > 0,
+                expected=share,
+                observed=external,
+                local_hit_tokens=local,
+                prompt_tokens=prompt,
+                chunk_size=CHUNK,
+            )
 
     def windows(self) -> None:
         for sessions in WINDOW_SESSIONS:

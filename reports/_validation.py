@@ -98,10 +98,16 @@ def helper_cells(src: Source) -> list[dict[str, Any]]:
                             ORDER BY lmcache_version, allocator, with_ops, direction, delayed, bytes,
                                      run_id""")
     return [
-        {**r, "checks": int(r["checks"]), "passed": int(r["passed"]), "failed": int(r["failed"]),
-         "errored": int(r["errored"]), "gpus": list(r["gpus"] or [])}
+        {
+            **r,
+            "checks": int(r["checks"]),
+            "passed": int(r["passed"]),
+            "failed": int(r["failed"]),
+            "errored": int(r["errored"]),
+            "gpus": list(r["gpus"] or []),
+        }
         for r in rows
-    ]  # fmt: skip
+    ]
 
 
 def helper_paths(cells: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -109,11 +115,24 @@ def helper_paths(cells: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     paths: dict[tuple[Any, ...], dict[str, Any]] = {}
     for c in cells:
         key = (c["lmcache_version"], c["allocator"], c["with_ops"], c["copy"], c["direction"], c["delayed"])
-        p = paths.setdefault(key, {
-            "lmcache_version": c["lmcache_version"], "allocator": c["allocator"], "with_ops": c["with_ops"],
-            "copy": c["copy"], "direction": c["direction"], "delayed": c["delayed"], "checks": 0,
-            "passed": 0, "failed": 0, "errored": 0, "first_bad_offset": None, "gpus": set(), "runs": set(),
-        })  # fmt: skip
+        p = paths.setdefault(
+            key,
+            {
+                "lmcache_version": c["lmcache_version"],
+                "allocator": c["allocator"],
+                "with_ops": c["with_ops"],
+                "copy": c["copy"],
+                "direction": c["direction"],
+                "delayed": c["delayed"],
+                "checks": 0,
+                "passed": 0,
+                "failed": 0,
+                "errored": 0,
+                "first_bad_offset": None,
+                "gpus": set(),
+                "runs": set(),
+            },
+        )
         for k in ("checks", "passed", "failed", "errored"):
             p[k] += c[k]
         offsets = [x for x in (p["first_bad_offset"], c["first_bad_offset"]) if x is not None]
@@ -187,29 +206,36 @@ def judge_pinned(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     for key, allocations in sorted(by_size.items(), key=lambda kv: tuple(str(x) for x in kv[0])):
         refused = sorted(refusals.get((key[0], key[1], key[-1]), set()))
         tried = allocations
-        good = [r for r in tried if r["is_pinned"] and not r["error"]
-                and within_tolerance(int(r["bytes_requested"]), r["bytes_reserved"])]  # fmt: skip
+        good = [
+            r
+            for r in tried
+            if r["is_pinned"]
+            and not r["error"]
+            and within_tolerance(int(r["bytes_requested"]), r["bytes_reserved"])
+        ]
         unmitigated = [r for r in tried if r["alloc_conf"] is None]
         evidence = (unmitigated or tried)[0]
         best = next((r for r in good if r["alloc_conf"] is None), good[0] if good else None)
         requested = int(key[-1])
         reserved = evidence["bytes_reserved"]
-        out.append({
-            "series": series_name(key[:-1]),
-            "source": key[0],
-            "lmcache_version": key[1],
-            "with_ops": key[2],
-            "bytes_requested": requested,
-            "bytes_reserved": None if reserved is None else int(reserved),
-            "is_pinned": bool(evidence["is_pinned"]),
-            "error": evidence["error"],
-            "passed": best is not None,
-            "mitigation": None if best is None else best["alloc_conf"],
-            "tried": sorted({str(r["alloc_conf"]) if r["alloc_conf"] else "none" for r in tried}),
-            "refused": refused,
-            "run_id": (best or evidence)["run_id"],
-            "runs": sorted({r["run_id"] for r in allocations}),
-        })  # fmt: skip
+        out.append(
+            {
+                "series": series_name(key[:-1]),
+                "source": key[0],
+                "lmcache_version": key[1],
+                "with_ops": key[2],
+                "bytes_requested": requested,
+                "bytes_reserved": None if reserved is None else int(reserved),
+                "is_pinned": bool(evidence["is_pinned"]),
+                "error": evidence["error"],
+                "passed": best is not None,
+                "mitigation": None if best is None else best["alloc_conf"],
+                "tried": sorted({str(r["alloc_conf"]) if r["alloc_conf"] else "none" for r in tried}),
+                "refused": refused,
+                "run_id": (best or evidence)["run_id"],
+                "runs": sorted({r["run_id"] for r in allocations}),
+            }
+        )
     return out
 
 
@@ -308,7 +334,7 @@ def config_coverage(
             FROM kv_on_configs WHERE ($run IS NULL OR run_id = $run)
             GROUP BY {group} ORDER BY {group}""",
         {"run": run},
-    )  # fmt: skip
+    )
     out = []
     for r in rows:
         cfg = dict(r)
@@ -345,8 +371,15 @@ def coverage(src: Source, run: str | None, per_run: bool = False) -> tuple[dict[
     """The four layers' evidence and the configs they cover: (copy, helpers, pinned, service, configs)."""
     copy, helpers = copy_probes(src), helper_probes(src)
     pinned, service = pinned_probes(src), service_regression(src)
-    configs = config_coverage(src, run, copy["passed"], helpers["paths"], pinned["sizes"],
-                              set(service["configs_passed"]), per_run=per_run)  # fmt: skip
+    configs = config_coverage(
+        src,
+        run,
+        copy["passed"],
+        helpers["paths"],
+        pinned["sizes"],
+        set(service["configs_passed"]),
+        per_run=per_run,
+    )
     return copy, helpers, pinned, service, {"configs": configs}
 
 

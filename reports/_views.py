@@ -29,8 +29,10 @@ def _extract(kind: str, fields: dict[str, Any]) -> str:
     """Rows of one kind with typed data fields (one JSON parse per row, done by the projection)."""
     name = "kv_x_" + view_name(kind)
     structure = json.dumps(fields, separators=(",", ":"))
-    sql = (f"SELECT seq, run_id, block_id, unnest(json_transform(data, '{structure}')) "
-           f"FROM events WHERE kind = '{kind}'")
+    sql = (
+        f"SELECT seq, run_id, block_id, unnest(json_transform(data, '{structure}')) "
+        f"FROM events WHERE kind = '{kind}'"
+    )
     if EXTRACTIONS.setdefault(name, sql) != sql:
         raise ValueError(f"{kind} is extracted with two different field sets")
     return f"SELECT * FROM {name}"
@@ -544,12 +546,15 @@ COUNTERS: dict[str, str] = {
 def _counter_samples() -> str:
     """The hit-counter samples of every scrape, one row per series (the rest of a scrape is
     not read): ``kv_x_counter_samples``, kept as a projection like the other extractions."""
-    of = " ".join(f"WHEN s.key = '{m}' OR starts_with(s.key, '{m}{{') THEN '{c}'"
-                  for c, m in COUNTERS.items())
-    sql = (f"SELECT e.seq, e.run_id, e.block_id, CASE {of} END AS counter, s.key AS series, "
-           "hash(s.key) AS series_hash, TRY_CAST(s.value AS DOUBLE) AS value "
-           "FROM events e, json_each(e.data, '$.samples') s "
-           f"WHERE e.kind = 'metrics.scraped' AND (CASE {of} END) IS NOT NULL")
+    of = " ".join(
+        f"WHEN s.key = '{m}' OR starts_with(s.key, '{m}{{') THEN '{c}'" for c, m in COUNTERS.items()
+    )
+    sql = (
+        f"SELECT e.seq, e.run_id, e.block_id, CASE {of} END AS counter, s.key AS series, "
+        "hash(s.key) AS series_hash, TRY_CAST(s.value AS DOUBLE) AS value "
+        "FROM events e, json_each(e.data, '$.samples') s "
+        f"WHERE e.kind = 'metrics.scraped' AND (CASE {of} END) IS NOT NULL"
+    )
     EXTRACTIONS["kv_x_counter_samples"] = sql
     return "SELECT * FROM kv_x_counter_samples"
 
@@ -566,8 +571,18 @@ SELECT run_id, block_id, request_id, "window", replica, coalesce(request_id, 'wi
        min(seq) FILTER (WHERE phase = 'before') AS before_seq,
        max(seq) FILTER (WHERE phase = 'after') AS after_seq,
        bool_or(error IS NOT NULL) AS failed
-FROM ({_extract("metrics.scraped", {"replica": "VARCHAR", "phase": "VARCHAR", "request_id": "VARCHAR",
-                                     "window": "VARCHAR", "error": "VARCHAR"})})
+FROM ({
+            _extract(
+                "metrics.scraped",
+                {
+                    "replica": "VARCHAR",
+                    "phase": "VARCHAR",
+                    "request_id": "VARCHAR",
+                    "window": "VARCHAR",
+                    "error": "VARCHAR",
+                },
+            )
+        })
 GROUP BY ALL""",
     ),
     # Counter deltas of each window, recomputed from its two scrapes' samples (NULL when a scrape
@@ -764,34 +779,51 @@ def with_clause(query: str) -> str:
 
 # Queries an analyst pastes (after ``with_clause``) to get the report's numbers by hand.
 EXAMPLES: list[tuple[str, str]] = [
-    ("Table 3 medians (TTFT by size × locality × arm)",
-     "SELECT run_id, nominal_tokens, locality, arm, median(ttft_s) AS median_ttft_s, count(*) AS n\n"
-     "FROM kv_ttft GROUP BY ALL ORDER BY ALL"),
-    ("Table 3 paired change (mean of 100 × (ON/OFF − 1) over matched chains)",
-     "SELECT run_id, nominal_tokens, locality, avg(change_pct) AS mean_change_pct, count(*) AS units,\n"
-     "       count(DISTINCT pair) AS block_pairs\nFROM kv_ttft_pairs GROUP BY ALL ORDER BY ALL"),
-    ("Table 4 (session wall time by size × routing, paired change)",
-     "SELECT run_id, nominal_tokens, placement, median(on_wall) AS on_median,\n"
-     "       median(off_wall) AS off_median, avg(change_pct) AS mean_change_pct, count(*) AS units\n"
-     "FROM kv_session_pairs GROUP BY ALL ORDER BY ALL"),
-    ("Decode rate, forced-length generation",
-     "SELECT run_id, nominal_tokens, step, max_tokens, avg(change_pct) AS mean_change_pct,\n"
-     "       count(*) AS units\n"
-     "FROM kv_decode_pairs GROUP BY ALL ORDER BY ALL"),
-    ("Concurrency windows, output tokens/s",
-     "SELECT run_id, sessions, placement, avg(change_pct) AS mean_change_pct, count(*) AS units\n"
-     "FROM kv_window_pairs GROUP BY ALL ORDER BY ALL"),
-    ("Accounting: measured requests and pairs",
-     "SELECT (SELECT count(*) FROM kv_measured WHERE NOT excluded) AS measured,\n"
-     "       (SELECT count(*) FROM kv_pairs WHERE status IN ('matched', 'payload-mismatch', 'gpu-mismatch'))"
-     " AS pairs,\n"
-     "       (SELECT count(*) FROM kv_pairs WHERE status = 'matched') AS matched_pairs"),
-    ("Everything not cleanly paired (never dropped silently)",
-     "SELECT status, run_id, pair, workload, step, chain, session, \"window\", turn,\n"
-     "       on_request, off_request\n"
-     "FROM kv_pairs WHERE status <> 'matched' ORDER BY seq"),
-    ("Excluded blocks and why",
-     "SELECT run_id, block_id, source, reason FROM kv_excluded_blocks ORDER BY seq"),
+    (
+        "Table 3 medians (TTFT by size × locality × arm)",
+        "SELECT run_id, nominal_tokens, locality, arm, median(ttft_s) AS median_ttft_s, count(*) AS n\n"
+        "FROM kv_ttft GROUP BY ALL ORDER BY ALL",
+    ),
+    (
+        "Table 3 paired change (mean of 100 × (ON/OFF − 1) over matched chains)",
+        "SELECT run_id, nominal_tokens, locality, avg(change_pct) AS mean_change_pct, count(*) AS units,\n"
+        "       count(DISTINCT pair) AS block_pairs\nFROM kv_ttft_pairs GROUP BY ALL ORDER BY ALL",
+    ),
+    (
+        "Table 4 (session wall time by size × routing, paired change)",
+        "SELECT run_id, nominal_tokens, placement, median(on_wall) AS on_median,\n"
+        "       median(off_wall) AS off_median, avg(change_pct) AS mean_change_pct, count(*) AS units\n"
+        "FROM kv_session_pairs GROUP BY ALL ORDER BY ALL",
+    ),
+    (
+        "Decode rate, forced-length generation",
+        "SELECT run_id, nominal_tokens, step, max_tokens, avg(change_pct) AS mean_change_pct,\n"
+        "       count(*) AS units\n"
+        "FROM kv_decode_pairs GROUP BY ALL ORDER BY ALL",
+    ),
+    (
+        "Concurrency windows, output tokens/s",
+        "SELECT run_id, sessions, placement, avg(change_pct) AS mean_change_pct, count(*) AS units\n"
+        "FROM kv_window_pairs GROUP BY ALL ORDER BY ALL",
+    ),
+    (
+        "Accounting: measured requests and pairs",
+        "SELECT (SELECT count(*) FROM kv_measured WHERE NOT excluded) AS measured,\n"
+        "       (SELECT count(*) FROM kv_pairs WHERE status IN ('matched', 'payload-mismatch', "
+        "'gpu-mismatch'))"
+        " AS pairs,\n"
+        "       (SELECT count(*) FROM kv_pairs WHERE status = 'matched') AS matched_pairs",
+    ),
+    (
+        "Everything not cleanly paired (never dropped silently)",
+        'SELECT status, run_id, pair, workload, step, chain, session, "window", turn,\n'
+        "       on_request, off_request\n"
+        "FROM kv_pairs WHERE status <> 'matched' ORDER BY seq",
+    ),
+    (
+        "Excluded blocks and why",
+        "SELECT run_id, block_id, source, reason FROM kv_excluded_blocks ORDER BY seq",
+    ),
 ]
 
 
@@ -819,22 +851,34 @@ def views_markdown() -> str:
     ]
     for title, query in EXAMPLES:
         lines += [f"### {title}", "", "```sql", query, "```", ""]
-    lines += ["## Extractions", "",
-              "Each kind the views read, with typed data fields. `ledger report` keeps them as projections",
-              "next to the snapshot's segments (each event's JSON is parsed once); in `ledger sql` they are",
-              "plain CTEs over `events`.", ""]
+    lines += [
+        "## Extractions",
+        "",
+        "Each kind the views read, with typed data fields. `ledger report` keeps them as projections",
+        "next to the snapshot's segments (each event's JSON is parsed once); in `ledger sql` they are",
+        "plain CTEs over `events`.",
+        "",
+    ]
     for name, sql in EXTRACTIONS.items():
         lines += [f"### `{name}`", "", "```sql", sql, "```", ""]
     lines += ["## The views", ""]
     for name, sql in VIEWS:
         lines += [f"### `{name}`", "", "```sql", sql.strip(), "```", ""]
-    lines += ["## The audit's re-derivations", "",
-              "Built by `ledger audit` only (reports/AUDIT.md): each hit delta recomputed from its two",
-              "scrapes, and each recorded assertion's verdict recomputed from the observations, beside",
-              "what was recorded.", ""]
+    lines += [
+        "## The audit's re-derivations",
+        "",
+        "Built by `ledger audit` only (reports/AUDIT.md): each hit delta recomputed from its two",
+        "scrapes, and each recorded assertion's verdict recomputed from the observations, beside",
+        "what was recorded.",
+        "",
+    ]
     for name, sql in AUDIT_VIEWS:
         lines += [f"### `{name}`", "", "```sql", sql.strip(), "```", ""]
-    lines += ["## Pasteable prefix", "",
-              "`ledger sql \"$(python -c 'from reports._views import with_clause; "
-              "print(with_clause(\\\"SELECT * FROM kv_ttft_pairs\\\"))')\"`", ""]
+    lines += [
+        "## Pasteable prefix",
+        "",
+        "`ledger sql \"$(python -c 'from reports._views import with_clause; "
+        'print(with_clause(\\"SELECT * FROM kv_ttft_pairs\\"))\')"`',
+        "",
+    ]
     return "\n".join(lines)

@@ -111,8 +111,9 @@ def _print_findings(findings: list[dict[str, object]], head: str | None) -> None
     console = Console()
     blocking = sum(f["severity"] == BLOCKING for f in findings)
     groups = grouped(findings)
-    console.print(f"audit at head {head}: {len(findings)} finding(s) of {len(groups)} code(s), "
-                  f"{blocking} blocking")  # fmt: skip
+    console.print(
+        f"audit at head {head}: {len(findings)} finding(s) of {len(groups)} code(s), {blocking} blocking"
+    )
     if not findings:
         return
     table = Table("severity", "code", "run", "block", "target", "detail")
@@ -121,12 +122,23 @@ def _print_findings(findings: list[dict[str, object]], head: str | None) -> None
         severity, code = f"[{style}]{group['severity']}[/{style}]", str(group["code"])
         many = group["count"] > EXAMPLES
         if many:
-            table.add_row(severity, f"{code} ×{group['count']}", "", "", "",
-                          f"{group['count']} findings; the first {EXAMPLES} follow (--json lists all)")
+            table.add_row(
+                severity,
+                f"{code} ×{group['count']}",
+                "",
+                "",
+                "",
+                f"{group['count']} findings; the first {EXAMPLES} follow (--json lists all)",
+            )
         for f in group["examples"]:  # every instance when there are no more than EXAMPLES
-            table.add_row("" if many else severity, "  e.g." if many else code,
-                          str(f["run_id"] or "")[:13], str(f["block_id"] or "")[:13],
-                          str(f["target"] or "")[:20], str(f["detail"]))
+            table.add_row(
+                "" if many else severity,
+                "  e.g." if many else code,
+                str(f["run_id"] or "")[:13],
+                str(f["block_id"] or "")[:13],
+                str(f["target"] or "")[:20],
+                str(f["detail"]),
+            )
     console.print(table)
 
 

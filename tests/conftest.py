@@ -26,8 +26,13 @@ def _admin_connect() -> object:
     url = make_url(PG_URL)
     try:
         return psycopg.connect(
-            host=url.host or "127.0.0.1", port=url.port or 5432, user=url.username or "postgres",
-            password=url.password, dbname="postgres", autocommit=True, connect_timeout=5,
+            host=url.host or "127.0.0.1",
+            port=url.port or 5432,
+            user=url.username or "postgres",
+            password=url.password,
+            dbname="postgres",
+            autocommit=True,
+            connect_timeout=5,
         )
     except psycopg.OperationalError as exc:
         pytest.fail(f"PostgreSQL is unreachable at {url.render_as_string(hide_password=True)}: {exc}")

@@ -14,7 +14,13 @@ from reports._audit import SEVERITY
 
 DESIGN = (Path(__file__).parents[1] / "docs" / "design.md").read_text(encoding="utf-8")
 _TYPE_NAMES: dict[type | None, str] = {
-    str: "str", int: "int", float: "num", bool: "bool", dict: "obj", list: "list", None: "null",
+    str: "str",
+    int: "int",
+    float: "num",
+    bool: "bool",
+    dict: "obj",
+    list: "list",
+    None: "null",
 }
 
 

@@ -26,8 +26,7 @@ _WORDS = {
 }
 # Cheap literal anchors: only lines holding one are matched against the patterns above.
 _ANCHORS = (b"shared", b"issue", b"task", b"lent", b"device", b"`run`", b"give_", b"engineer")
-_WORDS_RX = re.compile(
-    "|".join(f"(?P<w{i}>{p})" for i, p in enumerate(_WORDS.values())).encode())
+_WORDS_RX = re.compile("|".join(f"(?P<w{i}>{p})" for i, p in enumerate(_WORDS.values())).encode())
 # Reference notes kept outside the repository, by their exact names (docs/design.md is ours).
 _NOTES_RX = re.compile(rb"\b(?:DESIGN|PEERS|ENGINES-CPU|VLLM-LMCACHE-FACTS|NEEDLE-FEASIBILITY)\.md\b")
 _WHAT = [*_WORDS, "outside-note"]
@@ -43,9 +42,15 @@ def _tracked() -> list[str]:
     if names:
         return names
     skip = {"__pycache__", "build", "dist"}
-    return [str(p.relative_to(ROOT)) for p in ROOT.rglob("*")
-            if p.is_file() and not any(part.startswith(".") or part in skip or part.endswith(".egg-info")
-                                       for part in p.relative_to(ROOT).parts)]
+    return [
+        str(p.relative_to(ROOT))
+        for p in ROOT.rglob("*")
+        if p.is_file()
+        and not any(
+            part.startswith(".") or part in skip or part.endswith(".egg-info")
+            for part in p.relative_to(ROOT).parts
+        )
+    ]
 
 
 def _near(
@@ -71,8 +76,10 @@ def mentions(data: bytes) -> list[tuple[int, str, str]]:
         found[at] = (what, m.group(0))
     for at, m in _near(data, (b".md",), _NOTES_RX):
         found[at] = (_WHAT[-1], m.group(0))
-    return [(data.count(b"\n", 0, at) + 1, what, words.decode("utf-8", "replace"))
-            for at, (what, words) in sorted(found.items())]
+    return [
+        (data.count(b"\n", 0, at) + 1, what, words.decode("utf-8", "replace"))
+        for at, (what, words) in sorted(found.items())
+    ]
 
 
 def test_the_scan_finds_each_kind_of_mention() -> None:

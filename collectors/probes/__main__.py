@@ -46,15 +46,19 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("--sizes", type=_ints, help="bytes, comma-separated")
     a.add_argument("--device", type=int, default=0)
     a.add_argument(
-        "--host-memory-bytes", type=int, default=None,
+        "--host-memory-bytes",
+        type=int,
+        default=None,
         help="host memory the size guard assumes (default MemTotal)",
-    )  # fmt: skip
+    )
     a.add_argument("--no-guard", action="store_true", help="do not skip sizes that may not fit")
     a.add_argument(
-        "--alloc-conf", action="append", default=None,
+        "--alloc-conf",
+        action="append",
+        default=None,
         help="VAR=value or 'unset' (repeatable; default: unset, and "
         "pinned_max_round_threshold_mb:128 under PYTORCH_CUDA_ALLOC_CONF and PYTORCH_ALLOC_CONF)",
-    )  # fmt: skip
+    )
 
     h = sub.add_parser("helper-probes", help="LMCache allocators and GPU copy helpers (probe.helper events)")
     h.add_argument("--jsonl", required=True, help="write bare ledger envelopes here")
@@ -70,8 +74,12 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--jsonl", required=True, help="write bare ledger envelopes here")
     q.add_argument("--sizes", type=_ints, help="pool bytes, comma-separated (each a binary-exact GB value)")
     q.add_argument("--ops", help="comma-separated subset of present,masked")
-    q.add_argument("--mitigation", action="append", default=None,
-                   help="a PYTORCH_CUDA_ALLOC_CONF value to try (repeatable; 'none' for no mitigations)")
+    q.add_argument(
+        "--mitigation",
+        action="append",
+        default=None,
+        help="a PYTORCH_CUDA_ALLOC_CONF value to try (repeatable; 'none' for no mitigations)",
+    )
     q.add_argument("--mitigate-up-to", type=int, default=None, help="largest size the mitigations run at")
     q.add_argument("--device", type=int, default=0)
     q.add_argument("--host-memory-bytes", type=int, default=None)
@@ -114,8 +122,13 @@ def _helper_probes(args: argparse.Namespace) -> int:
     kwargs: dict[str, object] = {"timeout_s": args.timeout}
     if args.devices and args.devices != "all":
         kwargs["devices"] = _ints(args.devices)
-    chosen = (("sizes", args.sizes), ("delays", args.delays), ("allocators", _names(args.allocators)),
-              ("ops_modes", _names(args.ops)), ("trials", args.trials))  # fmt: skip
+    chosen = (
+        ("sizes", args.sizes),
+        ("delays", args.delays),
+        ("allocators", _names(args.allocators)),
+        ("ops_modes", _names(args.ops)),
+        ("trials", args.trials),
+    )
     for key, value in chosen:
         if value:
             kwargs[key] = value
@@ -129,8 +142,10 @@ def _helper_probes(args: argparse.Namespace) -> int:
     print(format_summary(run.summary))
     rate = run.checks / run.seconds if run.seconds else 0.0
     errored = sum(1 for e in run.probe_events() if e["data"]["error"])
-    print(f"helper-probes: {run.checks} checks ({errored} errored) in {run.seconds:.2f} s = "
-          f"{rate:.1f} checks/s; status {run.status}; {len(run.events)} events -> {args.jsonl}")  # fmt: skip
+    print(
+        f"helper-probes: {run.checks} checks ({errored} errored) in {run.seconds:.2f} s = "
+        f"{rate:.1f} checks/s; status {run.status}; {len(run.events)} events -> {args.jsonl}"
+    )
     return run.exit_code
 
 
@@ -157,11 +172,15 @@ def _pinned_pool(args: argparse.Namespace) -> int:
     run = run_pool_probe(config, progress=_say)
     write_jsonl(run.events, args.jsonl)
     for row in run.summary["pools"]:
-        print(f"{row['bytes_requested']:>14d} ops={row['with_ops']!s:5s} conf={row['alloc_conf'] or '-':70s} "
-              f"pinned={row['is_pinned']!s:5s} reserved={row['bytes_reserved']} s={row['seconds']}"
-              + (f" error={row['error']}" if row["error"] else ""))  # fmt: skip
-    print(f"pinned-pool: {run.checks} pools in {run.seconds:.2f} s; {len(run.summary['skipped'])} skipped; "
-          f"status {run.status}; {len(run.events)} events -> {args.jsonl}")  # fmt: skip
+        print(
+            f"{row['bytes_requested']:>14d} ops={row['with_ops']!s:5s} conf={row['alloc_conf'] or '-':70s} "
+            f"pinned={row['is_pinned']!s:5s} reserved={row['bytes_reserved']} s={row['seconds']}"
+            + (f" error={row['error']}" if row["error"] else "")
+        )
+    print(
+        f"pinned-pool: {run.checks} pools in {run.seconds:.2f} s; {len(run.summary['skipped'])} skipped; "
+        f"status {run.status}; {len(run.events)} events -> {args.jsonl}"
+    )
     return run.exit_code
 
 

@@ -42,8 +42,15 @@ class ProbeRun:
 def run_child(cmd: list[str], env: dict[str, str], cwd: str, timeout_s: float) -> tuple[int, str]:
     """Run one probe child; ``(exit code, stderr)``, -9 when it ran past ``timeout_s`` (killed)."""
     try:
-        proc = subprocess.run(cmd, env=env, cwd=cwd, timeout=timeout_s,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        proc = subprocess.run(
+            cmd,
+            env=env,
+            cwd=cwd,
+            timeout=timeout_s,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
     except subprocess.TimeoutExpired as exc:
         raw = exc.stderr or ""
         return -9, raw.decode(errors="replace") if isinstance(raw, bytes) else raw

@@ -241,9 +241,14 @@ def _check_row(cell: Mapping[str, Any], **fields: Any) -> dict[str, Any]:
 
 
 def _run_allocator(
-    torch: Any, kind: str, config: HelperProbeConfig, cells: list[dict[str, Any]], device: Any,
-    stream: Any, with_ops: bool,
-) -> Iterator[dict[str, Any]]:  # fmt: skip
+    torch: Any,
+    kind: str,
+    config: HelperProbeConfig,
+    cells: list[dict[str, Any]],
+    device: Any,
+    stream: Any,
+    with_ops: bool,
+) -> Iterator[dict[str, Any]]:
     try:
         allocator = make_allocator(kind, config.pool_bytes)
     except Exception as exc:
@@ -267,13 +272,19 @@ def _run_allocator(
             try:
                 result = bench.check(cell["direction"], cell["delay_cycles"])
             except Exception as exc:
-                yield _check_row(cell, copy=copy, host_pinned=bench.host_pinned,
-                                 error=_error_text(exc), ts=ts)  # fmt: skip
+                yield _check_row(
+                    cell, copy=copy, host_pinned=bench.host_pinned, error=_error_text(exc), ts=ts
+                )
                 continue
             yield _check_row(
-                cell, copy=copy, host_pinned=bench.host_pinned, error=None, ts=ts,
-                seconds=round(time.perf_counter() - t0, 6), **result,
-            )  # fmt: skip
+                cell,
+                copy=copy,
+                host_pinned=bench.host_pinned,
+                error=None,
+                ts=ts,
+                seconds=round(time.perf_counter() - t0, 6),
+                **result,
+            )
         del bench  # LMCache frees the object when it is collected
 
 
@@ -389,8 +400,10 @@ def format_summary(summary: Mapping[str, Mapping[str, int]]) -> str:
     lines = ["{:9s} {:6s} {:4s} {:9s} {:>6s} {:>6s} {:>7s}".format(*head)]
     for key, row in summary.items():
         allocator, ops, direction, delay = key.split("|")
-        lines.append(f"{allocator:9s} {ops:6s} {direction:4s} {delay:9s} "
-                     f"{row['passed']:6d} {row['failed']:6d} {row['errored']:7d}")  # fmt: skip
+        lines.append(
+            f"{allocator:9s} {ops:6s} {direction:4s} {delay:9s} "
+            f"{row['passed']:6d} {row['failed']:6d} {row['errored']:7d}"
+        )
     return "\n".join(lines)
 
 
@@ -433,8 +446,20 @@ def run_helper_probes(
         for device in devices:
             for ops in config.ops_modes:
                 out = Path(tmp) / f"gpu{device}-{ops}.jsonl"
-                cmd = [sys.executable, "-m", "collectors.probes", "_helper-worker", "--device", str(device),
-                       "--ops", ops, "--config", json.dumps(config.params()), "--out", str(out)]  # fmt: skip
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "collectors.probes",
+                    "_helper-worker",
+                    "--device",
+                    str(device),
+                    "--ops",
+                    ops,
+                    "--config",
+                    json.dumps(config.params()),
+                    "--out",
+                    str(out),
+                ]
                 say(f"helper-probes: GPU {device}, LMCache ops {ops}: {len(config.cells())} checks")
                 started = time.perf_counter()
                 code, stderr = run_child(cmd, child_env(os.environ), str(REPO_ROOT), config.timeout_s)
@@ -442,8 +467,13 @@ def run_helper_probes(
                 rows = _read_rows(out)
                 facts = next((r for r in rows if r.get("type") == "process"), {})
                 setup = next((r for r in rows if r.get("type") == "setup-error"), None)
-                base = {"ops_requested": ops, "driver_version": driver, "lmcache_version": lmcache["version"],
-                        "torch_version": torch.__version__, "gpu": {"index": device}}  # fmt: skip
+                base = {
+                    "ops_requested": ops,
+                    "driver_version": driver,
+                    "lmcache_version": lmcache["version"],
+                    "torch_version": torch.__version__,
+                    "gpu": {"index": device},
+                }
                 done = set()
                 for row in rows:
                     if row.get("type") == "check":
@@ -451,20 +481,30 @@ def run_helper_probes(
                         data = _event_data(row, facts, base)
                         run.events.append(envelope(KIND, data, run_id, ts=row.get("ts")))
                 reason = (
-                    f"setup: {setup['error']}" if setup
+                    f"setup: {setup['error']}"
+                    if setup
                     else f"worker exited {code} before this check: {stderr.strip()[-300:]}"
-                )  # fmt: skip
+                )
                 for cell in config.cells():
                     if cell_key(cell) not in done:
                         row = {**cell, "helper": HELPERS[cell["direction"]], "error": reason}
                         run.events.append(envelope(KIND, _event_data(row, facts, base), run_id))
-                processes.append({
-                    "device": device, "ops_requested": ops, "exit_code": code, "seconds": round(seconds, 3),
-                    "checks_recorded": len(done), "facts": facts, "setup_error": setup,
-                    "stderr_tail": stderr.strip()[-2000:],
-                })  # fmt: skip
-                say(f"helper-probes: GPU {device}, ops {ops}: exit {code}, "
-                    f"{len(done)} checks in {seconds:.1f} s")
+                processes.append(
+                    {
+                        "device": device,
+                        "ops_requested": ops,
+                        "exit_code": code,
+                        "seconds": round(seconds, 3),
+                        "checks_recorded": len(done),
+                        "facts": facts,
+                        "setup_error": setup,
+                        "stderr_tail": stderr.strip()[-2000:],
+                    }
+                )
+                say(
+                    f"helper-probes: GPU {device}, ops {ops}: exit {code}, "
+                    f"{len(done)} checks in {seconds:.1f} s"
+                )
     run.seconds = time.perf_counter() - t0
     probes = run.probe_events()
     run.checks = len(probes)

@@ -211,9 +211,19 @@ def worker_main(ops: str, sizes_json: str, device: int, out: str) -> int:
             torch.zeros(1, device=torch.device("cuda", device))  # a refused allocator setting raises here
         except Exception as exc:
             for n in sizes:
-                emit({"type": "pool", "bytes_requested": n, "is_pinned": False, "bytes_reserved": None,
-                      "seconds": round(time.perf_counter() - t0, 6), "error": _error_text(exc),
-                      "failed_at": "cuda-init", "alloc_conf_env": conf_env, "ts": utc_now()})  # fmt: skip
+                emit(
+                    {
+                        "type": "pool",
+                        "bytes_requested": n,
+                        "is_pinned": False,
+                        "bytes_reserved": None,
+                        "seconds": round(time.perf_counter() - t0, 6),
+                        "error": _error_text(exc),
+                        "failed_at": "cuda-init",
+                        "alloc_conf_env": conf_env,
+                        "ts": utc_now(),
+                    }
+                )
             return 0
         try:
             state = import_lmcache(ops)
@@ -221,15 +231,29 @@ def worker_main(ops: str, sizes_json: str, device: int, out: str) -> int:
         except Exception as exc:
             emit({"type": "setup-error", "error": _error_text(exc)})
             return 3
-        emit({"type": "process", "pid": os.getpid(), "lmcache": state, "torch_version": torch.__version__,
-              "gpu": gpu_identity(device), "alloc_conf_env": conf_env})  # fmt: skip
+        emit(
+            {
+                "type": "process",
+                "pid": os.getpid(),
+                "lmcache": state,
+                "torch_version": torch.__version__,
+                "gpu": gpu_identity(device),
+                "alloc_conf_env": conf_env,
+            }
+        )
         for n in sizes:
             ts = utc_now()
             try:
                 row = _measure_pool(torch, n)
             except Exception as exc:
-                row = {"bytes_requested": n, "is_pinned": False, "bytes_reserved": None, "seconds": 0.0,
-                       "error": _error_text(exc), "failed_at": "probe"}  # fmt: skip
+                row = {
+                    "bytes_requested": n,
+                    "is_pinned": False,
+                    "bytes_reserved": None,
+                    "seconds": 0.0,
+                    "error": _error_text(exc),
+                    "failed_at": "probe",
+                }
             emit({"type": "pool", **row, "alloc_conf_env": conf_env, "ts": ts})
     return 0
 
@@ -296,19 +320,39 @@ def run_pool_probe(
             sizes = []
             for n in setting["sizes"]:
                 if config.guard and next_power_of_two(n + 4096) > 0.9 * host_bytes:
-                    skipped.append({"bytes_requested": n, "ops": ops, "alloc_conf": conf,
-                                    "reason": f"may not fit host memory ({host_bytes} bytes)"})  # fmt: skip
+                    skipped.append(
+                        {
+                            "bytes_requested": n,
+                            "ops": ops,
+                            "alloc_conf": conf,
+                            "reason": f"may not fit host memory ({host_bytes} bytes)",
+                        }
+                    )
                 else:
                     sizes.append(n)
             if config.deadline_s is not None and time.perf_counter() - t0 > config.deadline_s:
-                skipped.extend({"bytes_requested": n, "ops": ops, "alloc_conf": conf, "reason": "deadline"}
-                               for n in sizes)  # fmt: skip
+                skipped.extend(
+                    {"bytes_requested": n, "ops": ops, "alloc_conf": conf, "reason": "deadline"}
+                    for n in sizes
+                )
                 continue
             if not sizes:
                 continue
             out = Path(tmp) / f"setting{i}.jsonl"
-            cmd = [sys.executable, "-m", "collectors.probes", "_pool-worker", "--ops", ops, "--sizes",
-                   json.dumps(sizes), "--device", str(config.device), "--out", str(out)]  # fmt: skip
+            cmd = [
+                sys.executable,
+                "-m",
+                "collectors.probes",
+                "_pool-worker",
+                "--ops",
+                ops,
+                "--sizes",
+                json.dumps(sizes),
+                "--device",
+                str(config.device),
+                "--out",
+                str(out),
+            ]
             say(f"pinned-pool: ops {ops}, PYTORCH_CUDA_ALLOC_CONF={conf or '(unset)'}: sizes {sizes}")
             started = time.perf_counter()
             code, stderr = run_child(cmd, _child_env(conf), str(REPO_ROOT), config.timeout_s)
@@ -323,58 +367,92 @@ def run_pool_probe(
                 done.add(row["bytes_requested"])
                 data = _event_data(row, *context)
                 run.events.append(envelope(KIND, data, run_id, ts=row.get("ts")))
-                say(f"pinned-pool: {row['bytes_requested']} B: pinned={data['is_pinned']} "
+                say(
+                    f"pinned-pool: {row['bytes_requested']} B: pinned={data['is_pinned']} "
                     f"reserved={data['bytes_reserved']} in {data['seconds']} s"
-                    + ("" if data["error"] is None else f"; error: {data['error']}"))  # fmt: skip
+                    + ("" if data["error"] is None else f"; error: {data['error']}")
+                )
             reason = f"setup: {setup['error']}" if setup else f"worker exited {code}: {stderr.strip()[-300:]}"
             for n in sizes:
                 if n not in done:
-                    row = {"bytes_requested": n, "is_pinned": False, "bytes_reserved": None, "seconds": 0.0,
-                           "error": reason, "failed_at": "worker"}  # fmt: skip
+                    row = {
+                        "bytes_requested": n,
+                        "is_pinned": False,
+                        "bytes_reserved": None,
+                        "seconds": 0.0,
+                        "error": reason,
+                        "failed_at": "worker",
+                    }
                     data = _event_data(row, *context)
                     run.events.append(envelope(KIND, data, run_id))
-            processes.append({"ops_requested": ops, "alloc_conf": conf, "exit_code": code,
-                              "seconds": round(time.perf_counter() - started, 3), "facts": facts,
-                              "stderr_tail": stderr.strip()[-2000:]})  # fmt: skip
+            processes.append(
+                {
+                    "ops_requested": ops,
+                    "alloc_conf": conf,
+                    "exit_code": code,
+                    "seconds": round(time.perf_counter() - started, 3),
+                    "facts": facts,
+                    "stderr_tail": stderr.strip()[-2000:],
+                }
+            )
     run.seconds = time.perf_counter() - t0
     probes = run.probe_events()
     run.checks = len(probes)
     run.summary = {
         "pools": [
-            {k: e["data"].get(k) for k in ("bytes_requested", "with_ops", "alloc_conf", "is_pinned",
-                                          "bytes_reserved", "seconds", "error")}
+            {
+                k: e["data"].get(k)
+                for k in (
+                    "bytes_requested",
+                    "with_ops",
+                    "alloc_conf",
+                    "is_pinned",
+                    "bytes_reserved",
+                    "seconds",
+                    "error",
+                )
+            }
             for e in probes
         ],
         "skipped": skipped,
-    }  # fmt: skip
+    }
     finish(run, pools=run.checks, skipped=skipped, processes=processes, summary=run.summary["pools"])
     return run
 
 
 def _event_data(
-    row: Mapping[str, Any], lm: Mapping[str, Any], ops: str, conf: str | None, var: str | None,
-    value: str | None, facts: Mapping[str, Any], lmcache: Mapping[str, Any], torch_version: str,
+    row: Mapping[str, Any],
+    lm: Mapping[str, Any],
+    ops: str,
+    conf: str | None,
+    var: str | None,
+    value: str | None,
+    facts: Mapping[str, Any],
+    lmcache: Mapping[str, Any],
+    torch_version: str,
     driver: str | None,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     n = int(row["bytes_requested"])
     data = {k: v for k, v in row.items() if k not in ("type", "ts")}
     data.setdefault("setting", {SETTING_VAR: gb_setting(n), "LMCACHE_LOCAL_CPU": "True"})
     data.setdefault("allocator", None)
     data.setdefault("method_of_measurement", None)
-    data.update({
-        "bytes_requested": n,
-        "power_of_two_ceiling": next_power_of_two(n),
-        "alloc_conf": None if conf is None else f"{var}={value}",
-        "alloc_conf_var": var,
-        "alloc_conf_value": value,
-        "ops_requested": ops,
-        "with_ops": lm.get("with_ops"),
-        "transfer_path": "gpu",
-        "lmcache_version": lm.get("version") or lmcache.get("version"),
-        "lmcache_source_sha256": lm.get("source_sha256"),
-        "torch_version": facts.get("torch_version") or torch_version,
-        "driver_version": driver,
-        "gpu": facts.get("gpu"),
-        "pid": facts.get("pid"),
-    })  # fmt: skip
+    data.update(
+        {
+            "bytes_requested": n,
+            "power_of_two_ceiling": next_power_of_two(n),
+            "alloc_conf": None if conf is None else f"{var}={value}",
+            "alloc_conf_var": var,
+            "alloc_conf_value": value,
+            "ops_requested": ops,
+            "with_ops": lm.get("with_ops"),
+            "transfer_path": "gpu",
+            "lmcache_version": lm.get("version") or lmcache.get("version"),
+            "lmcache_source_sha256": lm.get("source_sha256"),
+            "torch_version": facts.get("torch_version") or torch_version,
+            "driver_version": driver,
+            "gpu": facts.get("gpu"),
+            "pid": facts.get("pid"),
+        }
+    )
     return data

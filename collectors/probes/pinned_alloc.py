@@ -294,9 +294,17 @@ def run_pinned_alloc(
             for conf in config.alloc_confs:
                 out = Path(tmp) / f"{nbytes}-{conf is not None}.json"
                 cmd = [
-                    sys.executable, "-m", "collectors.probes", "_pinned-worker",
-                    "--bytes", str(nbytes), "--device", str(config.device), "--out", str(out),
-                ]  # fmt: skip
+                    sys.executable,
+                    "-m",
+                    "collectors.probes",
+                    "_pinned-worker",
+                    "--bytes",
+                    str(nbytes),
+                    "--device",
+                    str(config.device),
+                    "--out",
+                    str(out),
+                ]
                 ts = utc_now()
                 try:
                     proc = subprocess.run(
@@ -328,13 +336,20 @@ def run_pinned_alloc(
         "allocations": [
             {
                 k: e["data"][k]
-                for k in ("bytes_requested", "alloc_conf", "is_pinned", "bytes_reserved",
-                          "rounded_up", "seconds", "error")
+                for k in (
+                    "bytes_requested",
+                    "alloc_conf",
+                    "is_pinned",
+                    "bytes_reserved",
+                    "rounded_up",
+                    "seconds",
+                    "error",
+                )
             }
             for e in run.probe_events()
         ],
         "skipped": skipped,
-    }  # fmt: skip
+    }
     finish(run, allocations=run.checks, skipped=skipped, summary=run.summary["allocations"])
     return run
 

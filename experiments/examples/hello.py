@@ -22,8 +22,16 @@ async def run(ctx: Any) -> None:
         ns = ctx.namespace("hello", size)  # TAG-hello-SIZE: run tag, workload, size
         fx = await ctx.fixture(ctx.fixture_key("hello"), size, ns)
         for step, replica in (("cold", 0), ("local1", 0), ("cross", 1)):
-            await b.request(fx.messages, replica=replica, namespace=ns, workload="micro", step=step,
-                            key=f"hello/{step}", expected=fx.expected, fixture=fx,
-                            prompt_tokens=fx.prompt_tokens)
+            await b.request(
+                fx.messages,
+                replica=replica,
+                namespace=ns,
+                workload="micro",
+                step=step,
+                key=f"hello/{step}",
+                expected=fx.expected,
+                fixture=fx,
+                prompt_tokens=fx.prompt_tokens,
+            )
 
     await ctx.run_blocks(ctx.block_plan(ctx.params["block_pairs"]), block)

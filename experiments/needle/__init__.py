@@ -24,8 +24,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CARD", "CHECKPOINT", "HERE", "MANIFEST", "Card", "load_card", "manifest_files", "seal",
-           "write_card"]
+__all__ = [
+    "CARD",
+    "CHECKPOINT",
+    "HERE",
+    "MANIFEST",
+    "Card",
+    "load_card",
+    "manifest_files",
+    "seal",
+    "write_card",
+]
 
 HERE = Path(__file__).resolve().parent
 CHECKPOINT = HERE / "checkpoint"
@@ -53,9 +62,13 @@ class Card:
 
     def summary(self) -> dict[str, Any]:
         """What a run records about the card (JSON: sizes as strings)."""
-        return {"served_max_tokens": self.served_max_tokens, "threshold": self.threshold,
-                "accuracy_by_size": {str(n): a for n, a in sorted(self.accuracy_by_size.items())},
-                "unserved": {str(n): a for n, a in self.unserved().items()}, "source": self.source}
+        return {
+            "served_max_tokens": self.served_max_tokens,
+            "threshold": self.threshold,
+            "accuracy_by_size": {str(n): a for n, a in sorted(self.accuracy_by_size.items())},
+            "unserved": {str(n): a for n, a in self.unserved().items()},
+            "source": self.source,
+        }
 
 
 def load_card(path: Path = CARD) -> Card:
@@ -89,9 +102,9 @@ def seal(directory: Path = CHECKPOINT, manifest: Path = MANIFEST, **about: Any) 
     return data
 
 
-
-def write_card(evaluations: dict[str, dict[str, Any]], threshold: float = 0.99, path: Path = CARD,
-               **about: Any) -> dict[str, Any]:  # fmt: skip
+def write_card(
+    evaluations: dict[str, dict[str, Any]], threshold: float = 0.99, path: Path = CARD, **about: Any
+) -> dict[str, Any]:
     """The card from evaluations, most trusted first (each: ``accuracy_by_size``,
     ``min_margin_by_size``, ``n_by_size`` keyed by size as text). A size takes its figures
     from the first evaluation that measured it; the card serves every size up to the first
@@ -111,12 +124,16 @@ def write_card(evaluations: dict[str, dict[str, Any]], threshold: float = 0.99, 
         if acc[size] < threshold:
             break
         served = size
-    data = {**about, "threshold": threshold, "served_max_tokens": served,
-            "source": ", ".join(f"{n}: {e.get('what', '')}" for n, e in evaluations.items()),
-            "accuracy_by_size": {str(k): acc[k] for k in sorted(acc)},
-            "min_margin_by_size": {str(k): margin[k] for k in sorted(acc)},
-            "n_by_size": {str(k): count[k] for k in sorted(acc)},
-            "source_by_size": {str(k): source[k] for k in sorted(acc)},
-            "evaluations": {n: {k: v for k, v in e.items()} for n, e in evaluations.items()}}  # fmt: skip
+    data = {
+        **about,
+        "threshold": threshold,
+        "served_max_tokens": served,
+        "source": ", ".join(f"{n}: {e.get('what', '')}" for n, e in evaluations.items()),
+        "accuracy_by_size": {str(k): acc[k] for k in sorted(acc)},
+        "min_margin_by_size": {str(k): margin[k] for k in sorted(acc)},
+        "n_by_size": {str(k): count[k] for k in sorted(acc)},
+        "source_by_size": {str(k): source[k] for k in sorted(acc)},
+        "evaluations": {n: {k: v for k, v in e.items()} for n, e in evaluations.items()},
+    }
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     return data

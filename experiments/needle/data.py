@@ -151,8 +151,9 @@ def train_sample(enc: Encoder, key: str, length: int, rng: random.Random, quiz: 
     return enc.chat(turns)
 
 
-def make_batch(enc: Encoder, length: int, rows: int, seed: str, quiz_share: float = 0.0,
-               quiz_turns: int = 0) -> tuple[Any, Any]:  # fmt: skip
+def make_batch(
+    enc: Encoder, length: int, rows: int, seed: str, quiz_share: float = 0.0, quiz_turns: int = 0
+) -> tuple[Any, Any]:
     """``rows`` samples padded to ``length``: ids and answer masks as numpy arrays.
 
     Padding is on the right and no attention mask is needed: causal attention

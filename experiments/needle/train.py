@@ -53,8 +53,9 @@ def _init_worker(tokenizer_json: str) -> None:
     _ENC = data.Encoder(tokenizer_json)
 
 
-def _batch(length: int, rows: int, seed: str, quiz_share: float = 0.0,
-           quiz_turns: int = 0) -> tuple[Any, Any, int, str]:  # fmt: skip
+def _batch(
+    length: int, rows: int, seed: str, quiz_share: float = 0.0, quiz_turns: int = 0
+) -> tuple[Any, Any, int, str]:
     assert _ENC is not None
     ids, mask = data.make_batch(_ENC, length, rows, seed, quiz_share, quiz_turns)
     return ids, mask, length, seed
@@ -136,8 +137,9 @@ def save(model: Any, out: Path, s: dict[str, Any], info: dict[str, Any]) -> None
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
-def evaluate(model: Any, enc: data.Encoder, sizes: list[int], counts: dict[int, int], device: str,
-             deadline: float) -> dict[str, Any]:  # fmt: skip
+def evaluate(
+    model: Any, enc: data.Encoder, sizes: list[int], counts: dict[int, int], device: str, deadline: float
+) -> dict[str, Any]:
     """Teacher-forced exact match and minimum margin per size, bf16 weights as served."""
     import torch
 
@@ -160,8 +162,12 @@ def evaluate(model: Any, enc: data.Encoder, sizes: list[int], counts: dict[int, 
             margin = min(margin, m)
             exact += int(m > 0)
             n += 1
-        results[str(size)] = {"n": n, "exact": exact, "accuracy": exact / n if n else None,
-                              "min_margin": round(margin, 3) if n else None}  # fmt: skip
+        results[str(size)] = {
+            "n": n,
+            "exact": exact,
+            "accuracy": exact / n if n else None,
+            "min_margin": round(margin, 3) if n else None,
+        }
         print(json.dumps({"eval": size, **results[str(size)]}), flush=True)
     return results
 
@@ -175,8 +181,10 @@ def main() -> None:
     ap.add_argument("--deadline-seconds", type=float, default=540.0)
     ap.add_argument("--workers", type=int, default=14)
     ap.add_argument("--eval-sizes", default="1024,2048,3072,8192,16384,32768,131072")
-    ap.add_argument("--eval-counts", default='{"1024": 64, "2048": 64, "3072": 64, "8192": 32, '
-                    '"16384": 16, "32768": 16, "131072": 4}')  # fmt: skip
+    ap.add_argument(
+        "--eval-counts",
+        default='{"1024": 64, "2048": 64, "3072": 64, "8192": 32, "16384": 16, "32768": 16, "131072": 4}',
+    )
     ap.add_argument("--set", default="{}", help="JSON object over the settings")
     ap.add_argument("--init", type=Path, help="start from this checkpoint's weights (continue training)")
     args = ap.parse_args()
@@ -197,21 +205,31 @@ def main() -> None:
     if args.init:
         from safetensors.torch import load_file
 
-        missing, unexpected = model.load_state_dict(load_file(str(args.init / "model.safetensors")),
-                                                    strict=False)  # fmt: skip
+        missing, unexpected = model.load_state_dict(
+            load_file(str(args.init / "model.safetensors")), strict=False
+        )
         if unexpected or set(missing) - {"lm_head.weight"}:  # the head is tied to the embeddings
             raise SystemExit(f"--init {args.init}: missing {missing}, unexpected {unexpected}")
         model.tie_weights()
     model = model.to(args.device)
     params = sum(p.numel() for p in model.parameters())
-    say(settings=s, parameters=params, device=args.device, init=str(args.init) if args.init else None,
+    say(
+        settings=s,
+        parameters=params,
+        device=args.device,
+        init=str(args.init) if args.init else None,
         gpu=torch.cuda.get_device_name() if args.device == "cuda" else None,
-        torch=torch.__version__, python=sys.version.split()[0])  # fmt: skip
+        torch=torch.__version__,
+        python=sys.version.split()[0],
+    )
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "embed" not in n]
     rest = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and "embed" not in n)]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": s["weight_decay"]},
-                             {"params": rest, "weight_decay": 0.0}],
-                            lr=s["lr"], betas=tuple(s["betas"]), fused=args.device == "cuda")  # fmt: skip
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": s["weight_decay"]}, {"params": rest, "weight_decay": 0.0}],
+        lr=s["lr"],
+        betas=tuple(s["betas"]),
+        fused=args.device == "cuda",
+    )
     rng = random.Random(s["seed"])
     cur = Curriculum(s, rng)
     pending: collections.deque[Any] = collections.deque()
@@ -261,26 +279,39 @@ def main() -> None:
         with torch.no_grad():
             rows = m.nonzero()[:, 0]
             wrong = torch.zeros(ids.shape[0], device=ids.device).index_add_(
-                0, rows, (logits.argmax(-1) != target).float())
+                0, rows, (logits.argmax(-1) != target).float()
+            )
             exact = float((wrong[m.any(dim=1)] == 0).float().mean())
         losses.append(float(loss.detach()))
         moved = cur.update(length, exact) if front else False
         if moved or time.time() - last_say > 10:
             last_say = time.time()
-            say(step=step, loss=round(sum(losses) / len(losses), 4), exact=round(exact, 3), len=length,
-                frontier=cur.frontier, lr=round(lr, 6), tokens=tokens,
-                tok_per_s=round(tokens / (time.time() - train_start)))  # fmt: skip
+            say(
+                step=step,
+                loss=round(sum(losses) / len(losses), 4),
+                exact=round(exact, 3),
+                len=length,
+                frontier=cur.frontier,
+                lr=round(lr, 6),
+                tokens=tokens,
+                tok_per_s=round(tokens / (time.time() - train_start)),
+            )
         if time.time() - last_save > 60:
             save(model, args.out, s, {"steps": step, "tokens": tokens, "frontier": cur.frontier})
             last_save = time.time()
     pool.terminate()
     seconds = round(time.time() - train_start, 1)
-    info = {"steps": step, "tokens": tokens, "train_seconds": seconds, "frontier": cur.frontier,
-            "init": str(args.init) if args.init else None,
-            "parameters": params, "variant": args.variant,
-            "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
-            "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1) if args.device == "cuda"
-            else None}  # fmt: skip
+    info = {
+        "steps": step,
+        "tokens": tokens,
+        "train_seconds": seconds,
+        "frontier": cur.frontier,
+        "init": str(args.init) if args.init else None,
+        "parameters": params,
+        "variant": args.variant,
+        "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+        "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1) if args.device == "cuda" else None,
+    }
     save(model, args.out, s, info)
     say(done=info)
     sizes = [int(x) for x in args.eval_sizes.split(",") if x]

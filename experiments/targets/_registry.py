@@ -43,8 +43,12 @@ def make_target(name: str, params: Mapping[str, Any]) -> Target:
         from .sim_target import SimTarget
 
         try:
-            return SimTarget(replicas=int(params["replicas"]), time_scale=float(params["time_scale"]),
-                             fault=params.get("sim_fault"), hash_seed=params.get("hash_seed", 0))  # fmt: skip
+            return SimTarget(
+                replicas=int(params["replicas"]),
+                time_scale=float(params["time_scale"]),
+                fault=params.get("sim_fault"),
+                hash_seed=params.get("hash_seed", 0),
+            )
         except ValueError as exc:
             raise ParamError(str(exc)) from exc
     target: Target = _vllm_module().make_target(dict(params))

@@ -40,8 +40,14 @@ class SimTarget:
 
     name = "sim"
 
-    def __init__(self, *, replicas: int = 2, time_scale: float = 0.005,
-                 fault: str | None = None, hash_seed: int | None = 0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        replicas: int = 2,
+        time_scale: float = 0.005,
+        fault: str | None = None,
+        hash_seed: int | None = 0,
+    ) -> None:
         if replicas < 2:
             raise ValueError("the sim target needs at least two replicas (cross-replica steps)")
         self.replicas = replicas
@@ -61,13 +67,20 @@ class SimTarget:
     def _config(self, arm: str) -> dict[str, Any]:
         c = self.config
         return {
-            "target": "sim", "engine": "sim", "engine_version": VLLM_VERSION,
-            "model": c.model_name, "replicas": self.replicas, "block_size": c.block_size,
-            "chunk_size": c.chunk_size, "capacity_blocks": c.capacity_blocks,
-            "tier_capacity_chunks": c.tier_capacity_chunks, "cache_dtype": c.cache_dtype,
+            "target": "sim",
+            "engine": "sim",
+            "engine_version": VLLM_VERSION,
+            "model": c.model_name,
+            "replicas": self.replicas,
+            "block_size": c.block_size,
+            "chunk_size": c.chunk_size,
+            "capacity_blocks": c.capacity_blocks,
+            "tier_capacity_chunks": c.tier_capacity_chunks,
+            "cache_dtype": c.cache_dtype,
             "max_model_len": c.max_model_len,
-            "kv_connector": _CONNECTOR if arm == "ON" else None, "faults": self.fault,
-        }  # fmt: skip
+            "kv_connector": _CONNECTOR if arm == "ON" else None,
+            "faults": self.fault,
+        }
 
     def config_sha256(self, arm: str) -> str:
         return sha256_hex(canonical_json(self._config(arm)))
@@ -84,8 +97,17 @@ class SimTarget:
         return self.config.model_name
 
     def _command(self, arm: str) -> list[str]:
-        cmd = [sys.executable, "-m", "experiments.targets.sim", "--replicas", str(self.replicas),
-               "--shared", "on" if arm == "ON" else "off", "--time-scale", repr(self.time_scale)]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "experiments.targets.sim",
+            "--replicas",
+            str(self.replicas),
+            "--shared",
+            "on" if arm == "ON" else "off",
+            "--time-scale",
+            repr(self.time_scale),
+        ]
         if self.fault != "none":
             cmd += ["--fault", self.fault]
         return cmd
@@ -105,13 +127,23 @@ class SimTarget:
         return self._launch(arm, gpus)
 
     def _spawn(self, arm: str) -> subprocess.Popen[str]:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            p for p in (str(_REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)}  # fmt: skip
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(
+                p for p in (str(_REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p
+            ),
+        }
         # stderr to a file: an unread pipe would block a chatty server.
         self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (closed in close())
-        proc = subprocess.Popen(self._command(arm), stdout=subprocess.PIPE, stderr=self._stderr,
-                                text=True, cwd=_REPO_ROOT, env=env,
-                                preexec_fn=die_with_parent)  # fmt: skip
+        proc = subprocess.Popen(
+            self._command(arm),
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            text=True,
+            cwd=_REPO_ROOT,
+            env=env,
+            preexec_fn=die_with_parent,
+        )
         self._proc = proc
         return proc
 
@@ -141,39 +173,60 @@ class SimTarget:
         digest = self.config_sha256(arm)
         cmd = self._command(arm)
         replicas = tuple(
-            Replica(i, url, {"index": int(gpus[i % len(gpus)]) if gpus else i, "uuid": None,
-                             "name": "sim"})
+            Replica(i, url, {"index": int(gpus[i % len(gpus)]) if gpus else i, "uuid": None, "name": "sim"})
             for i, url in enumerate(self._urls)
-        )  # fmt: skip
-        records = [LaunchRecord("deployment.launched", self._replica_data(r, arm, digest, cmd))
-                   for r in replicas]  # fmt: skip
+        )
+        records = [
+            LaunchRecord("deployment.launched", self._replica_data(r, arm, digest, cmd)) for r in replicas
+        ]
         if arm == "ON":
-            records.append(LaunchRecord("service.launched", {
-                "service": _SERVICE, "endpoint": self._tier_url, "command": cmd, "env": {},
-                "version": "0.5.6+sim", "pool_bytes": None, "pinned": None,
-                "config_sha256": digest, "target": "sim",
-            }))  # fmt: skip
+            records.append(
+                LaunchRecord(
+                    "service.launched",
+                    {
+                        "service": _SERVICE,
+                        "endpoint": self._tier_url,
+                        "command": cmd,
+                        "env": {},
+                        "version": "0.5.6+sim",
+                        "pool_bytes": None,
+                        "pinned": None,
+                        "config_sha256": digest,
+                        "target": "sim",
+                    },
+                )
+            )
         return Launch(replicas, digest, tuple(records))
 
     def _replica_data(self, r: Replica, arm: str, digest: str, cmd: list[str]) -> dict[str, Any]:
         c = self.config
         return {
-            "replica": r.index, "gpu": r.gpu, "endpoint": r.endpoint, "engine": "sim",
-            "engine_version": VLLM_VERSION, "command": cmd, "env": {},
+            "replica": r.index,
+            "gpu": r.gpu,
+            "endpoint": r.endpoint,
+            "engine": "sim",
+            "engine_version": VLLM_VERSION,
+            "command": cmd,
+            "env": {},
             "model": {"path": None, "served_name": c.model_name, "revision": None},
             "config_sha256": digest,
             "kv_connector": {"kv_connector": _CONNECTOR, "kv_role": "kv_both"} if arm == "ON" else None,
-            "target": "sim", "transfer_path": "sim", "arm": arm, "config": self._config(arm),
-            "time_scale": self.time_scale, "hash_seed": self.hash_seed,
-        }  # fmt: skip
+            "target": "sim",
+            "transfer_path": "sim",
+            "arm": arm,
+            "config": self._config(arm),
+            "time_scale": self.time_scale,
+            "hash_seed": self.hash_seed,
+        }
 
     async def stop(self) -> tuple[LaunchRecord, ...]:
         # The process stays up between blocks; the next start restarts it fresh.
-        records = [LaunchRecord("deployment.stopped", {"replica": i, "endpoint": url})
-                   for i, url in enumerate(self._urls)]  # fmt: skip
+        records = [
+            LaunchRecord("deployment.stopped", {"replica": i, "endpoint": url})
+            for i, url in enumerate(self._urls)
+        ]
         if self._arm == "ON":
-            records.append(LaunchRecord("service.stopped",
-                                        {"service": _SERVICE, "endpoint": self._tier_url}))
+            records.append(LaunchRecord("service.stopped", {"service": _SERVICE, "endpoint": self._tier_url}))
         self._arm = None
         return tuple(records)
 

@@ -36,29 +36,56 @@ def needle_prompt(filler_words: int = 600, tag: str = "") -> str:
     """Three needles (start, middle, end) and the question, per the sim's answer convention."""
     para = f"{tag} lorem ipsum dolor sit amet consectetur. " * (filler_words // 12 + 1)
     a, b, c = VALUES.values()
-    return (f"# file {tag}\nalpha = {a}\n{para}\nbeta = {b}\n{para}\ngamma = {c}\n"
-            "Return the values of alpha, beta and gamma as JSON.")  # fmt: skip
+    return (
+        f"# file {tag}\nalpha = {a}\n{para}\nbeta = {b}\n{para}\ngamma = {c}\n"
+        "Return the values of alpha, beta and gamma as JSON."
+    )
 
 
 def spec(
-    base_url: str, prompt: str, salt: str, *, replica: int = 0, step: str = "cold",
-    chat: bool = False, max_tokens: int = 64, **body: Any,
-) -> RequestSpec:  # fmt: skip
+    base_url: str,
+    prompt: str,
+    salt: str,
+    *,
+    replica: int = 0,
+    step: str = "cold",
+    chat: bool = False,
+    max_tokens: int = 64,
+    **body: Any,
+) -> RequestSpec:
     """A streaming request with every ``request.sent`` field the ledger requires."""
     payload: dict[str, Any] = {
-        "max_tokens": max_tokens, "temperature": 0, "seed": 314159, "cache_salt": salt,
-        "stream": True, "stream_options": {"include_usage": True}, **body,
-    }  # fmt: skip
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "seed": 314159,
+        "cache_salt": salt,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        **body,
+    }
     if chat:
         payload["messages"] = [{"role": "user", "content": prompt}]
         payload["chat_template_kwargs"] = {"enable_thinking": False}
     else:
         payload["prompt"] = prompt
-    meta = {"replica": replica, "gpu": None, "workload": "micro", "step": step, "chain": 0,
-            "session": None, "window": None, "turn": None, "placement": "fixed", "warmup": False,
-            "namespace": salt, "nominal_tokens": None, "fixture_id": None}  # fmt: skip
-    return RequestSpec(new_id(), base_url, "/v1/chat/completions" if chat else "/v1/completions",
-                       payload, meta)  # fmt: skip
+    meta = {
+        "replica": replica,
+        "gpu": None,
+        "workload": "micro",
+        "step": step,
+        "chain": 0,
+        "session": None,
+        "window": None,
+        "turn": None,
+        "placement": "fixed",
+        "warmup": False,
+        "namespace": salt,
+        "nominal_tokens": None,
+        "fixture_id": None,
+    }
+    return RequestSpec(
+        new_id(), base_url, "/v1/chat/completions" if chat else "/v1/completions", payload, meta
+    )
 
 
 VIAS = (DEFAULT_TTFT_METHOD, "httpx-read")

@@ -31,10 +31,15 @@ from tests.collectors.helpers import CONFIG, TIME_SCALE, VALUES, LedgerSink, nee
 CHUNK = 256
 
 
-@pytest.mark.parametrize("text", [
-    '{"alpha": 1}', 'Sure! ```json\n{"alpha": 1}\n``` done', 'The answer: {"alpha": 1}. {"x": 2}',
-    'noise { not json } then {"alpha": 1}',
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"alpha": 1}',
+        'Sure! ```json\n{"alpha": 1}\n``` done',
+        'The answer: {"alpha": 1}. {"x": 2}',
+        'noise { not json } then {"alpha": 1}',
+    ],
+)
 def test_extract_json_object(text: str) -> None:
     assert extract_json_object(text) == {"alpha": 1}
 
@@ -57,21 +62,39 @@ def faulty(request: pytest.FixtureRequest) -> Iterator[SimDeployment]:
 
 
 def _outcome(text: str, ok: bool = True, **kw: Any) -> Outcome:
-    fields: dict[str, Any] = dict(request_id="r", status=200 if ok else 500, text=text, ttft_s=0.1,
-                                  t_first=0.1, t_last=0.2, e2e_s=0.3, prompt_tokens=10,
-                                  output_tokens=4, cached_tokens=0, finish_reason="stop",
-                                  error=None if ok else "http 500", ok=ok)  # fmt: skip
+    fields: dict[str, Any] = dict(
+        request_id="r",
+        status=200 if ok else 500,
+        text=text,
+        ttft_s=0.1,
+        t_first=0.1,
+        t_last=0.2,
+        e2e_s=0.3,
+        prompt_tokens=10,
+        output_tokens=4,
+        cached_tokens=0,
+        finish_reason="stop",
+        error=None if ok else "http 500",
+        ok=ok,
+    )
     fields.update(kw)
     return Outcome(**fields)
 
 
 def test_exact_values_accepts_quoted_integers_only(sink: LedgerSink) -> None:
-    assert check_exact_values(sink, _outcome('{"alpha": "938639"}'), {"alpha": 938639},
-                              independent=True, config_sha256=CONFIG)  # fmt: skip
-    assert not check_exact_values(sink, _outcome('{"alpha": 938639.5}'), {"alpha": 938639},
-                                  independent=True, config_sha256=CONFIG)  # fmt: skip
-    assert not check_exact_values(sink, _outcome('{"alpha": 938639}', ok=False), {"alpha": 938639},
-                                  independent=False, config_sha256=CONFIG)  # fmt: skip
+    assert check_exact_values(
+        sink, _outcome('{"alpha": "938639"}'), {"alpha": 938639}, independent=True, config_sha256=CONFIG
+    )
+    assert not check_exact_values(
+        sink, _outcome('{"alpha": 938639.5}'), {"alpha": 938639}, independent=True, config_sha256=CONFIG
+    )
+    assert not check_exact_values(
+        sink,
+        _outcome('{"alpha": 938639}', ok=False),
+        {"alpha": 938639},
+        independent=False,
+        config_sha256=CONFIG,
+    )
     events = sink.events("assertion.evaluated")
     assert [e.data["passed"] for e in events] == [True, False, False]
     assert events[2].data["independent"] is False and events[0].data["config_sha256"] == CONFIG
@@ -88,8 +111,13 @@ class Flow:
     def __init__(self, dep: SimDeployment, sink: LedgerSink) -> None:
         self.dep, self.sink = dep, sink
 
-    def run(self, steps: list[tuple[int, str, str]], prompt: str | None = None,
-            timeout_s: float = 30.0, **body: Any) -> list[tuple[Outcome, Any]]:  # fmt: skip
+    def run(
+        self,
+        steps: list[tuple[int, str, str]],
+        prompt: str | None = None,
+        timeout_s: float = 30.0,
+        **body: Any,
+    ) -> list[tuple[Outcome, Any]]:
         prompt = prompt or needle_prompt()
 
         async def go() -> list[tuple[Outcome, Any]]:
@@ -97,8 +125,7 @@ class Flow:
             async with httpx.AsyncClient() as c:
                 scraper = Scraper(c, self.sink)
                 for replica, salt, step in steps:
-                    s = spec(self.dep.replica_urls[replica], prompt, salt, replica=replica,
-                             step=step, **body)  # fmt: skip
+                    s = spec(self.dep.replica_urls[replica], prompt, salt, replica=replica, step=step, **body)
                     out.append(await scraper.single(s, replica, timeout_s=timeout_s))
             return out
 
@@ -117,15 +144,18 @@ class Flow:
         res = {
             "stream_complete": check_stream_complete(self.sink, outcome, **kw),
             "exact_values": check_exact_values(self.sink, outcome, VALUES, independent=True, **kw),
-            "counters_match": check_counters_match(self.sink, outcome.request_id, delta,
-                                                   outcome.prompt_tokens, outcome.cached_tokens, **kw),
-        }  # fmt: skip
+            "counters_match": check_counters_match(
+                self.sink, outcome.request_id, delta, outcome.prompt_tokens, outcome.cached_tokens, **kw
+            ),
+        }
         if step == "cold":
-            res["zero_hits"] = check_zero_hits(self.sink, outcome.request_id, delta,
-                                               cached_tokens=outcome.cached_tokens, **kw)  # fmt: skip
+            res["zero_hits"] = check_zero_hits(
+                self.sink, outcome.request_id, delta, cached_tokens=outcome.cached_tokens, **kw
+            )
         if step == "cross":
-            res["full_prefix_hit"] = check_full_prefix_hit(self.sink, outcome.request_id, delta,
-                                                           outcome.prompt_tokens, CHUNK, **kw)  # fmt: skip
+            res["full_prefix_hit"] = check_full_prefix_hit(
+                self.sink, outcome.request_id, delta, outcome.prompt_tokens, CHUNK, **kw
+            )
         return res
 
 
@@ -210,8 +240,9 @@ def test_no_external_hits_off(dep: SimDeployment, sink: LedgerSink) -> None:
     dep.set_shared(False)
     flow = Flow(dep, sink)
     for outcome, delta in flow.run([(0, "ns", "cold"), (1, "ns", "cross")]):
-        assert check_no_external_hits_off(sink, delta, request_id=outcome.request_id, replica=0,
-                                          config_sha256=CONFIG)  # fmt: skip
+        assert check_no_external_hits_off(
+            sink, delta, request_id=outcome.request_id, replica=0, config_sha256=CONFIG
+        )
     dep.set_shared(True)
     _, (_, delta) = flow.run([(0, "on", "cold"), (1, "on", "cross")])
     assert not check_no_external_hits_off(sink, delta, config_sha256=CONFIG)  # ON would have loaded

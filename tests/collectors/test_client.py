@@ -172,12 +172,15 @@ def raw_stream(*events: bytes) -> Handler:
 
 
 def _chunk(text: str, finish: str | None = None) -> bytes:
-    return b"data: " + orjson.dumps({"choices": [{"index": 0, "text": text,
-                                                  "finish_reason": finish}]}) + b"\n\n"
+    return (
+        b"data: " + orjson.dumps({"choices": [{"index": 0, "text": text, "finish_reason": finish}]}) + b"\n\n"
+    )
 
 
-_USAGE = b'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3,' \
-         b'"prompt_tokens_details":{"cached_tokens":2}}}\n\n'
+_USAGE = (
+    b'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3,'
+    b'"prompt_tokens_details":{"cached_tokens":2}}}\n\n'
+)
 
 
 def _run(handler: Handler, sink: LedgerSink, via: str, timeout_s: float = 5.0) -> list[str | None]:
@@ -192,7 +195,7 @@ def _run(handler: Handler, sink: LedgerSink, via: str, timeout_s: float = 5.0) -
 def test_split_frames_crlf_and_empty_first_chunk_are_handled(sink: LedgerSink, via: str) -> None:
     body = _chunk("") + _chunk("a") + _chunk("b") + _chunk("c", "stop") + _USAGE + b"data: [DONE]\n\n"
     crlf = body.replace(b"\n", b"\r\n")
-    pieces = [crlf[i:i + 7] for i in range(0, len(crlf), 7)]  # frames split mid-line
+    pieces = [crlf[i : i + 7] for i in range(0, len(crlf), 7)]  # frames split mid-line
     assert _run(raw_stream(*pieces), sink, via) == [None, "3", "2", "abc"]
     got = sink.events("response.received")[0].data
     assert got["decode_rate"] is None or got["decode_rate"] > 0
@@ -201,13 +204,27 @@ def test_split_frames_crlf_and_empty_first_chunk_are_handled(sink: LedgerSink, v
 
 def _logprob_chunk(text: str, tops: list[list[float]], chat: bool) -> bytes:
     if chat:
-        content = [{"token": text, "logprob": t[0], "top_logprobs": [{"token": str(i), "logprob": v}
-                                                                    for i, v in enumerate(t)]} for t in tops]
-        choice: dict[str, object] = {"index": 0, "delta": {"content": text},
-                                     "logprobs": {"content": content}, "finish_reason": None}
+        content = [
+            {
+                "token": text,
+                "logprob": t[0],
+                "top_logprobs": [{"token": str(i), "logprob": v} for i, v in enumerate(t)],
+            }
+            for t in tops
+        ]
+        choice: dict[str, object] = {
+            "index": 0,
+            "delta": {"content": text},
+            "logprobs": {"content": content},
+            "finish_reason": None,
+        }
     else:
-        choice = {"index": 0, "text": text, "finish_reason": None,
-                  "logprobs": {"top_logprobs": [{str(i): v for i, v in enumerate(t)} for t in tops]}}
+        choice = {
+            "index": 0,
+            "text": text,
+            "finish_reason": None,
+            "logprobs": {"top_logprobs": [{str(i): v for i, v in enumerate(t)} for t in tops]},
+        }
     return b"data: " + orjson.dumps({"choices": [choice]}) + b"\n\n"
 
 
@@ -215,8 +232,14 @@ def _logprob_chunk(text: str, tops: list[list[float]], chat: bool) -> bytes:
 def test_top_logprob_margins_are_recorded_as_the_smallest_over_the_output(
     sink: LedgerSink, via: str, chat: bool
 ) -> None:
-    body = (_logprob_chunk("a", [[-0.01, -6.5]], chat) + _logprob_chunk("b", [[-0.2, -1.95, -3.0]], chat)
-            + _logprob_chunk("c", [[-0.5]], chat) + _chunk("", "stop") + _USAGE + b"data: [DONE]\n\n")
+    body = (
+        _logprob_chunk("a", [[-0.01, -6.5]], chat)
+        + _logprob_chunk("b", [[-0.2, -1.95, -3.0]], chat)
+        + _logprob_chunk("c", [[-0.5]], chat)
+        + _chunk("", "stop")
+        + _USAGE
+        + b"data: [DONE]\n\n"
+    )
     assert _run(raw_stream(body), sink, via)[0] is None
     got = sink.events("response.received")[0].data
     assert got["min_logprob_margin"] == pytest.approx(1.75)  # b's top two; c has one, no margin

@@ -20,12 +20,17 @@ from experiments.targets.sim import SimDeployment
 from tests.collectors.helpers import TIME_SCALE, VALUES, LedgerSink, client, needle_prompt, serve, spec
 
 
-def _send(url: str, sink: LedgerSink, via: str, *, times: int = 1, timeout_s: float = 10.0,
-          **kw: object) -> list[Outcome]:  # fmt: skip
+def _send(
+    url: str, sink: LedgerSink, via: str, *, times: int = 1, timeout_s: float = 10.0, **kw: object
+) -> list[Outcome]:
     async def go() -> list[Outcome]:
         async with client(via) as c:
-            return [await send_request(c, spec(url, needle_prompt(), f"ns-{via}", **kw), sink,
-                                       timeout_s=timeout_s, method=via) for _ in range(times)]  # fmt: skip
+            return [
+                await send_request(
+                    c, spec(url, needle_prompt(), f"ns-{via}", **kw), sink, timeout_s=timeout_s, method=via
+                )
+                for _ in range(times)
+            ]
 
     return asyncio.run(go())
 
@@ -49,19 +54,24 @@ def test_the_method_is_chosen_not_inferred_from_the_client(sink: LedgerSink) -> 
         return resp
 
     async def go() -> list[Outcome]:
-        async with serve(handler) as url, \
-                httpx.AsyncClient(headers={"x-client-setting": "kept"}) as c:  # fmt: skip
-            return [await send_request(c, spec(url, "p", "ns"), sink, method=m)
-                    for m in ("httpx-read", "socket-read", DEFAULT_TTFT_METHOD)]  # fmt: skip
+        async with serve(handler) as url, httpx.AsyncClient(headers={"x-client-setting": "kept"}) as c:
+            return [
+                await send_request(c, spec(url, "p", "ns"), sink, method=m)
+                for m in ("httpx-read", "socket-read", DEFAULT_TTFT_METHOD)
+            ]
 
     outcomes = asyncio.run(go())
     assert all(o.status == 200 and o.ttft_s is not None for o in outcomes), [o.error for o in outcomes]
     assert seen == ["kept", None, None]
-    assert [_recorded(sink, o)["ttft_method"] for o in outcomes] == ["httpx-read", "socket-read",
-                                                                    DEFAULT_TTFT_METHOD]  # fmt: skip
+    assert [_recorded(sink, o)["ttft_method"] for o in outcomes] == [
+        "httpx-read",
+        "socket-read",
+        DEFAULT_TTFT_METHOD,
+    ]
     with pytest.raises(ValueError, match="unknown TTFT method 'guess'"):
-        asyncio.run(send_request(httpx.AsyncClient(), spec("http://127.0.0.1:1", "p", "ns"), sink,
-                                 method="guess"))  # fmt: skip
+        asyncio.run(
+            send_request(httpx.AsyncClient(), spec("http://127.0.0.1:1", "p", "ns"), sink, method="guess")
+        )
     assert len(sink.events("request.sent")) == 3  # refused before anything was recorded
 
 
@@ -178,8 +188,9 @@ def _raw_server_run(reply: bytes, sink: LedgerSink, via: str) -> Outcome:
         port = server.sockets[0].getsockname()[1]
         try:
             async with client(via) as c:
-                return await send_request(c, spec(f"http://127.0.0.1:{port}", "p", "ns"), sink, timeout_s=5,
-                                          method=via)
+                return await send_request(
+                    c, spec(f"http://127.0.0.1:{port}", "p", "ns"), sink, timeout_s=5, method=via
+                )
         finally:
             server.close()
             await server.wait_closed()
@@ -187,14 +198,19 @@ def _raw_server_run(reply: bytes, sink: LedgerSink, via: str) -> Outcome:
     return asyncio.run(go())
 
 
-_EVENTS = (b'data: {"choices":[{"index":0,"text":"a"}]}\n\ndata: {"choices":[{"index":0,"text":"b",'
-           b'"finish_reason":"stop"}]}\n\ndata: {"choices":[],"usage":{"prompt_tokens":1,'
-           b'"completion_tokens":2}}\n\ndata: [DONE]\n\n')  # fmt: skip
+_EVENTS = (
+    b'data: {"choices":[{"index":0,"text":"a"}]}\n\ndata: {"choices":[{"index":0,"text":"b",'
+    b'"finish_reason":"stop"}]}\n\ndata: {"choices":[],"usage":{"prompt_tokens":1,'
+    b'"completion_tokens":2}}\n\ndata: [DONE]\n\n'
+)
 
 
 def test_body_delimited_by_close_is_complete(sink: LedgerSink, via: str) -> None:
-    o = _raw_server_run(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
-                        + _EVENTS, sink, via)  # fmt: skip
+    o = _raw_server_run(
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n" + _EVENTS,
+        sink,
+        via,
+    )
     assert o.ok and o.text == "ab" and o.output_tokens == 2, o.error
 
 

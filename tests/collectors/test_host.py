@@ -40,8 +40,9 @@ def test_code_version_named_in_the_environment(tmp_path: Path, monkeypatch: pyte
     assert found == {"commit": "ab" * 20, "dirty": False, "root": None, "source": "environment"}
     # A copy whose .git is older than its files: the named commit wins, git's is kept beside it.
     in_git = code_version(Path(__file__))
-    git_head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent,
-                              capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    git_head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True, check=True
+    ).stdout.strip()
     assert in_git["commit"] == "ab" * 20 and in_git["source"] == "environment"
     assert in_git["git_commit"] == git_head and isinstance(in_git["git_dirty"], bool)
 

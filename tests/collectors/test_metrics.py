@@ -55,15 +55,17 @@ def test_counter_delta_sums_label_sets_and_reports_resets() -> None:
     assert d.local_hit_tokens == 20 and d.counter_reset and d.prefix_queries is None
 
 
-def _single(dep: SimDeployment, sink: LedgerSink, plan: list[tuple[int, str]], prompt: str
-            ) -> list[tuple[int, HitDelta, int | None]]:  # fmt: skip
+def _single(
+    dep: SimDeployment, sink: LedgerSink, plan: list[tuple[int, str]], prompt: str
+) -> list[tuple[int, HitDelta, int | None]]:
     async def go() -> list[tuple[int, HitDelta, int | None]]:
         out = []
         async with httpx.AsyncClient() as c:
             scraper = Scraper(c, sink, tier_url=dep.shared_url)
             for replica, salt in plan:
-                o, d = await scraper.single(spec(dep.replica_urls[replica], prompt, salt,
-                                                 replica=replica), replica)  # fmt: skip
+                o, d = await scraper.single(
+                    spec(dep.replica_urls[replica], prompt, salt, replica=replica), replica
+                )
                 assert o.ok, o.error
                 assert o.prompt_tokens is not None
                 out.append((o.prompt_tokens, d, o.cached_tokens))
@@ -72,8 +74,9 @@ def _single(dep: SimDeployment, sink: LedgerSink, plan: list[tuple[int, str]], p
     return asyncio.run(go())
 
 
-def test_same_prompt_twice_then_salt_then_other_replica(dep: SimDeployment, sink: LedgerSink,
-                                                         led: Ledger) -> None:  # fmt: skip
+def test_same_prompt_twice_then_salt_then_other_replica(
+    dep: SimDeployment, sink: LedgerSink, led: Ledger
+) -> None:
     prompt = needle_prompt()
     rows = _single(dep, sink, [(0, "a"), (0, "a"), (0, "b"), (1, "a"), (1, "a")], prompt)
     n = rows[0][0]
@@ -89,8 +92,9 @@ def test_same_prompt_twice_then_salt_then_other_replica(dep: SimDeployment, sink
     assert local_again.local_hit_tokens == (n - 1) // BLOCK * BLOCK
     assert local_again.external_hit_tokens == 0  # the connector only loads what is missing
     observed = sink.events("hits.observed")
-    assert [e.data["request_id"] for e in observed] == [e.data["request_id"]
-                                                        for e in sink.events("request.sent")]
+    assert [e.data["request_id"] for e in observed] == [
+        e.data["request_id"] for e in sink.events("request.sent")
+    ]
     assert all(e.data["prompt_tokens"] == n for e in observed)
     scrapes = sink.events("metrics.scraped")
     assert len(scrapes) == 4 * len(rows)  # replica and tier, before and after
@@ -114,17 +118,22 @@ def test_concurrent_window_emits_one_hits_event_per_replica(dep: SimDeployment, 
             scraper = Scraper(c, sink)
             urls: dict[int | str, str] = dict(enumerate(dep.replica_urls))
             async with scraper.window(urls, "w1") as w:
-                await asyncio.gather(*(
-                    send_request(
-                        c, spec(dep.replica_urls[i % 2], needle_prompt(tag=str(i)), "w", replica=i % 2),
-                        sink) for i in range(6)))  # fmt: skip
+                await asyncio.gather(
+                    *(
+                        send_request(
+                            c,
+                            spec(dep.replica_urls[i % 2], needle_prompt(tag=str(i)), "w", replica=i % 2),
+                            sink,
+                        )
+                        for i in range(6)
+                    )
+                )
             return w.deltas
 
     deltas = asyncio.run(go())
     assert set(deltas) == {0, 1}
     events = sink.events("hits.observed")
-    assert len(events) == 2 and all(e.data["window"] == "w1" and e.data["request_id"] is None
-                                    for e in events)  # fmt: skip
+    assert len(events) == 2 and all(e.data["window"] == "w1" and e.data["request_id"] is None for e in events)
     assert all((d.prefix_queries or 0) > 0 for d in deltas.values())
 
 

@@ -66,8 +66,10 @@ async def _kill_when_streaming(ctx: Any, replica: int, delay: float) -> None:
     url = ctx.target.endpoint(replica)
     while True:  # until the victim runs a request
         text = (await ctx.client.get(url + "/metrics")).text
-        if any(line.startswith("vllm:num_requests_running") and not line.rstrip().endswith(" 0.0")
-               for line in text.splitlines()):  # fmt: skip
+        if any(
+            line.startswith("vllm:num_requests_running") and not line.rstrip().endswith(" 0.0")
+            for line in text.splitlines()
+        ):
             break
         await asyncio.sleep(0.05)
     await asyncio.sleep(delay)
@@ -75,9 +77,15 @@ async def _kill_when_streaming(ctx: Any, replica: int, delay: float) -> None:
     pid, title = engine_worker(api_pid)
     os.kill(pid, signal.SIGILL)
     # The ledger says what was injected: this death is the test's doing, not the engine's.
-    ctx.sink.emit_run("note.added", {"text": f"fault injected: SIGILL to {title} pid {pid} of replica "
-                                             f"{replica} while it streamed", "topic": "fault-injection",
-                                     "replica": replica, "process": title})  # fmt: skip
+    ctx.sink.emit_run(
+        "note.added",
+        {
+            "text": f"fault injected: SIGILL to {title} pid {pid} of replica {replica} while it streamed",
+            "topic": "fault-injection",
+            "replica": replica,
+            "process": title,
+        },
+    )
 
 
 async def run(ctx: Any) -> None:
@@ -89,17 +97,41 @@ async def run(ctx: Any) -> None:
         victim, other = p["victim"], 1 - p["victim"]
         ns = ctx.namespace("micro", p["size"], "c0")
         fx = await ctx.fixture(ctx.fixture_key("micro", 0), p["size"], ns)
-        await b.request(fx.messages, replica=other, namespace=ns, workload="micro", step="cold",
-                        key="micro/cold", fixture=fx, prompt_tokens=fx.prompt_tokens)  # fmt: skip
+        await b.request(
+            fx.messages,
+            replica=other,
+            namespace=ns,
+            workload="micro",
+            step="cold",
+            key="micro/cold",
+            fixture=fx,
+            prompt_tokens=fx.prompt_tokens,
+        )
         killer = asyncio.create_task(_kill_when_streaming(ctx, victim, p["kill_after_s"]))
         try:
-            await b.request(fx.messages, replica=victim, namespace=ns, workload="micro", step="cross",
-                            key="micro/cross", fixture=fx, prompt_tokens=fx.prompt_tokens,
-                            max_tokens=p["stream_tokens"], ignore_eos=True)  # fmt: skip
+            await b.request(
+                fx.messages,
+                replica=victim,
+                namespace=ns,
+                workload="micro",
+                step="cross",
+                key="micro/cross",
+                fixture=fx,
+                prompt_tokens=fx.prompt_tokens,
+                max_tokens=p["stream_tokens"],
+                ignore_eos=True,
+            )
         finally:
             killer.cancel()
         # Not reached when the replica died: the block has failed.
-        await b.request(fx.messages, replica=victim, namespace=ns, workload="micro",
-                        step="receiver_local", key="micro/receiver_local", fixture=fx)  # fmt: skip
+        await b.request(
+            fx.messages,
+            replica=victim,
+            namespace=ns,
+            workload="micro",
+            step="receiver_local",
+            key="micro/receiver_local",
+            fixture=fx,
+        )
 
     await ctx.run_blocks([spec], block)

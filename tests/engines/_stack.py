@@ -43,12 +43,25 @@ def engine_env(engines: Engines) -> dict[str, str]:
 
 def vllm_argv(engines: Engines, port: int, lmcache_port: int | None = None) -> list[str]:
     argv = [
-        str(engines.vllm_python), "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(engines.model_dir), "--served-model-name", SERVED,
-        "--host", "127.0.0.1", "--port", str(port),
-        "--dtype", "bfloat16", "--max-model-len", "4096",
-        "--enable-prefix-caching", "--enable-prompt-tokens-details", "--enforce-eager",
-    ]  # fmt: skip
+        str(engines.vllm_python),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(engines.model_dir),
+        "--served-model-name",
+        SERVED,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "bfloat16",
+        "--max-model-len",
+        "4096",
+        "--enable-prefix-caching",
+        "--enable-prompt-tokens-details",
+        "--enforce-eager",
+    ]
     if lmcache_port is not None:  # the connector config exactly as the vllm target gives it
         argv = with_connector(argv, kv_transfer_config("127.0.0.1", lmcache_port))
     return argv
@@ -56,12 +69,27 @@ def vllm_argv(engines: Engines, port: int, lmcache_port: int | None = None) -> l
 
 def lmcache_argv(engines: Engines, port: int, http_port: int) -> list[str]:
     return [
-        str(engines.lmcache_python), "-m", "lmcache.cli.main", "server",
-        "--host", "127.0.0.1", "--port", str(port),
-        "--l1-size-gb", "1", "--eviction-policy", "LRU",
-        "--http-host", "127.0.0.1", "--http-port", str(http_port),
-        "--chunk-size", str(LMCACHE_CHUNK), "--supported-transfer-mode", "auto",
-    ]  # fmt: skip
+        str(engines.lmcache_python),
+        "-m",
+        "lmcache.cli.main",
+        "server",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--l1-size-gb",
+        "1",
+        "--eviction-policy",
+        "LRU",
+        "--http-host",
+        "127.0.0.1",
+        "--http-port",
+        str(http_port),
+        "--chunk-size",
+        str(LMCACHE_CHUNK),
+        "--supported-transfer-mode",
+        "auto",
+    ]
 
 
 @dataclass

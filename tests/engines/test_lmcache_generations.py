@@ -30,8 +30,18 @@ from experiments.targets.vllm._settings import PARAMS, Settings, check
 
 
 def _target(tmp_path: Path, lmcache: str = "0.5.6", device: str = "cuda", **params: Any) -> VllmTarget:
-    resolved = Resolved("/envs/vllm/bin/python", "/envs/lmcache/bin/python", tmp_path, None, "r1", "0.26.0",
-                        lmcache, tiny=True, lmcache_version=lmcache, engine_device=device)  # fmt: skip
+    resolved = Resolved(
+        "/envs/vllm/bin/python",
+        "/envs/lmcache/bin/python",
+        tmp_path,
+        None,
+        "r1",
+        "0.26.0",
+        lmcache,
+        tiny=True,
+        lmcache_version=lmcache,
+        engine_device=device,
+    )
     return VllmTarget(Settings({**PARAMS, **params}), resolved)
 
 
@@ -45,14 +55,21 @@ def test_generation_follows_the_installed_lmcache() -> None:
 
 def test_remote_generation_launch_pieces() -> None:
     g = Generation(mode="remote", version="0.5.3", chunk_size=256, cpu_gb=2.0, allocator="mixed")
-    assert g.connector_config("127.0.0.1", 7001) == {"kv_connector": "LMCacheConnectorV1",
-                                                     "kv_role": "kv_both"}  # fmt: skip
+    assert g.connector_config("127.0.0.1", 7001) == {
+        "kv_connector": "LMCacheConnectorV1",
+        "kv_role": "kv_both",
+    }
     env = g.replica_env("127.0.0.1", 7001)
     assert env["LMCACHE_REMOTE_URL"] == "lm://127.0.0.1:7001" and env["LMCACHE_REMOTE_SERDE"] == "naive"
     assert env["LMCACHE_MAX_LOCAL_CPU_SIZE"] == "2" and env["LMCACHE_CHUNK_SIZE"] == "256"
     assert env["LMCACHE_ENABLE_LAZY_MEMORY_ALLOCATOR"] == "False"
     assert g.service_argv(None, {"python": "py", "host": "127.0.0.1", "port": 7001}) == [
-        "py", "-m", "lmcache.v1.server", "127.0.0.1", "7001"]  # fmt: skip
+        "py",
+        "-m",
+        "lmcache.v1.server",
+        "127.0.0.1",
+        "7001",
+    ]
     assert g.health == "tcp" and g.allocator_record()["in_use"] == "mixed"
     lazy = Generation(mode="remote", version="0.5.3", chunk_size=256, cpu_gb=2.0, allocator="lazy")
     # 0.5.3's local CPU backend falls back to the mixed allocator when lazy is asked for.
@@ -67,7 +84,8 @@ def test_mp_generation_allocator_flag() -> None:
     assert mixed.service_argv(None, values)[-1] == "--no-l1-use-lazy"
     assert default.allocator_record()["in_use"] == "lazy" and mixed.allocator_record()["in_use"] == "mixed"
     assert default.replica_env("h", 1) == {} and default.connector_config("h", 5)["kv_connector"] == (
-        "LMCacheMPConnector")  # fmt: skip
+        "LMCacheMPConnector"
+    )
 
 
 def test_config_names_generation_seed_and_allocator(tmp_path: Path) -> None:
@@ -76,10 +94,16 @@ def test_config_names_generation_seed_and_allocator(tmp_path: Path) -> None:
     assert on["lmcache"]["mode"] == "remote" and on["kv_connector"]["kv_connector"] == "LMCacheConnectorV1"
     assert on["lmcache"]["env"]["LMCACHE_REMOTE_URL"] == "lm://127.0.0.1" and on["hash_seed"] == 0
     assert mp.config("ON")["lmcache"]["mode"] == "mp"
-    digests = {t.config_sha256("ON") for t in (
-        mp, remote, _target(tmp_path, lmcache="0.5.3", hash_seed=7),
-        _target(tmp_path, lmcache="0.5.3", lmcache_allocator="mixed"),
-        _target(tmp_path, lmcache="0.5.3", hash_seed="unset"))}  # fmt: skip
+    digests = {
+        t.config_sha256("ON")
+        for t in (
+            mp,
+            remote,
+            _target(tmp_path, lmcache="0.5.3", hash_seed=7),
+            _target(tmp_path, lmcache="0.5.3", lmcache_allocator="mixed"),
+            _target(tmp_path, lmcache="0.5.3", hash_seed="unset"),
+        )
+    }
     assert len(digests) == 5  # each choice is covered by config_sha256
     assert "port" not in json.dumps(on)
     assert remote.config("OFF")["lmcache"] is None and remote.config("OFF")["kv_connector"] is None
@@ -110,10 +134,18 @@ def test_engine_gpu_is_read_from_the_engines_own_processes(tmp_path: Path) -> No
     assert session_id(2**22 + 12345) is None
     h200 = {"index": 1, "name": "NVIDIA H200", "uuid": "GPU-bbbb"}
     other = {"index": 0, "name": "NVIDIA H200", "uuid": "GPU-aaaa"}
-    # This test's process stands for the engine core: a process of the replica's session.
-    processes = {os.getpid(): [h200], 1: [other]}
-    assert engine_gpus(os.getsid(0), processes) == [h200]
-    assert engine_gpus(os.getsid(0), {1: [other]}) == []
+    # This test's process stands for the engine core: a process of the replica's session. The
+    # other replica is a real process in a session of its own (pid 1 may share ours in a container).
+    other_replica = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        assert session_id(other_replica.pid) == other_replica.pid != os.getsid(0)
+        processes = {os.getpid(): [h200], other_replica.pid: [other]}
+        assert engine_gpus(os.getsid(0), processes) == [h200]
+        assert engine_gpus(os.getsid(0), {other_replica.pid: [other]}) == []
+        assert engine_gpus(other_replica.pid, processes) == [other]
+    finally:
+        other_replica.kill()
+        other_replica.wait()
 
     class _Proc:
         pid = os.getsid(0)
@@ -149,6 +181,10 @@ def test_wait_tcp_waits_for_a_listener_and_sees_an_exit(tmp_path: Path) -> None:
 def test_installed_versions_read_package_metadata() -> None:
     found = installed_versions(sys.executable, "httpx", "no-such-dist-kvledger")
     assert found["httpx"] and found["no-such-dist-kvledger"] is None
-    shown = subprocess.run([sys.executable, "-c", "import httpx; print(httpx.__version__)"],
-                           capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    shown = subprocess.run(
+        [sys.executable, "-c", "import httpx; print(httpx.__version__)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     assert shown == found["httpx"]

@@ -53,8 +53,16 @@ def _figures(run: RecordedRun) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def evaluated(engines: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RecordedRun]:
     url = f"sqlite:///{tmp_path_factory.mktemp('needle-eval') / 'ledger.db'}"
-    result = ledger_cli("run", "needle_eval", "--target", "vllm", "--db", url, "--no-progress",
-                        *param_args({"sizes": SIZES, "fixtures": FIXTURES}))  # fmt: skip
+    result = ledger_cli(
+        "run",
+        "needle_eval",
+        "--target",
+        "vllm",
+        "--db",
+        url,
+        "--no-progress",
+        *param_args({"sizes": SIZES, "fixtures": FIXTURES}),
+    )
     print(f"\nneedle_eval on vllm CPU: exit {result.exit_code}\n{result.output}")
     yield recorded(url, result)
 
@@ -64,12 +72,30 @@ def planted(engines: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     tmp = tmp_path_factory.mktemp("needle-planted")
     model = tmp / "checkpoint"
     shutil.copytree(needle.CHECKPOINT, model)
-    subprocess.run([str(engines.vllm_python), "-c", ZERO_VALUES, str(model / "model.safetensors")],
-                   check=True, timeout=300)  # fmt: skip
+    subprocess.run(
+        [str(engines.vllm_python), "-c", ZERO_VALUES, str(model / "model.safetensors")],
+        check=True,
+        timeout=300,
+    )
     url = f"sqlite:///{tmp / 'ledger.db'}"
-    result = ledger_cli("run", "needle_eval", "--target", "vllm", "--db", url, "--no-progress",
-                        *param_args({"sizes": [1024], "fixtures": 2, "model": str(model),
-                                     "manifest": str(needle.MANIFEST), "served_name": "needle"}))  # fmt: skip
+    result = ledger_cli(
+        "run",
+        "needle_eval",
+        "--target",
+        "vllm",
+        "--db",
+        url,
+        "--no-progress",
+        *param_args(
+            {
+                "sizes": [1024],
+                "fixtures": 2,
+                "model": str(model),
+                "manifest": str(needle.MANIFEST),
+                "served_name": "needle",
+            }
+        ),
+    )
     print(f"\nneedle_eval, values zeroed: exit {result.exit_code}\n{result.output}")
     yield recorded(url, result)
 
@@ -149,8 +175,14 @@ print(json.dumps({"same": same, "round_trip": round_trip, "templated": templated
 
 def test_tokenizer_rebuilds_identically_and_samples_match_the_served_template(engines: Any) -> None:
     root = Path(__file__).resolve().parents[2]
-    proc = subprocess.run([str(engines.vllm_python), "-c", TOKENIZER_CHECK], cwd=root, text=True,
-                          capture_output=True, timeout=600, check=False)  # fmt: skip
+    proc = subprocess.run(
+        [str(engines.vllm_python), "-c", TOKENIZER_CHECK],
+        cwd=root,
+        text=True,
+        capture_output=True,
+        timeout=600,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["same"] == ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"]

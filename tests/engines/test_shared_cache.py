@@ -101,10 +101,21 @@ def fault_run(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> FaultRu
     _svc, svc_http, a, b = stack
     url = f"sqlite:///{tmp_path_factory.mktemp('fault') / 'ledger.db'}"
     t0 = time.monotonic()
-    result = ledger_cli("run", str(EXPERIMENT), "--target", "vllm", "--db", url, "--no-progress",
-                        "--param", f"attach={a.url},{b.url},service={svc_http}",
-                        "--param", "answers_meaningful=false",
-                        "--param", f"victim_pid={b.proc.pid}")  # fmt: skip
+    result = ledger_cli(
+        "run",
+        str(EXPERIMENT),
+        "--target",
+        "vllm",
+        "--db",
+        url,
+        "--no-progress",
+        "--param",
+        f"attach={a.url},{b.url},service={svc_http}",
+        "--param",
+        "answers_meaningful=false",
+        "--param",
+        f"victim_pid={b.proc.pid}",
+    )
     print(f"\nSIGILL run (attached): {time.monotonic() - t0:.0f} s, exit {result.exit_code}\n{result.output}")
     return recorded(url, result)
 
@@ -141,15 +152,19 @@ def test_attach_mode_records_what_the_endpoints_say(fault_run: FaultRun, stack: 
 def test_the_truncated_stream_is_recorded_with_its_error(fault_run: FaultRun) -> None:
     sent, resp = _cross(fault_run)
     assert sent["replica"] == 1 and not sent["warmup"]
-    print(f"cross response: status {resp['status']}, error {resp['error']!r}, "
-          f"output tokens {resp['output_tokens']} of {sent['params']['max_tokens']}")
+    print(
+        f"cross response: status {resp['status']}, error {resp['error']!r}, "
+        f"output tokens {resp['output_tokens']} of {sent['params']['max_tokens']}"
+    )
     (note,) = [e.data for e in fault_run.of("note.added") if e.data.get("topic") == "fault-injection"]
     print(note["text"])
     assert resp["status"] == 200  # HTTP said yes, as in the real fault
     assert resp["error"] is not None and resp["error"].startswith(("truncated stream", "stream error"))
-    (complete,) = [a.data for a in fault_run.of("assertion.evaluated")
-                   if a.data["check"] == "stream_complete"
-                   and a.data["request_id"] == sent["request_id"]]  # fmt: skip
+    (complete,) = [
+        a.data
+        for a in fault_run.of("assertion.evaluated")
+        if a.data["check"] == "stream_complete" and a.data["request_id"] == sent["request_id"]
+    ]
     assert complete["passed"] is False
     # The block stopped at the failure: the request after it was never sent.
     assert not [e for e in fault_run.of("request.sent") if e.data["step"] == "receiver_local"]

@@ -25,31 +25,35 @@ HF = "hf_" + "AbCdEfGhIjKlMnOpQrSt"  # secret-shaped, not a real token
 SK = "sk-" + "live0123456789abcdefXYZ"
 
 
-@pytest.mark.parametrize(("param", "message"), [
-    ("replicas=1", "at least 2"),
-    ("gpus=a,b", "gpus must be integers"),
-    ("gpus=0", "1 GPU(s) for 2 replicas"),
-    ("max_model_len=0", "positive integer"),
-    ("chunk_size=-256", "positive integer"),
-    (f'env={{"HF_TOKEN": "{HF}"}}', "pass_env"),
-    (f'env={{"MIRROR": "https://user:{SK}@mirror.example"}}', "pass_env"),
-    (f'env={{"NOTE": "{SK}"}}', "pass_env"),
-    ('env={"A": 1}', "JSON object of strings"),
-    ('pass_env="HF_TOKEN"', "must be list"),
-    (f'extra_args=["--api-key", "{SK}"]', "looks secret"),
-    ('replica_command=["{python}", "{nope}"]', "unknown placeholder"),
-    ('service_command="lmcache server"', "must be a list"),
-    ("attach=ftp://x", "http(s) URLs"),
-    (f"attach=http://u:{SK}@h:1,http://h:2", "credentials"),
-    ("model=/nonexistent/checkpoint", "not a directory"),
-    ("vllm_python=/nonexistent/python", "not found"),
-    ("stop_grace_s=0", "> 0"),
-    ("no_such_option=1", "unknown param"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("param", "message"),
+    [
+        ("replicas=1", "at least 2"),
+        ("gpus=a,b", "gpus must be integers"),
+        ("gpus=0", "1 GPU(s) for 2 replicas"),
+        ("max_model_len=0", "positive integer"),
+        ("chunk_size=-256", "positive integer"),
+        (f'env={{"HF_TOKEN": "{HF}"}}', "pass_env"),
+        (f'env={{"MIRROR": "https://user:{SK}@mirror.example"}}', "pass_env"),
+        (f'env={{"NOTE": "{SK}"}}', "pass_env"),
+        ('env={"A": 1}', "JSON object of strings"),
+        ('pass_env="HF_TOKEN"', "must be list"),
+        (f'extra_args=["--api-key", "{SK}"]', "looks secret"),
+        ('replica_command=["{python}", "{nope}"]', "unknown placeholder"),
+        ('service_command="lmcache server"', "must be a list"),
+        ("attach=ftp://x", "http(s) URLs"),
+        (f"attach=http://u:{SK}@h:1,http://h:2", "credentials"),
+        ("model=/nonexistent/checkpoint", "not a directory"),
+        ("vllm_python=/nonexistent/python", "not found"),
+        ("stop_grace_s=0", "> 0"),
+        ("no_such_option=1", "unknown param"),
+    ],
+)
 def test_bad_params_exit_2_and_write_nothing(tmp_path: Path, param: str, message: str) -> None:
     db = tmp_path / "ledger.db"
-    result = ledger_cli("run", "screening", "--target", "vllm", "--db", f"sqlite:///{db}",
-                        "--no-progress", "--param", param)  # fmt: skip
+    result = ledger_cli(
+        "run", "screening", "--target", "vllm", "--db", f"sqlite:///{db}", "--no-progress", "--param", param
+    )
     assert result.exit_code == 2, result.output
     assert message in result.output
     if db.exists():
@@ -66,17 +70,29 @@ def test_params_checked_directly() -> None:
     with pytest.raises(ParamError, match="pass_env"):
         check_params({**good, "env": {"WANDB_API_KEY": "x"}})
     assert parse_gpus("0, 1") == (0, 1) and parse_gpus([2, 3]) == (2, 3) and parse_gpus(None) is None
-    assert parse_attach("http://a:1/,http://b:2,service=http://s:3/") == (("http://a:1", "http://b:2"),
-                                                                          "http://s:3")  # fmt: skip
+    assert parse_attach("http://a:1/,http://b:2,service=http://s:3/") == (
+        ("http://a:1", "http://b:2"),
+        "http://s:3",
+    )
     with pytest.raises(ParamError):
         check({**good, "gpus": [-1, 0]})
 
 
 def test_replica_command_renders_one_argument_per_item() -> None:
     template = cmds.replica_template(enforce_eager=True, block_size=16, gpu_memory_utilization=0.8)
-    argv = cmds.render(template, {"python": "/envs/vllm/bin/python", "model": Path("/models/my model"),
-                                  "served_name": "m", "host": "127.0.0.1", "port": 8001,
-                                  "dtype": "bfloat16", "max_model_len": 4096, "block_size": 16})  # fmt: skip
+    argv = cmds.render(
+        template,
+        {
+            "python": "/envs/vllm/bin/python",
+            "model": Path("/models/my model"),
+            "served_name": "m",
+            "host": "127.0.0.1",
+            "port": 8001,
+            "dtype": "bfloat16",
+            "max_model_len": 4096,
+            "block_size": 16,
+        },
+    )
     assert argv[:3] == ["/envs/vllm/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
     assert argv[argv.index("--model") + 1] == "/models/my model"  # a path with a space stays one arg
     assert argv[argv.index("--port") + 1] == "8001" and "--enforce-eager" in argv
@@ -85,11 +101,14 @@ def test_replica_command_renders_one_argument_per_item() -> None:
     on = cmds.with_connector(argv, cmds.kv_transfer_config("127.0.0.1", 5555))
     assert on[-2] == "--kv-transfer-config"
     assert json.loads(on[-1]) == {
-        "kv_connector": "LMCacheMPConnector", "kv_role": "kv_both",
+        "kv_connector": "LMCacheMPConnector",
+        "kv_role": "kv_both",
         "kv_connector_extra_config": {"lmcache.mp.host": "tcp://127.0.0.1", "lmcache.mp.port": 5555},
-    }  # fmt: skip
-    service = cmds.render(cmds.SERVICE_TEMPLATE, {"python": "py", "host": "h", "port": 1, "http_port": 2,
-                                                   "chunk_size": 256, "l1_size_gb": 1})  # fmt: skip
+    }
+    service = cmds.render(
+        cmds.SERVICE_TEMPLATE,
+        {"python": "py", "host": "h", "port": 1, "http_port": 2, "chunk_size": 256, "l1_size_gb": 1},
+    )
     assert "--supported-transfer-mode" in service and service[service.index("--chunk-size") + 1] == "256"
     with pytest.raises(ParamError, match="unknown placeholder"):
         cmds.render(["{python}", "{gpu}"], {"python": "py"})
@@ -99,8 +118,9 @@ def _target(tmp_path: Path, **params: Any) -> VllmTarget:
     model = tmp_path / "model"
     model.mkdir(exist_ok=True)
     (model / "config.json").write_text("{}")
-    resolved = Resolved("/envs/vllm/bin/python", "/envs/lmcache/bin/python", model, None, "r1", "0.32.0",
-                        "0.5.6", tiny=True)  # fmt: skip
+    resolved = Resolved(
+        "/envs/vllm/bin/python", "/envs/lmcache/bin/python", model, None, "r1", "0.32.0", "0.5.6", tiny=True
+    )
     return VllmTarget(Settings({**PARAMS, **params}), resolved)
 
 
@@ -119,9 +139,18 @@ def test_config_digest_is_stable_and_arm_specific(tmp_path: Path) -> None:
 
 def test_the_needle_models_card_limits_exact_checks_to_the_sizes_it_serves(tmp_path: Path) -> None:
     card = needle.load_card()
-    resolved = Resolved("/envs/vllm/bin/python", "/envs/lmcache/bin/python", needle.CHECKPOINT,
-                        needle.MANIFEST, "needle-x", "0.32.0", "0.5.6", tiny=False, card=card,
-                        default_name="needle")  # fmt: skip
+    resolved = Resolved(
+        "/envs/vllm/bin/python",
+        "/envs/lmcache/bin/python",
+        needle.CHECKPOINT,
+        needle.MANIFEST,
+        "needle-x",
+        "0.32.0",
+        "0.5.6",
+        tiny=False,
+        card=card,
+        default_name="needle",
+    )
     t = VllmTarget(Settings(dict(PARAMS)), resolved)
     assert t.answers_meaningful and t.model_name == "needle"
     assert t.meaningful_up_to_tokens == card.served_max_tokens
@@ -135,15 +164,33 @@ def test_the_needle_models_card_limits_exact_checks_to_the_sizes_it_serves(tmp_p
 
 def test_the_default_model_is_the_needle_model_and_tiny_is_still_there() -> None:
     check_params({**PARAMS, "model": "tiny"})  # not a directory, but the engines' tiny model
-    r = resolve(Settings({**PARAMS, "engine_version": "0.32.0", "service_version": "0.5.6",
-                          "vllm_python": sys.executable, "lmcache_python": sys.executable}))
+    r = resolve(
+        Settings(
+            {
+                **PARAMS,
+                "engine_version": "0.32.0",
+                "service_version": "0.5.6",
+                "vllm_python": sys.executable,
+                "lmcache_python": sys.executable,
+            }
+        )
+    )
     assert r.model_dir == needle.CHECKPOINT and r.manifest == needle.MANIFEST and not r.tiny
     assert r.card is not None and r.default_name == "needle" and (r.revision or "").startswith("needle-")
     assert r.audit.matched is True
     # Named by its path (as scripts do), it is still the needle model, with its manifest and card.
-    by_path = resolve(Settings({**PARAMS, "engine_version": "0.32.0", "service_version": "0.5.6",
-                                "vllm_python": sys.executable, "lmcache_python": sys.executable,
-                                "model": str(needle.CHECKPOINT)}))  # fmt: skip
+    by_path = resolve(
+        Settings(
+            {
+                **PARAMS,
+                "engine_version": "0.32.0",
+                "service_version": "0.5.6",
+                "vllm_python": sys.executable,
+                "lmcache_python": sys.executable,
+                "model": str(needle.CHECKPOINT),
+            }
+        )
+    )
     assert by_path.card == r.card and by_path.manifest == needle.MANIFEST and by_path.revision == r.revision
 
 
@@ -152,8 +199,9 @@ def test_passed_secrets_reach_the_process_but_not_the_record(
 ) -> None:
     monkeypatch.setenv("HF_TOKEN", HF)
     monkeypatch.setenv("KVL_MIRROR_URL", f"https://user:{SK}@mirror.example/simple")
-    t = _target(tmp_path, pass_env=["HF_TOKEN", "KVL_MIRROR_URL", "NOT_SET_ANYWHERE"],
-                env={"KVL_NOTE": "plain"})  # fmt: skip
+    t = _target(
+        tmp_path, pass_env=["HF_TOKEN", "KVL_MIRROR_URL", "NOT_SET_ANYWHERE"], env={"KVL_NOTE": "plain"}
+    )
     env = t._env(None)
     assert env["HF_TOKEN"] == HF and SK in env["KVL_MIRROR_URL"] and env["KVL_NOTE"] == "plain"
     assert "NOT_SET_ANYWHERE" not in env and env["VLLM_CPU_KVCACHE_SPACE"] == "1"

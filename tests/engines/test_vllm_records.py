@@ -37,5 +37,8 @@ def test_a_process_stopped_by_sigterm(tmp_path: Path) -> None:
     assert data["exit_code"] == -signal.SIGTERM and data["signal"] == "SIGTERM"
     assert data["stop_s"] is not None and data["stop_s"] < 5 and data["health_at_stop"] == 200
     assert data["logs"][0]["bytes"] == 0  # empty logs are digested too
-    assert log_digest(tmp_path / "missing.log") == {"path": str(tmp_path / "missing.log"), "bytes": None,
-                                                    "sha256": None}  # fmt: skip
+    assert log_digest(tmp_path / "missing.log") == {
+        "path": str(tmp_path / "missing.log"),
+        "bytes": None,
+        "sha256": None,
+    }

@@ -34,11 +34,22 @@ pytestmark = pytest.mark.engines
 
 CHUNK = 256  # the LMCache service's chunk (the target's default chunk_size)
 SHAPE: dict[str, Any] = {
-    "block_pairs": 2, "sizes": [1000, 2000, 3000], "chains": 1, "session_sizes": [1500],
-    "sessions": 1, "session_turns": 2, "turn_growth": 300, "generation_sizes": [1000],
-    "generation_outputs": [32], "window_sessions": [2], "window_turns": 2, "window_size": 1000,
-    "warmups": 2, "warmup_tokens": 300, "max_tokens": 48,
-}  # fmt: skip
+    "block_pairs": 2,
+    "sizes": [1000, 2000, 3000],
+    "chains": 1,
+    "session_sizes": [1500],
+    "sessions": 1,
+    "session_turns": 2,
+    "turn_growth": 300,
+    "generation_sizes": [1000],
+    "generation_outputs": [32],
+    "window_sessions": [2],
+    "window_turns": 2,
+    "window_size": 1000,
+    "warmups": 2,
+    "warmup_tokens": 300,
+    "max_tokens": 48,
+}
 # Planted secrets, passed to the engines through pass_env (never through params).
 HF = "hf_" + "PlantedSecretToken0123456789"
 SK = "sk-" + "plantedSecret0123456789abcdef"
@@ -63,8 +74,9 @@ def run(engines: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]
         mp.setenv("HF_TOKEN", HF)
         mp.setenv("KVL_MIRROR_URL", MIRROR)
         t0 = time.monotonic()
-        result = ledger_cli("run", "screening", "--target", "vllm", "--db", url, "--no-progress",
-                            *_params(logs))  # fmt: skip
+        result = ledger_cli(
+            "run", "screening", "--target", "vllm", "--db", url, "--no-progress", *_params(logs)
+        )
         wall = time.monotonic() - t0
     base = recorded(url, result)
     print(f"\nscreening on vllm: {wall:.0f} s wall, exit {result.exit_code}\n{result.output}")
@@ -77,18 +89,21 @@ def _failed(run: Run) -> list[dict[str, Any]]:
 
 def _first_divergence(a: str, b: str) -> str:
     i = next((k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
-    return f"first divergent character at {i}: {a[i:i + 20]!r} vs {b[i:i + 20]!r}"
+    return f"first divergent character at {i}: {a[i : i + 20]!r} vs {b[i : i + 20]!r}"
 
 
 def test_run_completes_and_every_check_passes(run: Run) -> None:
-    texts = {e.data["request_id"]: e.data.get("output_text_prefix") or ""
-             for e in run.of("response.received")}  # fmt: skip
+    texts = {
+        e.data["request_id"]: e.data.get("output_text_prefix") or "" for e in run.of("response.received")
+    }
     problems = []
     for f in _failed(run):
         if f["check"] == "matches_cold_reference":
             # Report where greedy output from reused KV leaves the cold answer; never weaken the check.
-            problems.append(f"{f['request_id']}: " + _first_divergence(texts[f["request_id"]],
-                                                                         texts[f["reference_request_id"]]))
+            problems.append(
+                f"{f['request_id']}: "
+                + _first_divergence(texts[f["request_id"]], texts[f["reference_request_id"]])
+            )
         else:
             problems.append(json.dumps(f, sort_keys=True)[:400])
     assert not problems, "\n".join(problems)
@@ -117,8 +132,10 @@ def test_launches_stops_and_checkpoint_are_recorded(run: Run) -> None:
     services = run.of("service.launched")
     assert sorted(started[e.block_id]["arm"] for e in services) == ["ON", "ON"]
     assert all(e.data["chunk_size"] == CHUNK and e.data["version"] == "0.5.6" for e in services)
-    on, off = {d["config_sha256"] for d in started.values() if d["arm"] == "ON"}, \
-        {d["config_sha256"] for d in started.values() if d["arm"] == "OFF"}  # fmt: skip
+    on, off = (
+        {d["config_sha256"] for d in started.values() if d["arm"] == "ON"},
+        {d["config_sha256"] for d in started.values() if d["arm"] == "OFF"},
+    )
     assert len(on) == len(off) == 1 and on != off  # the same config each time, distinct per arm
     stopped = run.of("deployment.stopped") + run.of("service.stopped")
     assert len(stopped) == 8 + 2
@@ -165,15 +182,18 @@ def _requests(run: Run) -> list[dict[str, Any]]:
 
 
 def test_on_cross_steps_load_the_whole_shareable_prefix(run: Run) -> None:
-    cross = [r for r in _requests(run) if r["arm"] == "ON" and r["workload"] == "micro"
-             and r["step"] == "cross"]  # fmt: skip
+    cross = [
+        r for r in _requests(run) if r["arm"] == "ON" and r["workload"] == "micro" and r["step"] == "cross"
+    ]
     assert len(cross) == 2 * len(SHAPE["sizes"])
     for r in cross:
         shareable = (r["prompt_tokens"] - 1) // CHUNK * CHUNK  # the rule of collectors/_assertions.py
         assert r["local_hit_tokens"] == 0, r
         assert r["external_hit_tokens"] == shareable == r["cached_tokens"], r
-        print(f"ON cross {r['nominal_tokens']}: prompt {r['prompt_tokens']}, "
-              f"external {r['external_hit_tokens']}, TTFT {r['ttft_s'] * 1000:.0f} ms")
+        print(
+            f"ON cross {r['nominal_tokens']}: prompt {r['prompt_tokens']}, "
+            f"external {r['external_hit_tokens']}, TTFT {r['ttft_s'] * 1000:.0f} ms"
+        )
     checks = [a.data for a in run.of("assertion.evaluated") if a.data["check"] == "full_prefix_hit"]
     assert len(checks) == len(cross) and all(c["passed"] for c in checks)
 
@@ -194,8 +214,11 @@ def test_reuse_matches_the_cold_reference(run: Run) -> None:
 
 def test_exact_values_are_checked_and_pass_cold_and_on_every_reuse(run: Run) -> None:
     checks = [a.data for a in run.of("assertion.evaluated") if a.data["check"] == "exact_values"]
-    steps = {e.data["request_id"]: (e.data["workload"], e.data["step"]) for e in run.of("request.sent")
-             if not e.data["warmup"]}  # fmt: skip
+    steps = {
+        e.data["request_id"]: (e.data["workload"], e.data["step"])
+        for e in run.of("request.sent")
+        if not e.data["warmup"]
+    }
     checked = Counter(steps[c["request_id"]] for c in checks)
     # Every measured answer but the forced-length decodes (no question answered there).
     assert sum(checked.values()) == sum(1 for w, _ in steps.values() if w != "generation")
@@ -205,8 +228,11 @@ def test_exact_values_are_checked_and_pass_cold_and_on_every_reuse(run: Run) -> 
     assert all(c["passed"] for c in checks), [c for c in checks if not c["passed"]][:3]
     started = {e.block_id: e.data["arm"] for e in run.of("block.started")}
     sent = {e.data["request_id"]: e.block_id for e in run.of("request.sent")}
-    on_cross = [c for c in checks if steps[c["request_id"]] == ("micro", "cross")
-                and started[sent[c["request_id"]]] == "ON"]  # fmt: skip
+    on_cross = [
+        c
+        for c in checks
+        if steps[c["request_id"]] == ("micro", "cross") and started[sent[c["request_id"]]] == "ON"
+    ]
     assert len(on_cross) == 2 * len(SHAPE["sizes"])  # answers from KV loaded from the other replica
     (note,) = run.of("note.added")  # sizes beyond the card's limit are declared not applicable
     assert note.data["answers_meaningful"] is True
@@ -220,8 +246,11 @@ def test_report_and_audit_derive_from_the_events(run: Run) -> None:
     assert report.exit_code == 0, report.output
     acc = json.loads(report.output)["accounting"]
     finished = run.of("run.finished")[0].data
-    assert acc["measured"] == finished["measured"] == len([e for e in run.of("request.sent")
-                                                           if not e.data["warmup"]])  # fmt: skip
+    assert (
+        acc["measured"]
+        == finished["measured"]
+        == len([e for e in run.of("request.sent") if not e.data["warmup"]])
+    )
     assert acc["warmups"] == finished["warmups"] == 4 * 2
     assert acc["exact_value_checks"] == acc["exact_value_passed"] > 0 and acc["excluded_blocks"] == []
     assert acc["pairs"] == acc["matched_pairs"] > 0

@@ -16,11 +16,21 @@ REPO = Path(__file__).resolve().parents[2]
 # A screening shape that exercises every workload in a few seconds (two block pairs: the
 # smallest balanced design, OFF–ON–ON–OFF).
 SMALL = {
-    "block_pairs": 2, "sizes": [1000, 2000], "chains": 2, "session_sizes": [1500], "sessions": 1,
-    "session_turns": 3, "turn_growth": 300, "generation_sizes": [1000], "generation_outputs": [16, 32],
-    "window_sessions": [2, 3], "window_turns": 2, "window_size": 1000, "warmups": 2,
+    "block_pairs": 2,
+    "sizes": [1000, 2000],
+    "chains": 2,
+    "session_sizes": [1500],
+    "sessions": 1,
+    "session_turns": 3,
+    "turn_growth": 300,
+    "generation_sizes": [1000],
+    "generation_outputs": [16, 32],
+    "window_sessions": [2, 3],
+    "window_turns": 2,
+    "window_size": 1000,
+    "warmups": 2,
     "warmup_tokens": 300,
-}  # fmt: skip
+}
 
 
 def events(url: str, kind: str | None = None, run_id: str | None = None) -> list[Event]:

@@ -24,8 +24,11 @@ from experiments.targets.vllm import bundle as b
 from experiments.targets.vllm.bundle import BundleError, PinError
 
 REPO = Path(__file__).resolve().parents[2]
-HOST = {"python": "3.12", "implementation": "cp",
-        "platforms": ["manylinux_2_{17..28}_x86_64", "manylinux2014_x86_64", "any"]}  # fmt: skip
+HOST = {
+    "python": "3.12",
+    "implementation": "cp",
+    "platforms": ["manylinux_2_{17..28}_x86_64", "manylinux2014_x86_64", "any"],
+}
 
 
 # --------------------------------------------------------------------------- pins
@@ -43,11 +46,14 @@ def test_committed_pins_are_exact_and_cover_kvledger() -> None:
     assert b.missing_ledger_dependencies(pins, [*requirements, "polars>=1"]) == ["polars"]
 
 
-@pytest.mark.parametrize(("wheels", "message"), [
-    (["vllm>=0.26"], "not an exact pin"),
-    (["vllm==0.26.0", "VLLM==0.26.0"], "pinned in both"),
-    (["torch==2.11.0"], "host provides it"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("wheels", "message"),
+    [
+        (["vllm>=0.26"], "not an exact pin"),
+        (["vllm==0.26.0", "VLLM==0.26.0"], "pinned in both"),
+        (["torch==2.11.0"], "host provides it"),
+    ],
+)
 def test_loose_or_doubled_pins_refused(wheels: list[str], message: str) -> None:
     pins = {"host": {**HOST, "provides": ["torch"]}, "archives": {"engine": {"wheels": wheels}}}
     with pytest.raises(PinError, match=message):
@@ -112,9 +118,16 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     index = root / "index"
     index.mkdir()
     blob = random.Random(7).randbytes(20000)  # incompressible: several 4 KiB parts
-    _wheel(index, "enginepkg", "1.0", {"enginepkg/__init__.py": b"VALUE = 42\n",
-                                       "enginepkg/blob.bin": blob,
-                                       "enginepkg/dropped.a": b"x" * 100})  # fmt: skip
+    _wheel(
+        index,
+        "enginepkg",
+        "1.0",
+        {
+            "enginepkg/__init__.py": b"VALUE = 42\n",
+            "enginepkg/blob.bin": blob,
+            "enginepkg/dropped.a": b"x" * 100,
+        },
+    )
     _wheel(index, "ledgerdep", "2.0", {"ledgerdep/__init__.py": b"NAME = 'ledgerdep'\n"})
     pins = {
         "host": {**HOST, "python": f"{sys.version_info.major}.{sys.version_info.minor}"},
@@ -123,8 +136,13 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             "ledger": {"required": False, "wheels": ["ledgerdep==2.0"]},
         },
     }
-    parts = b.build(pins, root=root / "cache", part_bytes=4096,
-                    index_args=["--no-index", "--find-links", str(index)], out=None)  # fmt: skip
+    parts = b.build(
+        pins,
+        root=root / "cache",
+        part_bytes=4096,
+        index_args=["--no-index", "--find-links", str(index)],
+        out=None,
+    )
     return {"root": root, "parts": parts, "pins": pins, "blob": blob}
 
 
@@ -180,8 +198,9 @@ def test_missing_part_refused_by_name_nothing_written(built: dict[str, Any], tmp
 
 
 @pytest.mark.parametrize("how", ["flipped", "truncated", "sums"])
-def test_altered_part_refused_by_name_nothing_written(built: dict[str, Any], tmp_path: Path,
-                                                      how: str) -> None:  # fmt: skip
+def test_altered_part_refused_by_name_nothing_written(
+    built: dict[str, Any], tmp_path: Path, how: str
+) -> None:
     stash = _copy(built["parts"], tmp_path / "stash")
     victim = sorted(stash.glob("engine.tar.xz.part-*"))[-1]
     data = bytearray(victim.read_bytes())
@@ -193,8 +212,9 @@ def test_altered_part_refused_by_name_nothing_written(built: dict[str, Any], tmp
     else:  # a sums file edited to match nothing: the part is still named
         sums = (stash / b.SUMS).read_text().replace(victim.name, victim.name + "x")
         (stash / b.SUMS).write_text(sums)
-    expected = (rf"missing part\(s\): {victim.name}x" if how == "sums"
-                else rf"altered part\(s\): {victim.name} ")  # fmt: skip
+    expected = (
+        rf"missing part\(s\): {victim.name}x" if how == "sums" else rf"altered part\(s\): {victim.name} "
+    )
     with pytest.raises(BundleError, match=expected):
         b.install([stash], tmp_path / "site", out=None)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["stash"]
@@ -216,8 +236,9 @@ def test_doubled_part_and_foreign_target_refused(built: dict[str, Any], tmp_path
     assert (occupied / "keep.txt").read_text() == "mine"
 
 
-def test_command_line_exit_status(built: dict[str, Any], tmp_path: Path,
-                                  capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_command_line_exit_status(
+    built: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     stash = _copy(built["parts"], tmp_path / "stash")
     sorted(stash.glob("engine.tar.xz.part-*"))[0].unlink()
     assert b.main(["install", str(stash), "--into", str(tmp_path / "site")]) == 2
@@ -229,11 +250,26 @@ def test_rebuild_reuses_complete_archives(built: dict[str, Any], tmp_path: Path)
     # No index at all: a rebuild that tried to download anything would fail.
     empty = tmp_path / "empty"
     empty.mkdir()
-    parts = b.build(built["pins"], root=built["root"] / "cache", part_bytes=4096,
-                    index_args=["--no-index", "--find-links", str(empty)], out=None)  # fmt: skip
+    parts = b.build(
+        built["pins"],
+        root=built["root"] / "cache",
+        part_bytes=4096,
+        index_args=["--no-index", "--find-links", str(empty)],
+        out=None,
+    )
     assert (parts / b.SUMS).read_text() == (built["parts"] / b.SUMS).read_text()
-    changed = {**built["pins"], "archives": {**built["pins"]["archives"],
-               "ledger": {"required": False, "wheels": ["ledgerdep==2.1"]}}}  # fmt: skip
+    changed = {
+        **built["pins"],
+        "archives": {
+            **built["pins"]["archives"],
+            "ledger": {"required": False, "wheels": ["ledgerdep==2.1"]},
+        },
+    }
     with pytest.raises(BundleError, match="pip download failed"):
-        b.build(changed, root=built["root"] / "cache", part_bytes=4096,
-                index_args=["--no-index", "--find-links", str(empty)], out=None)  # fmt: skip
+        b.build(
+            changed,
+            root=built["root"] / "cache",
+            part_bytes=4096,
+            index_args=["--no-index", "--find-links", str(empty)],
+            out=None,
+        )

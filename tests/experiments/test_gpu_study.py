@@ -20,11 +20,26 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 DRIVER = REPO / "scripts" / "gpu-study"
-SMALL = ["--validation-param", "size=2000", "--validation-param", "reverse_size=1000",
-         "--validation-param", "session_size=1000", "--validation-param", "sessions=1",
-         "--screening-param", "block_pairs=2", "--screening-param", 'workloads=["micro"]',
-         "--screening-param", "sizes=[1000, 2000]", "--screening-param", "chains=1",
-         "--screening-param", "warmups=1"]  # fmt: skip
+SMALL = [
+    "--validation-param",
+    "size=2000",
+    "--validation-param",
+    "reverse_size=1000",
+    "--validation-param",
+    "session_size=1000",
+    "--validation-param",
+    "sessions=1",
+    "--screening-param",
+    "block_pairs=2",
+    "--screening-param",
+    'workloads=["micro"]',
+    "--screening-param",
+    "sizes=[1000, 2000]",
+    "--screening-param",
+    "chains=1",
+    "--screening-param",
+    "warmups=1",
+]
 
 
 def _events(path: Path) -> list[dict[str, Any]]:
@@ -34,23 +49,52 @@ def _events(path: Path) -> list[dict[str, Any]]:
 
 def _drive(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, str(DRIVER), "--out", str(out), "--work", str(tmp_path / "work"),
-                           *args], capture_output=True, text=True, timeout=600, cwd=tmp_path)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, str(DRIVER), "--out", str(out), "--work", str(tmp_path / "work"), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
     summary = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else {}
     return proc, summary
 
 
 def test_dry_run_plans_the_gpu_study(tmp_path: Path) -> None:
-    proc, _ = _drive(tmp_path, "--stash", str(tmp_path), "--dry-run", "--model", str(tmp_path),
-                     "--pre", "needle=echo needle")  # fmt: skip
+    proc, _ = _drive(
+        tmp_path,
+        "--stash",
+        str(tmp_path),
+        "--dry-run",
+        "--model",
+        str(tmp_path),
+        "--pre",
+        "needle=echo needle",
+    )
     assert proc.returncode == 0, proc.stderr
     lines = [ln.split("] ", 1)[1] for ln in proc.stdout.splitlines() if "] " in ln]
     names = [ln.split(":", 1)[0] for ln in lines[1:-1]]
-    assert names == ["install", "kvledger", "engines", "pre-needle", "validation", "screening", "verify",
-                     "audit", "report", "export"]  # fmt: skip
+    assert names == [
+        "install",
+        "kvledger",
+        "engines",
+        "pre-needle",
+        "validation",
+        "screening",
+        "verify",
+        "audit",
+        "report",
+        "export",
+    ]
     screening = next(ln for ln in lines if ln.startswith("screening:"))
-    for expected in ("--target vllm", "block_pairs=2", "'sizes=[8000, 32000, 128000, 256000]'",
-                     "'gpus=\"0,1\"'", f"'model=\"{tmp_path}\"'", "VLLM_USE_FLASHINFER_SAMPLER"):  # fmt: skip
+    for expected in (
+        "--target vllm",
+        "block_pairs=2",
+        "'sizes=[8000, 32000, 128000, 256000]'",
+        "'gpus=\"0,1\"'",
+        f"'model=\"{tmp_path}\"'",
+        "VLLM_USE_FLASHINFER_SAMPLER",
+    ):
         assert expected in screening, expected
     assert "--into" in next(ln for ln in lines if ln.startswith("install:"))
     assert not (tmp_path / "out" / "summary.json").exists()  # nothing ran
@@ -58,15 +102,28 @@ def test_dry_run_plans_the_gpu_study(tmp_path: Path) -> None:
 
 def test_dry_run_plans_the_needle_evaluation_when_asked(tmp_path: Path) -> None:
     model = REPO / "experiments" / "needle" / "checkpoint"
-    proc, _ = _drive(tmp_path, "--stash", str(tmp_path), "--dry-run", "--model", str(model),
-                     "--steps", "install,kvledger,engines,needle_eval,screening")  # fmt: skip
+    proc, _ = _drive(
+        tmp_path,
+        "--stash",
+        str(tmp_path),
+        "--dry-run",
+        "--model",
+        str(model),
+        "--steps",
+        "install,kvledger,engines,needle_eval,screening",
+    )
     assert proc.returncode == 0, proc.stderr
     lines = [ln.split("] ", 1)[1] for ln in proc.stdout.splitlines() if "] " in ln]
     names = [ln.split(":", 1)[0] for ln in lines[1:-1]]
     assert names[:5] == ["install", "kvledger", "engines", "needle_eval", "screening"]
     plan = next(ln for ln in lines if ln.startswith("needle_eval:"))
-    for expected in ("run needle_eval --target vllm", "'sizes=[1024, 2048, 3072, 8192, 32768]'",
-                     "fixtures=16", f"'model=\"{model}\"'", "'served_name=\"needle\"'"):  # fmt: skip
+    for expected in (
+        "run needle_eval --target vllm",
+        "'sizes=[1024, 2048, 3072, 8192, 32768]'",
+        "fixtures=16",
+        f"'model=\"{model}\"'",
+        "'served_name=\"needle\"'",
+    ):
         assert expected in plan, expected
 
 
@@ -79,17 +136,35 @@ def test_bad_steps_refused(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_sim_run_failed_pre_step_recorded_rest_exported(tmp_path: Path) -> None:
-    proc, summary = _drive(tmp_path, "--target", "sim", "--steps", "pre,validation,screening",
-                           "--pre", "broken=echo probing; exit 3",
-                           "--pre", "note=echo kept > $EXTRA/note.txt", *SMALL)  # fmt: skip
+    proc, summary = _drive(
+        tmp_path,
+        "--target",
+        "sim",
+        "--steps",
+        "pre,validation,screening",
+        "--pre",
+        "broken=echo probing; exit 3",
+        "--pre",
+        "note=echo kept > $EXTRA/note.txt",
+        *SMALL,
+    )
     assert proc.returncode == 0, proc.stderr
     steps = {s["name"]: s for s in summary["steps"]}
     assert steps["pre-broken"]["rc"] == 3 and steps["pre-broken"]["tail"] == ["probing"]
     assert [steps[n]["rc"] for n in ("pre-note", "validation", "screening", "verify", "export")] == [0] * 5
     out = tmp_path / "out"
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        ["summary.json", "driver.log", "ledger.jsonl.xz", "report.md", "report.html", "audit.json",
-         "verify.json", "logs.tar.xz"])  # fmt: skip
+        [
+            "summary.json",
+            "driver.log",
+            "ledger.jsonl.xz",
+            "report.md",
+            "report.html",
+            "audit.json",
+            "verify.json",
+            "logs.tar.xz",
+        ]
+    )
     events = _events(out / "ledger.jsonl.xz")
     runs = {e["data"]["experiment"] for e in events if e["kind"] == "run.started"}
     assert runs == {"validation", "screening"}
@@ -100,8 +175,19 @@ def test_sim_run_failed_pre_step_recorded_rest_exported(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_deadline_interrupts_the_run_and_exports_what_exists(tmp_path: Path) -> None:
     # 60 s less the final steps' reserve (45 s): the screening gets ~15 s, far from enough.
-    proc, summary = _drive(tmp_path, "--target", "sim", "--steps", "screening", "--deadline-s", "60",
-                           "--screening-param", "block_pairs=4", "--screening-param", "time_scale=0.05")
+    proc, summary = _drive(
+        tmp_path,
+        "--target",
+        "sim",
+        "--steps",
+        "screening",
+        "--deadline-s",
+        "60",
+        "--screening-param",
+        "block_pairs=4",
+        "--screening-param",
+        "time_scale=0.05",
+    )
     assert proc.returncode == 0, proc.stderr
     steps = {s["name"]: s for s in summary["steps"]}
     cut = steps["screening"]

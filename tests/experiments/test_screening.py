@@ -43,16 +43,31 @@ def test_counts_follow_the_shape(sqlite_url: str) -> None:
         by_arm.setdefault(arm_of[e.block_id], set()).add(e.data["payload_sha256"])
     assert by_arm["ON"] == by_arm["OFF"]
     kinds = Counter(e.kind for e in events(sqlite_url, run_id=rid))
-    for kind in ("deployment.launched", "service.launched", "fixture.created", "hits.observed",
-                 "metrics.scraped", "session.finished", "window.finished", "assertion.evaluated"):
+    for kind in (
+        "deployment.launched",
+        "service.launched",
+        "fixture.created",
+        "hits.observed",
+        "metrics.scraped",
+        "session.finished",
+        "window.finished",
+        "assertion.evaluated",
+    ):
         assert kinds[kind] > 0, kind
 
 
 def test_default_shape_is_the_seed_design() -> None:
     exp = load("screening")
     plan = exp.planned(prepare_params(exp, "sim", {}))
-    assert plan == {"micro": 40, "session": 48, "generation": 8, "concurrency": 96, "blocks": 4,
-                    "warmups_per_block": 6, "requests_per_block": 192}  # fmt: skip
+    assert plan == {
+        "micro": 40,
+        "session": 48,
+        "generation": 8,
+        "concurrency": 96,
+        "blocks": 4,
+        "warmups_per_block": 6,
+        "requests_per_block": 192,
+    }
     params = prepare_params(exp, "sim", {})
     assert params["order"] is None and params["block_pairs"] == 2
 
@@ -78,21 +93,28 @@ def test_namespace_leak_makes_a_cold_request_hit(sqlite_url: str) -> None:
     result = _run(sqlite_url, *param_args(shape), "--param", "fault=namespace-leak")
     assert result.exit_code == 1, result.output
     (rid,) = run_ids(sqlite_url)
-    cold = {e.data["request_id"]: e.data for e in events(sqlite_url, "request.sent", rid)
-            if e.data["step"] == "cold" and not e.data["warmup"]}  # fmt: skip
+    cold = {
+        e.data["request_id"]: e.data
+        for e in events(sqlite_url, "request.sent", rid)
+        if e.data["step"] == "cold" and not e.data["warmup"]
+    }
     hits = [e.data for e in events(sqlite_url, "hits.observed", rid) if e.data["request_id"] in cold]
     leaked = [h for h in hits if (h["local_hit_tokens"] or 0) > 0]
     assert leaked and all(cold[h["request_id"]]["nominal_tokens"] == 4000 for h in leaked)
-    failed = [e.data for e in events(sqlite_url, "assertion.evaluated", rid)
-              if e.data["check"] == "zero_hits" and not e.data["passed"]]  # fmt: skip
+    failed = [
+        e.data
+        for e in events(sqlite_url, "assertion.evaluated", rid)
+        if e.data["check"] == "zero_hits" and not e.data["passed"]
+    ]
     assert failed
     namespaces = {d["namespace"] for d in cold.values()}
     assert not any("2000" in ns or "4000" in ns for ns in namespaces)
 
 
 def test_example_experiment_runs(sqlite_url: str) -> None:
-    result = ledger_cli("run", str(REPO / "experiments/examples/hello.py"), "--db", sqlite_url,
-                        "--no-progress")  # fmt: skip
+    result = ledger_cli(
+        "run", str(REPO / "experiments/examples/hello.py"), "--db", sqlite_url, "--no-progress"
+    )
     assert result.exit_code == 0, result.output
     (rid,) = run_ids(sqlite_url)
     started = events(sqlite_url, "run.started", rid)[0].data
@@ -129,8 +151,9 @@ def test_params_recorded_for_replay(sqlite_url: str, tmp_path: Path) -> None:
     (rid,) = run_ids(sqlite_url)
     params = events(sqlite_url, "run.started", rid)[0].data["params"]
     assert params["namespace_tag"].startswith("kvl") and params["generation_outputs"] == [16, 32]
-    outs = [e.data for e in events(sqlite_url, "assertion.evaluated", rid)
-            if e.data["check"] == "output_length"]  # fmt: skip
+    outs = [
+        e.data for e in events(sqlite_url, "assertion.evaluated", rid) if e.data["check"] == "output_length"
+    ]
     assert outs and all(d["passed"] for d in outs)
 
 

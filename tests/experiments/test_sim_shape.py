@@ -11,8 +11,15 @@ from .._cli import ledger_cli, param_args
 from .conftest import events, run_ids
 
 DEMO_SCALE = 0.05  # scripts/demo's --time-scale
-SHAPE = {"workloads": ["micro"], "sizes": [128000], "chains": 1, "block_pairs": 2, "warmups": 2,
-         "warmup_tokens": 300, "time_scale": DEMO_SCALE}  # fmt: skip
+SHAPE = {
+    "workloads": ["micro"],
+    "sizes": [128000],
+    "chains": 1,
+    "block_pairs": 2,
+    "warmups": 2,
+    "warmup_tokens": 300,
+    "time_scale": DEMO_SCALE,
+}
 
 
 def test_cold_dwarfs_cross_which_exceeds_local_at_128k(sqlite_url: str) -> None:
@@ -20,8 +27,11 @@ def test_cold_dwarfs_cross_which_exceeds_local_at_128k(sqlite_url: str) -> None:
     assert result.exit_code == 0, result.output
     (rid,) = run_ids(sqlite_url)
     arm = {e.block_id: e.data["arm"] for e in events(sqlite_url, "block.started", rid)}
-    sent = {e.data["request_id"]: (arm[e.block_id], e.data["step"])
-            for e in events(sqlite_url, "request.sent", rid) if not e.data["warmup"]}  # fmt: skip
+    sent = {
+        e.data["request_id"]: (arm[e.block_id], e.data["step"])
+        for e in events(sqlite_url, "request.sent", rid)
+        if not e.data["warmup"]
+    }
     got = events(sqlite_url, "response.received", rid)
     ttft = {sent[e.data["request_id"]]: e.data["ttft_s"] for e in got if e.data["request_id"] in sent}
 

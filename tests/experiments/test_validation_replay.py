@@ -9,13 +9,20 @@ import pytest
 from .._cli import ledger_cli, param_args
 from .conftest import SMALL, events, run_ids
 
-SMALL_VALIDATION = {"size": 6000, "reverse_size": 2000, "session_size": 1500, "session_turns": 3,
-                    "turn_growth": 300, "warmup_tokens": 300}  # fmt: skip
+SMALL_VALIDATION = {
+    "size": 6000,
+    "reverse_size": 2000,
+    "session_size": 1500,
+    "session_turns": 3,
+    "turn_growth": 300,
+    "warmup_tokens": 300,
+}
 
 
 def _validate(url: str, *extra: str) -> object:
-    return ledger_cli("run", "validation", "--db", url, "--no-progress",
-                      *param_args(SMALL_VALIDATION), *extra)  # fmt: skip
+    return ledger_cli(
+        "run", "validation", "--db", url, "--no-progress", *param_args(SMALL_VALIDATION), *extra
+    )
 
 
 def test_validation_passes_on_clean_sim(sqlite_url: str) -> None:
@@ -26,8 +33,7 @@ def test_validation_passes_on_clean_sim(sqlite_url: str) -> None:
     checks = [e.data for e in events(sqlite_url, "assertion.evaluated", rid)]
     assert checks and all(c["passed"] and c["config_sha256"] == config for c in checks)
     names = {c["check"] for c in checks}
-    assert {"exact_values", "zero_hits", "full_prefix_hit", "salt_control",
-            "matches_cold_reference"} <= names  # fmt: skip
+    assert {"exact_values", "zero_hits", "full_prefix_hit", "salt_control", "matches_cold_reference"} <= names
     launched = events(sqlite_url, "deployment.launched", rid)
     assert {e.data["config_sha256"] for e in launched} == {config}
     assert events(sqlite_url, "run.finished", rid)[0].data["status"] == "completed"
@@ -38,8 +44,7 @@ def test_validation_fails_with_an_injected_transfer_fault(sqlite_url: str, fault
     result = _validate(sqlite_url, "--param", f"sim_fault={fault}")
     assert result.exit_code == 1, result.output
     (rid,) = run_ids(sqlite_url)
-    failed = {e.data["check"] for e in events(sqlite_url, "assertion.evaluated", rid)
-              if not e.data["passed"]}  # fmt: skip
+    failed = {e.data["check"] for e in events(sqlite_url, "assertion.evaluated", rid) if not e.data["passed"]}
     assert {"exact_values", "matches_cold_reference"} <= failed
     finished = events(sqlite_url, "run.finished", rid)[0].data
     assert finished["status"] == "completed" and finished["failed_assertions"] > 0
@@ -54,8 +59,9 @@ def test_the_config_digest_tells_configurations_apart(sqlite_url: str) -> None:
 
 def test_replay_sends_byte_identical_requests(sqlite_url: str) -> None:
     shape = {**SMALL, "sizes": [1000], "window_sessions": [2]}
-    assert ledger_cli("run", "screening", "--db", sqlite_url, "--no-progress",
-                      *param_args(shape)).exit_code == 0  # fmt: skip
+    assert (
+        ledger_cli("run", "screening", "--db", sqlite_url, "--no-progress", *param_args(shape)).exit_code == 0
+    )
     (original,) = run_ids(sqlite_url)
     result = ledger_cli("replay", original, "--db", sqlite_url, "--no-progress")
     assert result.exit_code == 0, result.output
@@ -64,8 +70,10 @@ def test_replay_sends_byte_identical_requests(sqlite_url: str) -> None:
     assert events(sqlite_url, "run.started", replayed)[0].data["replay_of"] == original
 
     def bodies(rid: str) -> dict[str, str]:
-        return {e.data["request_key"].split("/", 1)[1] + str(e.data["warmup"]): e.data["payload_sha256"]
-                for e in events(sqlite_url, "request.sent", rid)}  # fmt: skip
+        return {
+            e.data["request_key"].split("/", 1)[1] + str(e.data["warmup"]): e.data["payload_sha256"]
+            for e in events(sqlite_url, "request.sent", rid)
+        }
 
     assert bodies(original) == bodies(replayed) and len(bodies(original)) > 20
     note = events(sqlite_url, "note.added", replayed)[0].data

@@ -42,8 +42,14 @@ def tamper_postgres(url: str, statements: list[str]) -> None:
     import psycopg
 
     parsed = make_url(url)
-    with psycopg.connect(host=parsed.host, port=parsed.port, user=parsed.username,
-                         password=parsed.password, dbname=parsed.database, autocommit=True) as con:
+    with psycopg.connect(
+        host=parsed.host,
+        port=parsed.port,
+        user=parsed.username,
+        password=parsed.password,
+        dbname=parsed.database,
+        autocommit=True,
+    ) as con:
         con.execute("SET session_replication_role = replica")
         for statement in statements:
             con.execute(statement)  # type: ignore[arg-type]

@@ -76,7 +76,7 @@ def test_verify_exit_codes(runner: CliRunner, filled: str) -> None:
     assert ok.exit_code == 0 and json.loads(ok.output)["ok"] is True
     wrong_head = runner.invoke(cli, ["verify", "--head", "f" * 64, "--db", filled])
     assert wrong_head.exit_code == 1
-    tamper_sqlite(filled, ["UPDATE events SET data = '{\"text\":\"x\"}' WHERE seq = 2"])
+    tamper_sqlite(filled, ['UPDATE events SET data = \'{"text":"x"}\' WHERE seq = 2'])
     broken = runner.invoke(cli, ["verify", "--json", "--db", filled])
     assert broken.exit_code == 1 and json.loads(broken.output)["first_bad_seq"] == 2
 
@@ -95,8 +95,12 @@ def test_bad_usage_and_input_exit_2(runner: CliRunner, filled: str, tmp_path: Pa
 
 def test_export_import_roundtrip(runner: CliRunner, filled: str, tmp_path: Path) -> None:
     out = tmp_path / "out.jsonl"
-    assert runner.invoke(cli, ["export", "--jsonl", str(out), "--parquet", str(tmp_path / "pq"),
-                               "--db", filled]).exit_code == 0
+    assert (
+        runner.invoke(
+            cli, ["export", "--jsonl", str(out), "--parquet", str(tmp_path / "pq"), "--db", filled]
+        ).exit_code
+        == 0
+    )
     assert (tmp_path / "pq" / "events.parquet").exists()
     target = f"sqlite:///{tmp_path / 'copy.db'}"
     result = runner.invoke(cli, ["import", str(out), "--db", target])
@@ -107,15 +111,32 @@ def test_export_import_roundtrip(runner: CliRunner, filled: str, tmp_path: Path)
     assert orjson.loads(lines[0])["seq"] == 1 and len(lines) == 5
 
 
-@pytest.mark.parametrize("statement", [
-    "CREATE TABLE x (a INT)", "INSERT INTO events SELECT * FROM events", "COPY (SELECT 1) TO 'out.csv'",
-    "ATTACH 'other.db'", "DROP VIEW events", "UPDATE events SET kind = 'x'", "DELETE FROM events",
-    "PRAGMA threads=1", "SET threads=1", "INSTALL httpfs", "LOAD httpfs", "EXPORT DATABASE 'dir'",
-    "SELECT 1; DROP VIEW events", "EXPLAIN ANALYZE COPY (SELECT 1) TO 'out.csv'",
-    "CREATE MACRO m(a) AS a", "DETACH memory", "CHECKPOINT", "VACUUM",
-])
-def test_sql_refuses_writes(runner: CliRunner, filled: str, statement: str, tmp_path: Path,
-                            monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "CREATE TABLE x (a INT)",
+        "INSERT INTO events SELECT * FROM events",
+        "COPY (SELECT 1) TO 'out.csv'",
+        "ATTACH 'other.db'",
+        "DROP VIEW events",
+        "UPDATE events SET kind = 'x'",
+        "DELETE FROM events",
+        "PRAGMA threads=1",
+        "SET threads=1",
+        "INSTALL httpfs",
+        "LOAD httpfs",
+        "EXPORT DATABASE 'dir'",
+        "SELECT 1; DROP VIEW events",
+        "EXPLAIN ANALYZE COPY (SELECT 1) TO 'out.csv'",
+        "CREATE MACRO m(a) AS a",
+        "DETACH memory",
+        "CHECKPOINT",
+        "VACUUM",
+    ],
+)
+def test_sql_refuses_writes(
+    runner: CliRunner, filled: str, statement: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     result = runner.invoke(cli, ["sql", statement, "--db", filled])
     assert result.exit_code == 2, result.output
@@ -123,8 +144,9 @@ def test_sql_refuses_writes(runner: CliRunner, filled: str, statement: str, tmp_
 
 
 def test_sql_reads(runner: CliRunner, filled: str) -> None:
-    result = runner.invoke(cli, ["sql", "SELECT count(*) AS n FROM note_added", "--format", "json",
-                                 "--db", filled])
+    result = runner.invoke(
+        cli, ["sql", "SELECT count(*) AS n FROM note_added", "--format", "json", "--db", filled]
+    )
     assert result.exit_code == 0 and json.loads(result.output) == {"n": 5}
     views = runner.invoke(cli, ["sql", "--views", "--db", filled])
     assert views.exit_code == 0 and "note_added" in views.output
@@ -134,8 +156,11 @@ def test_sql_reads(runner: CliRunner, filled: str) -> None:
 def test_password_never_printed(runner: CliRunner, pg_url: str, tmp_path: Path) -> None:
     secret = "s3cret-pw"
     url = make_url(pg_url).set(password=secret).render_as_string(hide_password=False)
-    outputs = [runner.invoke(cli, ["init", "--db", url]), runner.invoke(cli, ["verify", "--db", url]),
-               runner.invoke(cli, ["events", "--db", url])]
+    outputs = [
+        runner.invoke(cli, ["init", "--db", url]),
+        runner.invoke(cli, ["verify", "--db", url]),
+        runner.invoke(cli, ["events", "--db", url]),
+    ]
     missing = make_url(url).set(database="kvledger_no_such_db").render_as_string(hide_password=False)
     failing = runner.invoke(cli, ["events", "--db", missing])
     assert failing.exit_code == 2

@@ -70,7 +70,7 @@ class VerifyContract:
 
     def test_edited_data_detected(self, url: str, led: Ledger) -> None:
         self._ten(led)
-        self.tamper(url, "UPDATE events SET data = '{\"i\":0,\"text\":\"forged\"}' WHERE seq = 4")
+        self.tamper(url, 'UPDATE events SET data = \'{"i":0,"text":"forged"}\' WHERE seq = 4')
         result = led.verify()
         assert (result.ok, result.first_bad_seq, result.count) == (False, 4, 3)
         assert "digest" in (result.problem or "")
@@ -82,31 +82,49 @@ class VerifyContract:
         from ledger._events import event_digest
 
         digest = event_digest(forged.id, forged.ts, forged.kind, "run-x", None, b'{"text":"x"}')
-        self.tamper(url, f"UPDATE events SET run_id = 'run-x', data = '{{\"text\":\"x\"}}', "
-                         f"digest = '{digest}' WHERE seq = 6")
+        self.tamper(
+            url,
+            f"UPDATE events SET run_id = 'run-x', data = '{{\"text\":\"x\"}}', "
+            f"digest = '{digest}' WHERE seq = 6",
+        )
         assert led.verify().first_bad_seq == 6
 
     # Run and block ids that JSON must escape: verify may not take its plain-quoting fast path.
-    ODD_IDS: ClassVar[list[str]] = ['run "quoted"', "back\\slash", "blöck-ü", "tab\tand\nnewline", "☃",
-                                    "ctl\x01\x1f\x7f\b\f\r"]
+    ODD_IDS: ClassVar[list[str]] = [
+        'run "quoted"',
+        "back\\slash",
+        "blöck-ü",
+        "tab\tand\nnewline",
+        "☃",
+        "ctl\x01\x1f\x7f\b\f\r",
+    ]
 
     def test_ids_needing_escapes_verify_and_edits_are_found(self, url: str, led: Ledger) -> None:
         odd = self.ODD_IDS
-        led.append_many([NewEvent("note.added", {"text": f"n{i}"}, run_id=run, block_id=odd[-1 - i])
-                         for i, run in enumerate(odd)])  # fmt: skip
+        led.append_many(
+            [
+                NewEvent("note.added", {"text": f"n{i}"}, run_id=run, block_id=odd[-1 - i])
+                for i, run in enumerate(odd)
+            ]
+        )
         led.append_many(notes(3))
         assert led.verify().ok
-        self.tamper(url, "UPDATE events SET data = '{\"text\":\"forged\"}' WHERE seq = 2")
+        self.tamper(url, 'UPDATE events SET data = \'{"text":"forged"}\' WHERE seq = 2')
         assert led.verify().first_bad_seq == 2
 
     def test_non_canonical_envelope_digest_refused(self, url: str, led: Ledger) -> None:
         """A digest over the unescaped text (not canonical JSON) must not verify."""
         (event,) = led.append_many([NewEvent("note.added", {"text": "x"}, run_id='a"b')])
-        naive = (f'{{"block_id":null,"data":{{"text":"x"}},"id":"{event.id}","kind":"note.added",'
-                 f'"run_id":"a"b","ts":"{event.ts}"}}').encode()
+        naive = (
+            f'{{"block_id":null,"data":{{"text":"x"}},"id":"{event.id}","kind":"note.added",'
+            f'"run_id":"a"b","ts":"{event.ts}"}}'
+        ).encode()
         digest = sha256_hex(naive)
-        self.tamper(url, f"UPDATE events SET digest = '{digest}', chain = '{next_chain(GENESIS, digest)}'",
-                    f"UPDATE heads SET chain = '{next_chain(GENESIS, digest)}'")
+        self.tamper(
+            url,
+            f"UPDATE events SET digest = '{digest}', chain = '{next_chain(GENESIS, digest)}'",
+            f"UPDATE heads SET chain = '{next_chain(GENESIS, digest)}'",
+        )
         result = led.verify()
         assert (result.ok, result.first_bad_seq) == (False, 1)
 
@@ -118,8 +136,12 @@ class VerifyContract:
 
     def test_reordered_rows_detected(self, url: str, led: Ledger) -> None:
         self._ten(led)
-        self.tamper(url, "UPDATE events SET seq = -7 WHERE seq = 7",
-                    "UPDATE events SET seq = 7 WHERE seq = 3", "UPDATE events SET seq = 3 WHERE seq = -7")
+        self.tamper(
+            url,
+            "UPDATE events SET seq = -7 WHERE seq = 7",
+            "UPDATE events SET seq = 7 WHERE seq = 3",
+            "UPDATE events SET seq = 3 WHERE seq = -7",
+        )
         result = led.verify()
         assert (result.ok, result.first_bad_seq) == (False, 3)
 
@@ -141,8 +163,9 @@ class VerifyContract:
         from ledger._verify import verify_ledger
 
         led.append_many(notes(400))
-        self.tamper(url, "DELETE FROM events WHERE seq = 101",
-                    "UPDATE events SET data = '{}' WHERE seq = 300")
+        self.tamper(
+            url, "DELETE FROM events WHERE seq = 101", "UPDATE events SET data = '{}' WHERE seq = 300"
+        )
         for workers in (1, 2, 3):
             result = verify_ledger(led, workers=workers)
             assert result.first_bad_seq == 101, workers
@@ -195,20 +218,27 @@ class LedgerContract(VerifyContract):
     def test_conflict_names_the_id(self, led: Ledger) -> None:
         event = led.append(note("original"))
         with pytest.raises(ConflictError) as info:
-            led.append_many([note("x"),
-                             NewEvent("note.added", {"text": "changed"}, id=event.id, ts=event.ts)])
+            led.append_many(
+                [note("x"), NewEvent("note.added", {"text": "changed"}, id=event.id, ts=event.ts)]
+            )
         assert event.id in str(info.value)
         with pytest.raises(ConflictError):
-            led.append_many([NewEvent("note.added", {"text": "a"}, id=event.id),
-                             NewEvent("note.added", {"text": "b"}, id=event.id)])
+            led.append_many(
+                [
+                    NewEvent("note.added", {"text": "a"}, id=event.id),
+                    NewEvent("note.added", {"text": "b"}, id=event.id),
+                ]
+            )
         assert led.count() == 1
 
     def test_envelope_checked(self, led: Ledger) -> None:
-        for bad, field in [(NewEvent("note.added", {"text": "x"}, id="NOT-A-UUID"), "id"),
-                           (NewEvent("note.added", {"text": "x"}, ts="2024-01-01"), "ts"),
-                           (NewEvent("note.added", {"text": "x"}, run_id=""), "run_id"),
-                           (NewEvent("note.added", {"text": 3}), "data.text"),
-                           (NewEvent("note.added", {"text": "x", "v": float("nan")}), "data.v")]:
+        for bad, field in [
+            (NewEvent("note.added", {"text": "x"}, id="NOT-A-UUID"), "id"),
+            (NewEvent("note.added", {"text": "x"}, ts="2024-01-01"), "ts"),
+            (NewEvent("note.added", {"text": "x"}, run_id=""), "run_id"),
+            (NewEvent("note.added", {"text": 3}), "data.text"),
+            (NewEvent("note.added", {"text": "x", "v": float("nan")}), "data.v"),
+        ]:
             with pytest.raises(EventError) as info:
                 led.append(bad)
             assert info.value.field == field
@@ -217,8 +247,17 @@ class LedgerContract(VerifyContract):
     def test_events_filters_and_head(self, led: Ledger) -> None:
         assert led.head() is None
         run, other = new_id(), new_id()
-        led.append_many([NewEvent("note.added", {"text": str(i)}, run_id=run if i % 2 else other,
-                                  block_id="b1" if i < 4 else None) for i in range(10)])
+        led.append_many(
+            [
+                NewEvent(
+                    "note.added",
+                    {"text": str(i)},
+                    run_id=run if i % 2 else other,
+                    block_id="b1" if i < 4 else None,
+                )
+                for i in range(10)
+            ]
+        )
         led.append(NewEvent("run.finished", {"status": "completed", "error": None}, run_id=run))
         assert [e.seq for e in led.events(run_id=run)] == [2, 4, 6, 8, 10, 11]
         assert [e.seq for e in led.events(kind="run.finished")] == [11]
@@ -235,8 +274,13 @@ class LedgerContract(VerifyContract):
 
     def test_triggers_refuse_update_and_delete(self, led: Ledger) -> None:
         led.append_many(notes(3))
-        statements = ["UPDATE events SET data = '{}' WHERE seq = 1", "DELETE FROM events WHERE seq = 3",
-                      "UPDATE heads SET chain = 'x'", "DELETE FROM heads", *self.extra_refused]
+        statements = [
+            "UPDATE events SET data = '{}' WHERE seq = 1",
+            "DELETE FROM events WHERE seq = 3",
+            "UPDATE heads SET chain = 'x'",
+            "DELETE FROM heads",
+            *self.extra_refused,
+        ]
         for statement in statements:
             with pytest.raises(DBAPIError, match="append-only"), led.engine.begin() as conn:
                 conn.execute(text(statement))
@@ -269,45 +313,91 @@ class LedgerContract(VerifyContract):
 
     def test_export_import_reproduces_chain(self, led: Ledger, tmp_path: Path, url: str) -> None:
         run = new_id()
-        led.append_many([NewEvent("note.added", {"text": f"é{i}", "f": i / 3, "n": None}, run_id=run)
-                         for i in range(20)])
+        led.append_many(
+            [NewEvent("note.added", {"text": f"é{i}", "f": i / 3, "n": None}, run_id=run) for i in range(20)]
+        )
         led.append(NewEvent("run.finished", {"status": "completed", "error": None}, run_id=run))
         out = tmp_path / "out.jsonl"
         with open(out, "wb") as handle:
             assert export_jsonl(led, handle) == 21
         target = open_ledger(f"sqlite:///{tmp_path / 'copy.db'}")
         assert import_jsonl(target, out) == 21
-        assert [(e.digest, e.chain, e.seq) for e in target.events()] == \
-               [(e.digest, e.chain, e.seq) for e in led.events()]
+        assert [(e.digest, e.chain, e.seq) for e in target.events()] == [
+            (e.digest, e.chain, e.seq) for e in led.events()
+        ]
         assert target.head() == led.head()
         assert import_jsonl(target, out) == 21  # idempotent
         assert target.count() == 21 and target.verify().ok
 
     def test_import_bare_envelopes(self, led: Ledger, tmp_path: Path) -> None:
-        bare = [{"id": new_id(), "ts": "2026-01-01T00:00:00.000000Z", "kind": "note.added",
-                 "run_id": None, "block_id": None, "data": {"text": str(i)}} for i in range(3)]
+        bare = [
+            {
+                "id": new_id(),
+                "ts": "2026-01-01T00:00:00.000000Z",
+                "kind": "note.added",
+                "run_id": None,
+                "block_id": None,
+                "data": {"text": str(i)},
+            }
+            for i in range(3)
+        ]
         path = tmp_path / "bare.jsonl"
         path.write_bytes(b"".join(orjson.dumps(b) + b"\n" for b in bare))
         assert import_jsonl(led, path) == 3
         assert [e.id for e in led.events()] == [b["id"] for b in bare]
 
-    @pytest.mark.parametrize(("line", "field", "needle"), [
-        (b"{not json", None, "not valid JSON"),
-        (b'{"id": "%s", "ts": "2026-01-01T00:00:00.000000Z", "kind": "no.such", "run_id": null, '
-         b'"block_id": null, "data": {}}', "kind", "unknown kind"),
-        (b'{"id": "%s", "ts": "2026-01-01T00:00:00.000000Z", "kind": "note.added", "run_id": null, '
-         b'"block_id": null, "data": {}}', "data.text", "missing"),
-        (b'{"id": "%s", "ts": "2026-01-01T00:00:00.000000Z", "kind": "note.added", "run_id": null, '
-         b'"block_id": null, "data": {"text": 5}}', "data.text", "must be str"),
-        (b'{"id": "%s", "ts": "2026-01-01T00:00:00.000000Z", "kind": "note.added", "run_id": null, '
-         b'"data": {"text": "x"}}', "block_id", "missing"),
-        (b'{"id": "%s", "ts": "2026-01-01T00:00:00.000000Z", "kind": "note.added", "run_id": null, '
-         b'"block_id": null, "data": {"text": "x"}, "digest": "' + b"0" * 64 + b'"}', "digest", "hashes to"),
-    ])
-    def test_malformed_import_rejected_whole(self, led: Ledger, tmp_path: Path, line: bytes,
-                                             field: str | None, needle: str) -> None:
-        good = [orjson.dumps({"id": new_id(), "ts": "2026-01-01T00:00:00.000000Z", "kind": "note.added",
-                              "run_id": None, "block_id": None, "data": {"text": "ok"}}) for _ in range(3)]
+    @pytest.mark.parametrize(
+        ("line", "field", "needle"),
+        [
+            (b"{not json", None, "not valid JSON"),
+            (
+                b'{"id": "%s", "ts": "2026-01-01T00:00:00.000000Z", "kind": "no.such", "run_id": null, '
+                b'"block_id": null, "data": {}}',
+                "kind",
+                "unknown kind",
+            ),
+            (
+                b'{"id": "%s", "ts": "2026-01-01T00:00:00.000000Z", "kind": "note.added", "run_id": null, '
+                b'"block_id": null, "data": {}}',
+                "data.text",
+                "missing",
+            ),
+            (
+                b'{"id": "%s", "ts": "2026-01-01T00:00:00.000000Z", "kind": "note.added", "run_id": null, '
+                b'"block_id": null, "data": {"text": 5}}',
+                "data.text",
+                "must be str",
+            ),
+            (
+                b'{"id": "%s", "ts": "2026-01-01T00:00:00.000000Z", "kind": "note.added", "run_id": null, '
+                b'"data": {"text": "x"}}',
+                "block_id",
+                "missing",
+            ),
+            (
+                b'{"id": "%s", "ts": "2026-01-01T00:00:00.000000Z", "kind": "note.added", "run_id": null, '
+                b'"block_id": null, "data": {"text": "x"}, "digest": "' + b"0" * 64 + b'"}',
+                "digest",
+                "hashes to",
+            ),
+        ],
+    )
+    def test_malformed_import_rejected_whole(
+        self, led: Ledger, tmp_path: Path, line: bytes, field: str | None, needle: str
+    ) -> None:
+        good = [
+            orjson.dumps(
+                {
+                    "id": new_id(),
+                    "ts": "2026-01-01T00:00:00.000000Z",
+                    "kind": "note.added",
+                    "run_id": None,
+                    "block_id": None,
+                    "data": {"text": "ok"},
+                }
+            )
+            for _ in range(3)
+        ]
         bad = line.replace(b"%s", new_id().encode()) if b"%s" in line else line
         path = tmp_path / "bad.jsonl"
         path.write_bytes(b"\n".join([*good, bad, *good[:1]]) + b"\n")
@@ -330,12 +420,30 @@ class LedgerContract(VerifyContract):
     # -- analytics ---------------------------------------------------------------
 
     def test_views_typed_and_formats(self, led: Ledger) -> None:
-        led.append_many([NewEvent("response.received", {
-            "request_id": f"r{i}", "status": 200, "ttft_s": 0.1 * (i + 1), "t_first": 0.1, "t_last": 0.2,
-            "e2e_s": 0.3, "prompt_tokens": 100 + i, "output_tokens": 8, "cached_tokens": 0,
-            "decode_rate": 25.0, "text_sha256": "ab", "finish_reason": "length", "error": None,
-            "ttft_method": "kernel-stamp"})
-            for i in range(4)])
+        led.append_many(
+            [
+                NewEvent(
+                    "response.received",
+                    {
+                        "request_id": f"r{i}",
+                        "status": 200,
+                        "ttft_s": 0.1 * (i + 1),
+                        "t_first": 0.1,
+                        "t_last": 0.2,
+                        "e2e_s": 0.3,
+                        "prompt_tokens": 100 + i,
+                        "output_tokens": 8,
+                        "cached_tokens": 0,
+                        "decode_rate": 25.0,
+                        "text_sha256": "ab",
+                        "finish_reason": "length",
+                        "error": None,
+                        "ttft_method": "kernel-stamp",
+                    },
+                )
+                for i in range(4)
+            ]
+        )
         table = led.sql("SELECT prompt_tokens, ttft_s, status FROM response_received ORDER BY seq")
         assert table.column("prompt_tokens").to_pylist() == [100, 101, 102, 103]
         assert str(table.schema.field("prompt_tokens").type) == "int64"
@@ -355,8 +463,9 @@ class LedgerContract(VerifyContract):
         texts = led.sql("SELECT text FROM note_added ORDER BY seq").column("text").to_pylist()
         assert texts == ["z0", "z1"]
 
-    def test_projections_follow_segments_sql_and_rebuilds(self, led: Ledger, url: str,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    def test_projections_follow_segments_sql_and_rebuilds(
+        self, led: Ledger, url: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
         from ledger import Analytics, _snapshot
 
         texts = "SELECT seq, data->>'text' AS text FROM events WHERE kind = 'note.added'"
@@ -364,8 +473,10 @@ class LedgerContract(VerifyContract):
         def project(sql: str = texts) -> list[str]:
             analytics = Analytics(led, projections={"texts": sql})
             try:
-                return [r[0] for r in analytics.connection().execute("SELECT text FROM texts ORDER BY seq")
-                        .fetchall()]
+                return [
+                    r[0]
+                    for r in analytics.connection().execute("SELECT text FROM texts ORDER BY seq").fetchall()
+                ]
             finally:
                 analytics.close()
 
@@ -469,11 +580,14 @@ class TestSQLite(LedgerContract):
         "boundary-deleted": ["DELETE FROM events WHERE seq = 1000"],
         "boundary-next-deleted": ["DELETE FROM events WHERE seq = 1001"],
         "relinked": ["UPDATE events SET chain = digest WHERE seq = 2001"],
-        "reordered": ["UPDATE events SET seq = -5 WHERE seq = 5", "UPDATE events SET seq = 5 WHERE seq = 9",
-                      "UPDATE events SET seq = 9 WHERE seq = -5"],
+        "reordered": [
+            "UPDATE events SET seq = -5 WHERE seq = 5",
+            "UPDATE events SET seq = 5 WHERE seq = 9",
+            "UPDATE events SET seq = 9 WHERE seq = -5",
+        ],
         "below-one": ["UPDATE events SET seq = 0 WHERE seq = 1"],
         "tail": ["DELETE FROM events WHERE seq > 2990"],
-        "odd-id-edited": ["UPDATE events SET data = '{\"text\":\"x\"}' WHERE seq = 2500"],
+        "odd-id-edited": ['UPDATE events SET data = \'{"text":"x"}\' WHERE seq = 2500'],
         "non-text": ["UPDATE events SET id = 7 WHERE seq = 1500"],
     }
 
@@ -482,8 +596,16 @@ class TestSQLite(LedgerContract):
         from ledger._verify import verify_ledger
 
         odd = self.ODD_IDS
-        led.append_many([NewEvent("note.added", {"text": f"n{i}", "odd": odd[i % len(odd)]},
-                                  run_id=odd[i % len(odd)] if i % 7 == 0 else None) for i in range(3000)])
+        led.append_many(
+            [
+                NewEvent(
+                    "note.added",
+                    {"text": f"n{i}", "odd": odd[i % len(odd)]},
+                    run_id=odd[i % len(odd)] if i % 7 == 0 else None,
+                )
+                for i in range(3000)
+            ]
+        )
         self.tamper(url, *self.SCENARIOS[scenario])
         verdicts = {}
         for verifier in ("native", "python"):

@@ -17,8 +17,13 @@ from hypothesis import strategies as st
 from ledger import EventError, ImportFileError, Ledger, canonical_json, import_jsonl, new_id, open_ledger
 from ledger._events import envelope_bytes, event_digest
 
-scalars = (st.none() | st.booleans() | st.integers(min_value=-(2**63), max_value=2**63 - 1)
-           | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=20))
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**63), max_value=2**63 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=20)
+)
 json_values = st.recursive(
     scalars,
     lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=8), inner, max_size=5),
@@ -54,13 +59,21 @@ def test_canonical_json_round_trips_to_identical_bytes(value: dict[str, Any]) ->
 def test_envelope_bytes_is_canonical_json_of_the_envelope(
     data: dict[str, Any], run_id: str | None, block_id: str | None, rng: random.Random
 ) -> None:
-    envelope = {"id": new_id(), "ts": "2026-01-01T00:00:00.000000Z", "kind": "note.added",
-                "run_id": run_id, "block_id": block_id, "data": data}
+    envelope = {
+        "id": new_id(),
+        "ts": "2026-01-01T00:00:00.000000Z",
+        "kind": "note.added",
+        "run_id": run_id,
+        "block_id": block_id,
+        "data": data,
+    }
     data_json = canonical_json(data)
-    assert envelope_bytes(envelope["id"], envelope["ts"], "note.added", run_id, block_id, data_json) \
-        == canonical_json(_shuffled(envelope, rng))
-    digest = event_digest(envelope["id"], envelope["ts"], "note.added", run_id, block_id,
-                          canonical_json(_shuffled(data, rng)))
+    assert envelope_bytes(
+        envelope["id"], envelope["ts"], "note.added", run_id, block_id, data_json
+    ) == canonical_json(_shuffled(envelope, rng))
+    digest = event_digest(
+        envelope["id"], envelope["ts"], "note.added", run_id, block_id, canonical_json(_shuffled(data, rng))
+    )
     assert digest == event_digest(envelope["id"], envelope["ts"], "note.added", run_id, block_id, data_json)
 
 
@@ -81,8 +94,16 @@ def test_nan_and_infinity_refused(bad: float, value: dict[str, Any], key: str) -
 
 
 def _good_line() -> bytes:
-    return orjson.dumps({"id": new_id(), "ts": "2026-01-01T00:00:00.000000Z", "kind": "note.added",
-                         "run_id": None, "block_id": None, "data": {"text": "ok"}})
+    return orjson.dumps(
+        {
+            "id": new_id(),
+            "ts": "2026-01-01T00:00:00.000000Z",
+            "kind": "note.added",
+            "run_id": None,
+            "block_id": None,
+            "data": {"text": "ok"},
+        }
+    )
 
 
 def _corrupt(kind: str, rng: random.Random) -> bytes:
@@ -113,10 +134,15 @@ def empty_ledger(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ledger]:
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.integers(0, 30), st.integers(0, 5),
-       st.sampled_from(["json", "kind", "missing", "type", "envelope", "digest", "nan"]), st.randoms())
-def test_malformed_import_rejected_whole(empty_ledger: Ledger, tmp_path: Path, before: int, after: int,
-                                         kind: str, rng: random.Random) -> None:
+@given(
+    st.integers(0, 30),
+    st.integers(0, 5),
+    st.sampled_from(["json", "kind", "missing", "type", "envelope", "digest", "nan"]),
+    st.randoms(),
+)
+def test_malformed_import_rejected_whole(
+    empty_ledger: Ledger, tmp_path: Path, before: int, after: int, kind: str, rng: random.Random
+) -> None:
     path = tmp_path / "import.jsonl"
     lines = [_good_line() for _ in range(before)] + [_corrupt(kind, rng)]
     lines += [_good_line() for _ in range(after)]

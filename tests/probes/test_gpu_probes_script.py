@@ -56,8 +56,9 @@ def _run(tmp_path: Path, fake_torch: bool, lmcache: bool) -> subprocess.Complete
         (site / "lmcache" / "_version.py").write_text("__version__ = '0.5.3'\n")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(PYTHONPATH=str(site), PYTHON=sys.executable, POOL_DEADLINE="60")
-    return subprocess.run(["bash", str(SCRIPT), str(tmp_path / "out")], env=env, capture_output=True,
-                          text=True, timeout=600)  # fmt: skip
+    return subprocess.run(
+        ["bash", str(SCRIPT), str(tmp_path / "out")], env=env, capture_output=True, text=True, timeout=600
+    )
 
 
 def test_exit_2_without_cuda_and_no_records(tmp_path: Path) -> None:

@@ -75,8 +75,9 @@ def test_helper_run_shape(helper_run: list[dict[str, Any]]) -> None:
     for d in checks:
         assert check_data("probe.helper", d) is None, d
         assert d["helper"] == HELPERS[d["direction"]]
-        assert d["passed"] == (d["error"] is None and d["mismatching_bytes"] == 0
-                               and d["copy_landed_bad_bytes"] == 0), d  # fmt: skip
+        assert d["passed"] == (
+            d["error"] is None and d["mismatching_bytes"] == 0 and d["copy_landed_bad_bytes"] == 0
+        ), d
         assert d["host_pinned"] is True and d["transfer_path"] == "gpu"
     assert not [d for d in checks if d["error"]], "errored checks"
     # One LMCache (version and source), one torch and CUDA runtime, every GPU of the host.
@@ -95,12 +96,20 @@ def test_every_cell_has_its_checks(helper_run: list[dict[str, Any]]) -> None:
     params = helper_run[0]["data"]["params"]
     trials = params["trials"]
     assert trials >= 5 and (1 << 20) in params["sizes"]
-    cells = Counter((d["gpu"]["uuid"], d["ops_requested"], d["allocator"], d["bytes"], d["direction"],
-                     d["delay_cycles"]) for d in checks_of(helper_run))  # fmt: skip
+    cells = Counter(
+        (d["gpu"]["uuid"], d["ops_requested"], d["allocator"], d["bytes"], d["direction"], d["delay_cycles"])
+        for d in checks_of(helper_run)
+    )
     gpus = {key[0] for key in cells}
     assert len(gpus) == len(params["devices_run"])
-    expected = len(gpus) * len(params["ops_modes"]) * len(params["allocators"]) * len(params["sizes"]) \
-        * len(params["directions"]) * len(params["delays"])  # fmt: skip
+    expected = (
+        len(gpus)
+        * len(params["ops_modes"])
+        * len(params["allocators"])
+        * len(params["sizes"])
+        * len(params["directions"])
+        * len(params["delays"])
+    )
     assert len(cells) == expected
     assert set(cells.values()) == {trials}
     per_process = Counter((d["gpu"]["uuid"], d["ops_requested"]) for d in checks_of(helper_run))
@@ -142,8 +151,11 @@ def test_seed_cells_at_one_mebibyte(helper_run: list[dict[str, Any]]) -> None:
     """The seed's 1 MiB object: lazy path 10 of 10 failed on GPU 0, mixed 10 passed on each GPU."""
     trials = helper_run[0]["data"]["params"]["trials"]
     # The seed's image had no compiled ops: the masked runs, delayed producer.
-    mib = [d for d in checks_of(helper_run)
-           if d["bytes"] == 1 << 20 and d["delay_cycles"] > 0 and d["with_ops"] is False]  # fmt: skip
+    mib = [
+        d
+        for d in checks_of(helper_run)
+        if d["bytes"] == 1 << 20 and d["delay_cycles"] > 0 and d["with_ops"] is False
+    ]
     for gpu in {d["gpu"]["uuid"] for d in mib}:
         lazy = [d for d in mib if d["gpu"]["uuid"] == gpu and d["allocator"] == "lazy"]
         mixed = [d for d in mib if d["gpu"]["uuid"] == gpu and d["allocator"] == "mixed"]
@@ -183,8 +195,12 @@ def test_pool_run_shape(pool_run: list[dict[str, Any]]) -> None:
         assert check_data("probe.pinned", d) is None, d
     settings = events[0]["data"]["params"]["settings"]
     assert len(pools) == sum(len(s["sizes"]) for s in settings)
-    assert {d["bytes_requested"] for d in pools if d["alloc_conf"] is None} == \
-        {GIB, GIB + PAGE, 8 * GIB + PAGE, 32 * GIB + PAGE}  # fmt: skip
+    assert {d["bytes_requested"] for d in pools if d["alloc_conf"] is None} == {
+        GIB,
+        GIB + PAGE,
+        8 * GIB + PAGE,
+        32 * GIB + PAGE,
+    }
 
 
 def test_pool_with_compiled_ops_is_exact(pool_run: list[dict[str, Any]]) -> None:
@@ -246,8 +262,14 @@ def test_benchmark_reads_the_records(
 ) -> None:
     """``python -m benchmarks helper-probes`` derives its table from these records; the run met its goal."""
     root = Path(__file__).resolve().parents[2]
-    proc = subprocess.run([sys.executable, "-m", "benchmarks", "helper-probes"], cwd=root,
-                          capture_output=True, text=True, timeout=120, check=True)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "helper-probes"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["checks"] == len(checks_of(helper_run)) and out["paths"] == summarize(helper_run)
     assert len(out["pools"]) == len(pools_of(pool_run))

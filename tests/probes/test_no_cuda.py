@@ -111,8 +111,11 @@ def test_exit_2_without_lmcache(command: str, tmp_path: Path) -> None:
 
 def test_missing_torch_is_reported(tmp_path: Path) -> None:
     # A torch package that fails to import stands in for "not installed".
-    proc = _run(["copy-ordering", "--jsonl", str(tmp_path / "o.jsonl")],
-                "raise ImportError('no torch here')", tmp_path)  # fmt: skip
+    proc = _run(
+        ["copy-ordering", "--jsonl", str(tmp_path / "o.jsonl")],
+        "raise ImportError('no torch here')",
+        tmp_path,
+    )
     assert proc.returncode == 2
     assert "no CUDA device: torch is not installed" in proc.stderr
 

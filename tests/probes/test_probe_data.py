@@ -35,13 +35,29 @@ TS = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z$")
 ENVELOPE_KEYS = {"id", "ts", "kind", "run_id", "block_id", "data"}
 RUN_STARTED_KEYS = {"experiment", "script_sha256", "params", "seed", "code", "packages", "host"}
 COPY_KEYS = {
-    "method", "direction", "bytes", "delay_cycles", "trial", "mismatching_bytes", "passed",
-    "gpu", "process", "pid", "torch_version", "cuda_runtime_version", "driver_version",
-}  # fmt: skip
+    "method",
+    "direction",
+    "bytes",
+    "delay_cycles",
+    "trial",
+    "mismatching_bytes",
+    "passed",
+    "gpu",
+    "process",
+    "pid",
+    "torch_version",
+    "cuda_runtime_version",
+    "driver_version",
+}
 PINNED_REQUIRED = {
-    "bytes_requested", "is_pinned", "seconds", "alloc_conf",
-    "bytes_reserved", "rounded_up", "method_of_measurement",
-}  # fmt: skip
+    "bytes_requested",
+    "is_pinned",
+    "seconds",
+    "alloc_conf",
+    "bytes_reserved",
+    "rounded_up",
+    "method_of_measurement",
+}
 DELAYED = 10**8
 PROCESSES = 2
 
@@ -138,8 +154,9 @@ def test_copy_full_matrix_in_two_processes(copy_checks: list[dict[str, Any]]) ->
     assert per_process == {0: 480, 1: 480}
     pids = {d["process"]: d["pid"] for d in copy_checks}
     assert len(set(pids.values())) == PROCESSES  # independent processes
-    assert all(sum(1 for x in copy_checks if x["process"] == p and x["pid"] != pid) == 0
-               for p, pid in pids.items())  # fmt: skip
+    assert all(
+        sum(1 for x in copy_checks if x["process"] == p and x["pid"] != pid) == 0 for p, pid in pids.items()
+    )
 
 
 def test_raw_fallback_fails_every_delayed_check(copy_checks: list[dict[str, Any]]) -> None:

@@ -18,8 +18,11 @@ from ledger._cli import cli
 
 def _make_checkpoint(root: Path) -> dict[str, str]:
     root.mkdir(parents=True, exist_ok=True)
-    files = {"config.json": b'{"hidden": 128}', "model.safetensors": os.urandom(3 << 20),
-             "sub/tokenizer.json": b"{}"}
+    files = {
+        "config.json": b'{"hidden": 128}',
+        "model.safetensors": os.urandom(3 << 20),
+        "sub/tokenizer.json": b"{}",
+    }
     hashes = {}
     for name, payload in files.items():
         (root / name).parent.mkdir(parents=True, exist_ok=True)
@@ -79,8 +82,14 @@ def test_a_file_growing_while_read_is_unstable(tmp_path: Path) -> None:
 def test_manifest_from_sha256sum_in_the_directory(tmp_path: Path) -> None:
     """`cd DIR && sha256sum $(find . -type f)` names files ./x: the prefix is dropped."""
     hashes = _make_checkpoint(tmp_path / "ck")
-    lines = subprocess.run("find . -type f | sort | xargs sha256sum", shell=True, cwd=tmp_path / "ck",
-                           capture_output=True, text=True, check=True).stdout  # fmt: skip
+    lines = subprocess.run(
+        "find . -type f | sort | xargs sha256sum",
+        shell=True,
+        cwd=tmp_path / "ck",
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     (tmp_path / "SHA256SUMS").write_text(lines)
     assert manifest_hashes(tmp_path / "SHA256SUMS") == hashes
     audit = audit_checkpoint(tmp_path / "ck", manifest=tmp_path / "SHA256SUMS")
@@ -109,8 +118,19 @@ def test_cli_records_the_audit_and_exits_1_on_mismatch(tmp_path: Path) -> None:
     hashes["config.json"] = "0" * 64
     (tmp_path / "m.json").write_text(json.dumps(hashes))
     url = f"sqlite:///{tmp_path / 'l.db'}"
-    result = CliRunner().invoke(cli, ["checkpoint", "audit", str(tmp_path / "ck"), "--manifest",
-                                      str(tmp_path / "m.json"), "--db", url, "--json"])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "checkpoint",
+            "audit",
+            str(tmp_path / "ck"),
+            "--manifest",
+            str(tmp_path / "m.json"),
+            "--db",
+            url,
+            "--json",
+        ],
+    )
     assert result.exit_code == 1, result.output
     (event,) = open_ledger(url).events(kind="checkpoint.audited")
     assert event.data["matched"] is False and event.data["stable"] is True

@@ -54,8 +54,11 @@ def _safetensors(tensors: dict[str, int]) -> bytes:
 
 
 def _git_hash_object(payload: bytes) -> str:
-    return subprocess.run(["git", "hash-object", "--stdin"], input=payload, capture_output=True,
-                          check=True).stdout.decode().strip()  # fmt: skip
+    return (
+        subprocess.run(["git", "hash-object", "--stdin"], input=payload, capture_output=True, check=True)
+        .stdout.decode()
+        .strip()
+    )
 
 
 @dataclass
@@ -73,10 +76,14 @@ def make_snapshot(cache: Path) -> Snapshot:
     (repo / "refs" / "main").write_text(COMMIT)
     files = {
         "model.safetensors": (_safetensors({"embed.weight": 1 << 18, "lm_head.weight": 1 << 18}), True),
-        "config.json": (json.dumps({"architectures": ["LlamaForCausalLM"], "hidden_size": 64}).encode(),
-                        False),
-        "tokenizer/tokenizer.json": (json.dumps({"model": {"type": "BPE", "vocab": {"a": 0}}}).encode(),
-                                     False),
+        "config.json": (
+            json.dumps({"architectures": ["LlamaForCausalLM"], "hidden_size": 64}).encode(),
+            False,
+        ),
+        "tokenizer/tokenizer.json": (
+            json.dumps({"model": {"type": "BPE", "vocab": {"a": 0}}}).encode(),
+            False,
+        ),
         "generation_config.json": (b"", False),  # an empty git file has a blob SHA-1 too
     }
     blobs = {}
@@ -103,8 +110,11 @@ def test_references_by_kind(tmp_path: Path) -> None:
     snap = make_snapshot(tmp_path)
     refs = hf_snapshot_hashes(snap.path)
     assert {n: kind for n, (kind, _) in refs.items()} == {
-        "model.safetensors": "sha256", "config.json": "git-sha1",
-        "tokenizer/tokenizer.json": "git-sha1", "generation_config.json": "git-sha1"}
+        "model.safetensors": "sha256",
+        "config.json": "git-sha1",
+        "tokenizer/tokenizer.json": "git-sha1",
+        "generation_config.json": "git-sha1",
+    }
     config = snap.blobs["config.json"]
     assert git_blob_sha1(config) == _git_hash_object(config.read_bytes()) == config.name
 
@@ -116,8 +126,11 @@ def test_a_correct_snapshot_matches(tmp_path: Path) -> None:
     assert result.reference == "hf-cache-snapshot" and result.revision == COMMIT
     by_name = {f.name: f for f in result.files}
     assert by_name["model.safetensors"].expected_sha256 == snap.blobs["model.safetensors"].name
-    assert by_name["config.json"].expected_git_sha1 == by_name["config.json"].git_sha1 \
-        == snap.blobs["config.json"].name  # fmt: skip
+    assert (
+        by_name["config.json"].expected_git_sha1
+        == by_name["config.json"].git_sha1
+        == snap.blobs["config.json"].name
+    )
     assert by_name["model.safetensors"].git_sha1 is None  # LFS files are not hashed twice
 
 
@@ -128,9 +141,14 @@ def test_a_folder_inside_the_snapshot_takes_the_snapshot_revision(tmp_path: Path
     assert [f.name for f in result.files] == ["tokenizer.json"]
 
 
-@pytest.mark.parametrize(("name", "kind"), [("model.safetensors", "SHA-256"),
-                                            ("config.json", "git blob SHA-1"),
-                                            ("tokenizer/tokenizer.json", "git blob SHA-1")])
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [
+        ("model.safetensors", "SHA-256"),
+        ("config.json", "git blob SHA-1"),
+        ("tokenizer/tokenizer.json", "git blob SHA-1"),
+    ],
+)
 def test_a_flipped_byte_is_named(tmp_path: Path, name: str, kind: str) -> None:
     snap = make_snapshot(tmp_path)
     _flip(snap.blobs[name], snap.blobs[name].stat().st_size // 2)
@@ -180,16 +198,30 @@ def test_unverified_blocks_publish_until_a_manifest_is_given(tmp_path: Path) -> 
     assert published.exit_code == 1, published.output
     (found,) = [f for f in json.loads(published.output)["findings"] if f["code"].startswith("checkpoint-")]
     assert found["code"] == "checkpoint-unverified" and found["severity"] == "blocking"
-    for words in ("ledger checkpoint manifest DIR > MANIFEST.json", "JSON {file: sha256}",
-                  "--manifest MANIFEST.json"):
+    for words in (
+        "ledger checkpoint manifest DIR > MANIFEST.json",
+        "JSON {file: sha256}",
+        "--manifest MANIFEST.json",
+    ):
         assert words in found["detail"]
     # The remedy the message names works: a manifest made on a trusted copy verifies the files.
     made = runner.invoke(cli, ["checkpoint", "manifest", str(ck), "-o", str(tmp_path / "MANIFEST.json")])
     assert made.exit_code == 0, made.output
     manifest = json.loads((tmp_path / "MANIFEST.json").read_text())
     assert manifest["config.json"] == hashlib.sha256(b"{}").hexdigest()
-    second = runner.invoke(cli, ["checkpoint", "audit", str(ck), "--manifest",
-                                 str(tmp_path / "MANIFEST.json"), "--db", url, "--json"])  # fmt: skip
+    second = runner.invoke(
+        cli,
+        [
+            "checkpoint",
+            "audit",
+            str(ck),
+            "--manifest",
+            str(tmp_path / "MANIFEST.json"),
+            "--db",
+            url,
+            "--json",
+        ],
+    )
     assert second.exit_code == 0 and json.loads(second.output)["matched"] is True
     led = open_ledger(url)
     assert [e.data["matched"] for e in led.events(kind="checkpoint.audited")] == [None, True]
@@ -203,7 +235,8 @@ def test_a_malformed_manifest_is_refused_and_nothing_recorded(tmp_path: Path) ->
     (tmp_path / "bad.txt").write_text("not-a-digest  config.json\n")
     url = f"sqlite:///{tmp_path / 'l.db'}"
     open_ledger(url).append(NewEvent("note.added", {"text": "before"}))
-    result = CliRunner().invoke(cli, ["checkpoint", "audit", str(ck), "--manifest", str(tmp_path / "bad.txt"),
-                                      "--db", url])  # fmt: skip
+    result = CliRunner().invoke(
+        cli, ["checkpoint", "audit", str(ck), "--manifest", str(tmp_path / "bad.txt"), "--db", url]
+    )
     assert result.exit_code == 2 and "line 1 is not 'SHA256  NAME'" in result.output
     assert [e.kind for e in open_ledger(url).events()] == ["note.added"]

@@ -6,8 +6,15 @@ from collectors._secrets import REDACTED, redact_command, redact_env
 
 
 def test_secret_names_are_redacted() -> None:
-    env = {"HF_TOKEN": "abc", "OPENAI_API_KEY": "x", "DB_PASSWORD": "p", "AWS_SECRET_ACCESS_KEY": "s",
-           "PATH": "/usr/bin", "VLLM_CPU_KVCACHE_SPACE": "1", "MONKEY_BUSINESS": "ok"}
+    env = {
+        "HF_TOKEN": "abc",
+        "OPENAI_API_KEY": "x",
+        "DB_PASSWORD": "p",
+        "AWS_SECRET_ACCESS_KEY": "s",
+        "PATH": "/usr/bin",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "MONKEY_BUSINESS": "ok",
+    }
     out = redact_env(env)
     assert out["HF_TOKEN"] == out["OPENAI_API_KEY"] == out["DB_PASSWORD"] == REDACTED
     assert out["AWS_SECRET_ACCESS_KEY"] == REDACTED
@@ -16,8 +23,13 @@ def test_secret_names_are_redacted() -> None:
 
 
 def test_secret_shaped_values_are_redacted_under_innocent_names() -> None:
-    env = {"X": "hf_" + "a" * 30, "Y": "sk-" + "b" * 40, "Z": "ghp_" + "c" * 36,
-           "U": "postgresql://alice:hunter2@db:5432/test", "W": "AKIA" + "D" * 16}
+    env = {
+        "X": "hf_" + "a" * 30,
+        "Y": "sk-" + "b" * 40,
+        "Z": "ghp_" + "c" * 36,
+        "U": "postgresql://alice:hunter2@db:5432/test",
+        "W": "AKIA" + "D" * 16,
+    }
     out = redact_env(env)
     assert "a" * 30 not in str(out) and "b" * 40 not in str(out) and "c" * 36 not in str(out)
     assert "hunter2" not in out["U"] and out["U"].startswith("postgresql://alice:")
@@ -25,8 +37,18 @@ def test_secret_shaped_values_are_redacted_under_innocent_names() -> None:
 
 
 def test_commands_hide_flag_values_and_shaped_arguments() -> None:
-    argv = ["python", "-m", "vllm", "--api-key", "s3cret", "--hf-token=hf_" + "z" * 20,
-            "--model", "/models/tiny", "--url", "https://u:pw@example.invalid/x"]
+    argv = [
+        "python",
+        "-m",
+        "vllm",
+        "--api-key",
+        "s3cret",
+        "--hf-token=hf_" + "z" * 20,
+        "--model",
+        "/models/tiny",
+        "--url",
+        "https://u:pw@example.invalid/x",
+    ]
     out = redact_command(argv)
     assert "s3cret" not in out and all("z" * 20 not in a for a in out)
     assert "/models/tiny" in out and out[out.index("--api-key") + 1] == REDACTED

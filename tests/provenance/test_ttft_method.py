@@ -23,8 +23,11 @@ def _snapshot_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _run(url: str, *params: str) -> None:
-    result = CliRunner().invoke(cli, ["run", "screening", "--db", url, "--target", "sim", *FAST, *SMALL,
-                                      *params], catch_exceptions=False)  # fmt: skip
+    result = CliRunner().invoke(
+        cli,
+        ["run", "screening", "--db", url, "--target", "sim", *FAST, *SMALL, *params],
+        catch_exceptions=False,
+    )
     assert result.exit_code == 0, result.output
 
 
@@ -32,9 +35,21 @@ def test_the_vocabulary_knows_every_method(tmp_path: Path) -> None:
     ((name, allowed),) = OPTIONAL_ENUMS["response.received"]
     assert name == "ttft_method" and allowed == set(TTFT_METHODS)
     led = open_ledger(f"sqlite:///{tmp_path / 'l.db'}")
-    data = {"request_id": "r", "status": 200, "ttft_s": 0.1, "t_first": 0.1, "t_last": 0.2, "e2e_s": 0.3,
-            "prompt_tokens": 5, "output_tokens": 2, "cached_tokens": 0, "decode_rate": 10.0,
-            "text_sha256": "ab", "finish_reason": "length", "error": None}  # fmt: skip
+    data = {
+        "request_id": "r",
+        "status": 200,
+        "ttft_s": 0.1,
+        "t_first": 0.1,
+        "t_last": 0.2,
+        "e2e_s": 0.3,
+        "prompt_tokens": 5,
+        "output_tokens": 2,
+        "cached_tokens": 0,
+        "decode_rate": 10.0,
+        "text_sha256": "ab",
+        "finish_reason": "length",
+        "error": None,
+    }
     with pytest.raises(EventError, match="must be one of"):
         led.append(NewEvent("response.received", {**data, "ttft_method": "wall-clock"}))
     # A ledger recorded before methods were recorded still imports; its figures read "unrecorded".
@@ -45,8 +60,9 @@ def test_the_vocabulary_knows_every_method(tmp_path: Path) -> None:
 
 def test_an_unknown_method_is_refused_before_anything_is_written(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'l.db'}"
-    result = CliRunner().invoke(cli, ["run", "screening", "--db", url, "--target", "sim", *FAST,
-                                      "--param", "ttft_method=wall-clock"])  # fmt: skip
+    result = CliRunner().invoke(
+        cli, ["run", "screening", "--db", url, "--target", "sim", *FAST, "--param", "ttft_method=wall-clock"]
+    )
     assert result.exit_code == 2
     assert "ttft_method must be one of kernel-stamp, socket-read, httpx-read" in result.output
     assert not (tmp_path / "l.db").exists() or open_ledger(url).head() is None
@@ -78,10 +94,13 @@ def test_two_runs_dated_differently_are_recorded_reported_and_flagged(tmp_path: 
     finally:
         src.close()
     methods = report["measurement"]["ttft_methods"]
-    assert {(m["run_id"], m["ttft_method"]) for m in methods} == {(first, DEFAULT_TTFT_METHOD),
-                                                                   (second, "httpx-read")}  # fmt: skip
-    ttft_rows = sum(len(r["arms"][arm]["observations"]) for r in report["tables"]["ttft"]
-                    for arm in ("ON", "OFF"))  # fmt: skip
+    assert {(m["run_id"], m["ttft_method"]) for m in methods} == {
+        (first, DEFAULT_TTFT_METHOD),
+        (second, "httpx-read"),
+    }
+    ttft_rows = sum(
+        len(r["arms"][arm]["observations"]) for r in report["tables"]["ttft"] for arm in ("ON", "OFF")
+    )
     assert sum(m["observations"] for m in methods) == ttft_rows
     markdown = to_markdown(report)
     assert f"run {first[:8]}: TTFT dated by {DEFAULT_TTFT_METHOD}, " in markdown

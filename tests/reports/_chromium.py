@@ -20,9 +20,18 @@ from typing import Any
 
 import aiohttp
 
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--disable-dev-shm-usage", "--remote-debugging-port=0"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+    "--remote-debugging-port=0",
+]
 
 
 def chromium_binary() -> str | None:
@@ -77,8 +86,10 @@ async def _inspect(port: int, url: str, selector: str) -> dict[str, Any]:
             await call("Page.navigate", url=url)
             await asyncio.wait_for(loaded, 60)
             found = f"[...document.querySelectorAll({json.dumps(selector)})]"
-            expr = (f"JSON.stringify({{title: document.title, sizes: {found}"
-                    ".map(e => {const r = e.getBoundingClientRect(); return [r.width, r.height];})})")
+            expr = (
+                f"JSON.stringify({{title: document.title, sizes: {found}"
+                ".map(e => {const r = e.getBoundingClientRect(); return [r.width, r.height];})})"
+            )
             result = await call("Runtime.evaluate", expression=expr, returnByValue=True)
             await asyncio.sleep(0.2)  # late console messages
             task.cancel()
@@ -92,8 +103,12 @@ def inspect_page(path: Path, selector: str) -> dict[str, Any]:
     # Chromium's helper processes can still write to the profile just after the browser
     # exits: the whole process group is killed, and a late write never fails cleanup.
     with tempfile.TemporaryDirectory(prefix="kvledger-chromium-", ignore_cleanup_errors=True) as profile:
-        proc = subprocess.Popen([binary, *FLAGS, f"--user-data-dir={profile}", "about:blank"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            [binary, *FLAGS, f"--user-data-dir={profile}", "about:blank"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         try:
             port = _port(Path(profile), proc)
             return asyncio.run(_inspect(port, path.resolve().as_uri(), selector))

@@ -22,14 +22,21 @@ def blocks(events: list[Env]) -> dict[str, dict[str, Any]]:
 
 
 def excluded_blocks(events: list[Env]) -> set[str]:
-    hits = {e["data"]["request_id"]: e["data"] for e in of_kind(events, "hits.observed")
-            if e["data"]["request_id"]}
+    hits = {
+        e["data"]["request_id"]: e["data"]
+        for e in of_kind(events, "hits.observed")
+        if e["data"]["request_id"]
+    }
     out = set()
     for e in of_kind(events, "request.sent"):
         d = e["data"]
         h = hits.get(d["request_id"], {})
-        if e["block_id"] and d["step"] == "cold" and not d["warmup"] and (
-                (h.get("local_hit_tokens") or 0) > 0 or (h.get("external_hit_tokens") or 0) > 0):
+        if (
+            e["block_id"]
+            and d["step"] == "cold"
+            and not d["warmup"]
+            and ((h.get("local_hit_tokens") or 0) > 0 or (h.get("external_hit_tokens") or 0) > 0)
+        ):
             out.add(e["block_id"])
     for e in of_kind(events, "exclusion.declared"):
         if e["data"]["scope"] == "block":
@@ -42,8 +49,11 @@ def excluded_blocks(events: list[Env]) -> set[str]:
 
 def measured(events: list[Env]) -> list[Env]:
     bl, ex = blocks(events), excluded_blocks(events)
-    return [e for e in of_kind(events, "request.sent")
-            if e["block_id"] in bl and e["block_id"] not in ex and not e["data"]["warmup"]]
+    return [
+        e
+        for e in of_kind(events, "request.sent")
+        if e["block_id"] in bl and e["block_id"] not in ex and not e["data"]["warmup"]
+    ]
 
 
 def pairs(events: list[Env]) -> list[tuple[Env, Env]]:
@@ -63,12 +73,18 @@ def accounting(events: list[Env]) -> dict[str, Any]:
     ps = pairs(events)
     return {
         "measured": len(meas),
-        "warmups": sum(1 for e in of_kind(events, "request.sent")
-                       if e["block_id"] in bl and e["block_id"] not in ex and e["data"]["warmup"]),
+        "warmups": sum(
+            1
+            for e in of_kind(events, "request.sent")
+            if e["block_id"] in bl and e["block_id"] not in ex and e["data"]["warmup"]
+        ),
         "pairs": len(ps),
-        "matched_pairs": sum(1 for on, off in ps
-                             if on["data"]["payload_sha256"] == off["data"]["payload_sha256"]
-                             and on["data"]["gpu"] == off["data"]["gpu"]),
+        "matched_pairs": sum(
+            1
+            for on, off in ps
+            if on["data"]["payload_sha256"] == off["data"]["payload_sha256"]
+            and on["data"]["gpu"] == off["data"]["gpu"]
+        ),
         "exact_value_checks": sum(1 for c in checks if c["check"] == "exact_values"),
         "exact_value_passed": sum(1 for c in checks if c["check"] == "exact_values" and c["passed"]),
         "forced_length_checks": sum(1 for c in checks if c["check"] == "output_length"),
@@ -88,10 +104,20 @@ def ttft_cells(events: list[Env]) -> dict[tuple[int, str], dict[str, Any]]:
             cells[(d["nominal_tokens"], d["step"])][bl[e["block_id"]]["arm"]].append(ttft[d["request_id"]])
     for on, off in pairs(events):
         d = on["data"]
-        if d["workload"] == "micro" and d["step"] in ("cold", "local1", "cross") \
-                and d["payload_sha256"] == off["data"]["payload_sha256"] and d["gpu"] == off["data"]["gpu"]:
+        if (
+            d["workload"] == "micro"
+            and d["step"] in ("cold", "local1", "cross")
+            and d["payload_sha256"] == off["data"]["payload_sha256"]
+            and d["gpu"] == off["data"]["gpu"]
+        ):
             ratio = ttft[d["request_id"]] / ttft[off["data"]["request_id"]]
             cells[(d["nominal_tokens"], d["step"])]["changes"].append(100 * (ratio - 1))
-    return {k: {"ON": statistics.median(v["ON"]), "OFF": statistics.median(v["OFF"]),
-                "mean_change": statistics.fmean(v["changes"]), "units": len(v["changes"])}
-            for k, v in cells.items()}
+    return {
+        k: {
+            "ON": statistics.median(v["ON"]),
+            "OFF": statistics.median(v["OFF"]),
+            "mean_change": statistics.fmean(v["changes"]),
+            "units": len(v["changes"]),
+        }
+        for k, v in cells.items()
+    }

@@ -45,8 +45,13 @@ GPU_SHAPE = Shape(target="vllm", transfer_path="gpu")
 
 
 def _shape(flaw: str) -> Shape:
-    gpu = ("checkpoint_mismatch", "checkpoint_unverified", "probes_failing", "helper_failing",
-           "pinned_rounding")
+    gpu = (
+        "checkpoint_mismatch",
+        "checkpoint_unverified",
+        "probes_failing",
+        "helper_failing",
+        "pinned_rounding",
+    )
     return GPU_SHAPE if flaw in gpu else Shape()
 
 
@@ -56,8 +61,11 @@ def test_every_flaw_switch_is_covered() -> None:
 
 def test_every_design_code_has_a_severity() -> None:
     codes = set(SEVERITY)
-    assert {code for code, _ in PLANTED.values()} | {"chain-broken", "snapshot-mismatch",
-                                                           "assertion-not-independent"} == codes
+    assert {code for code, _ in PLANTED.values()} | {
+        "chain-broken",
+        "snapshot-mismatch",
+        "assertion-not-independent",
+    } == codes
     assert SEVERITY["assertion-not-independent"] == SEVERITY["declared-exclusion"] == "info"
 
 
@@ -111,9 +119,16 @@ def test_declared_exclusion_acknowledges_findings_in_that_block(build: Any) -> N
     events, planted = generate(flaws=Flaws(namespace_leak=True))
     leaked = planted["namespace_leak"]
     run_id = next(e["run_id"] for e in events if e["block_id"] == leaked)
-    events.append({"id": "0190f000-0000-7000-8000-000000000001", "ts": "2026-09-20T00:00:00.000000Z",
-                   "kind": "exclusion.declared", "run_id": run_id, "block_id": None,
-                   "data": {"scope": "block", "target": leaked, "reason": "namespace leak across sizes"}})
+    events.append(
+        {
+            "id": "0190f000-0000-7000-8000-000000000001",
+            "ts": "2026-09-20T00:00:00.000000Z",
+            "kind": "exclusion.declared",
+            "run_id": run_id,
+            "block_id": None,
+            "data": {"scope": "block", "target": leaked, "reason": "namespace leak across sizes"},
+        }
+    )
     findings = audit(build(events))
     assert not [f for f in findings if f.severity == "blocking"]
     leak = [f for f in findings if f.code == "namespace-leak"]
@@ -138,7 +153,8 @@ def test_verification_started_at_open_finds_the_break(build: Any, ledger_url: st
     events, _ = generate()
     ledger = build(events).ledger
     (tamper_sqlite if ledger_url.startswith("sqlite") else tamper_postgres)(
-        ledger_url, ["UPDATE events SET data = '{}' WHERE seq = 7"])
+        ledger_url, ["UPDATE events SET data = '{}' WHERE seq = 7"]
+    )
     src = open_source(ledger, tmp_path / "snapshots", verify=True)
     try:
         (f,) = [f for f in audit(src) if f.code == "chain-broken"]
@@ -165,8 +181,6 @@ def test_run_scope(build: Any) -> None:
     validation, screening = runs
     assert any(f.code == "assertion-failed" for f in audit(src, screening))
     assert not any(f.code == "assertion-failed" for f in audit(src, validation))
-
-
 
 
 def test_audit_md_documents_every_code_with_its_severity() -> None:

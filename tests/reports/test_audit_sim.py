@@ -32,9 +32,19 @@ pytestmark = pytest.mark.slow
 
 Envelope = dict[str, Any]
 FAST = ["--param", "time_scale=0.001", "--no-progress"]
-_SHAPE = ["sizes=[1000,2000]", "session_sizes=[1000]", "generation_sizes=[1000]", "generation_outputs=[16]",
-          "window_sessions=[2]", "window_size=1000", "session_turns=3", "window_turns=2", "chains=1",
-          "sessions=1", "warmups=1"]
+_SHAPE = [
+    "sizes=[1000,2000]",
+    "session_sizes=[1000]",
+    "generation_sizes=[1000]",
+    "generation_outputs=[16]",
+    "window_sessions=[2]",
+    "window_size=1000",
+    "session_turns=3",
+    "window_turns=2",
+    "chains=1",
+    "sessions=1",
+    "warmups=1",
+]
 SMALL = [arg for p in _SHAPE for arg in ("--param", p)]
 VALIDATION = ["--param", "size=2000", "--param", "reverse_size=1000", "--param", "session_size=1000"]
 PLANTED: set[str] = set()
@@ -59,8 +69,9 @@ def _envelopes(url: str) -> list[Envelope]:
 
 def _run(url: str, experiment: str, *params: str) -> list[Envelope]:
     """``ledger run EXPERIMENT`` on the sim into a fresh ledger at ``url``; its envelopes."""
-    result = CliRunner().invoke(cli, ["run", experiment, "--db", url, "--target", "sim", *FAST, *params],
-                                catch_exceptions=False)  # fmt: skip
+    result = CliRunner().invoke(
+        cli, ["run", experiment, "--db", url, "--target", "sim", *FAST, *params], catch_exceptions=False
+    )
     assert result.exit_code in (0, 1), result.output  # 1: the run itself found a failure
     return _envelopes(url)
 
@@ -104,8 +115,9 @@ def found(build_lite: Any) -> Callable[[list[Envelope]], list[Finding]]:
 
 
 def _screening_run(envs: list[Envelope]) -> str:
-    return next(e["run_id"] for e in envs
-                if e["kind"] == "run.started" and e["data"]["experiment"] == "screening")  # fmt: skip
+    return next(
+        e["run_id"] for e in envs if e["kind"] == "run.started" and e["data"]["experiment"] == "screening"
+    )
 
 
 def _screening(envs: list[Envelope], kind: str) -> list[Envelope]:
@@ -120,14 +132,25 @@ def _arms(envs: list[Envelope]) -> dict[str, str]:
 def _request(envs: list[Envelope], arm: str, step: str, workload: str = "micro", nth: int = 0) -> Envelope:
     """The ``nth`` measured request.sent of ``arm`` at ``step``."""
     arms = _arms(envs)
-    return [e for e in envs if e["kind"] == "request.sent" and not e["data"]["warmup"]
-            and arms.get(e["block_id"]) == arm and e["data"]["step"] == step
-            and e["data"]["workload"] == workload][nth]  # fmt: skip
+    return [
+        e
+        for e in envs
+        if e["kind"] == "request.sent"
+        and not e["data"]["warmup"]
+        and arms.get(e["block_id"]) == arm
+        and e["data"]["step"] == step
+        and e["data"]["workload"] == workload
+    ][nth]
 
 
 def _of(envs: list[Envelope], kind: str, request_id: str, **match: Any) -> Envelope:
-    return next(e for e in envs if e["kind"] == kind and e["data"].get("request_id") == request_id
-                and all(e["data"].get(k) == v for k, v in match.items()))  # fmt: skip
+    return next(
+        e
+        for e in envs
+        if e["kind"] == kind
+        and e["data"].get("request_id") == request_id
+        and all(e["data"].get(k) == v for k, v in match.items())
+    )
 
 
 def _fixture(envs: list[Envelope], check: Envelope) -> Envelope:
@@ -173,8 +196,11 @@ def test_namespace_leak_fault(sim: Sim, found: Any) -> None:
     envs = sim.fault("--param", "fault=namespace-leak")
     findings = found(envs)
     leaked = {f.target for f in findings if f.code == "namespace-leak"}
-    cold = {e["data"]["request_id"]: e["data"]["nominal_tokens"] for e in _screening(envs, "request.sent")
-            if e["data"]["step"] == "cold" and not e["data"]["warmup"]}  # fmt: skip
+    cold = {
+        e["data"]["request_id"]: e["data"]["nominal_tokens"]
+        for e in _screening(envs, "request.sent")
+        if e["data"]["step"] == "cold" and not e["data"]["warmup"]
+    }
     assert leaked and {cold[r] for r in leaked if r} == {2000}  # the larger size hit its sibling's prefix
     assert "cached tokens" in _one(findings, "namespace-leak").detail
 
@@ -201,8 +227,11 @@ def test_stale_counters_fault(sim: Sim, found: Any) -> None:
 @plants("hash-seed-unset")
 def test_replicas_launched_without_a_hash_seed(sim: Sim, found: Any) -> None:
     envs = sim.fault("--param", "hash_seed=null")
-    config = next(e["data"]["config_sha256"] for e in _screening(envs, "deployment.launched")
-                  if _arms(envs)[e["block_id"]] == "ON")  # fmt: skip
+    config = next(
+        e["data"]["config_sha256"]
+        for e in _screening(envs, "deployment.launched")
+        if _arms(envs)[e["block_id"]] == "ON"
+    )
     assert "PYTHONHASHSEED (unset)" in _one(found(envs), "hash-seed-unset", config).detail
 
 
@@ -219,16 +248,22 @@ def test_a_killed_run_is_one_finding_with_its_unpaired_requests_counted(sim: Sim
     """SIGKILL in the fourth block: the run is a prefix of its batches, without run.finished."""
     envs = sim.clean()
     blocks = [e["block_id"] for e in _screening(envs, "block.started")]
-    cut = next(i for i, e in enumerate(envs)
-               if e["block_id"] == blocks[3] and e["kind"] == "session.finished")  # fmt: skip
+    cut = next(
+        i for i, e in enumerate(envs) if e["block_id"] == blocks[3] and e["kind"] == "session.finished"
+    )
     findings = found(envs[:cut])
-    third = sum(e["kind"] == "request.sent" and e["block_id"] == blocks[2] and not e["data"]["warmup"]
-                for e in envs)  # fmt: skip
-    partial = sum(e["kind"] == "request.sent" and e["block_id"] == blocks[3] and not e["data"]["warmup"]
-                  for e in envs[:cut])  # fmt: skip
+    third = sum(
+        e["kind"] == "request.sent" and e["block_id"] == blocks[2] and not e["data"]["warmup"] for e in envs
+    )
+    partial = sum(
+        e["kind"] == "request.sent" and e["block_id"] == blocks[3] and not e["data"]["warmup"]
+        for e in envs[:cut]
+    )
     detail = _one(findings, "run-incomplete", _screening_run(envs)).detail
-    assert detail == (f"screening run has no run.finished; {third - partial} measured request(s) left "
-                      "without a partner in the other arm")  # fmt: skip
+    assert detail == (
+        f"screening run has no run.finished; {third - partial} measured request(s) left "
+        "without a partner in the other arm"
+    )
     assert third - partial > 10 and "unpaired-request" not in _codes(findings)
 
 
@@ -247,13 +282,18 @@ def test_cutting_recorded_external_hits_to_a_third_is_found(sim: Sim, found: Any
     assert _one(findings, "hits-inconsistent", rid).detail == (
         f"replica {hits['replica']}: hits.observed records prefix queries {hits['prefix_queries']}, local 0, "
         f"external {full // 3}; its metrics.scraped before/after give prefix queries "
-        f"{hits['prefix_queries']}, local 0, external {full}")
-    inconsistent = {f.detail.split(" ")[0]: f.detail for f in findings
-                    if f.code == "assertion-inconsistent" and f.target == rid}  # fmt: skip
+        f"{hits['prefix_queries']}, local 0, external {full}"
+    )
+    inconsistent = {
+        f.detail.split(" ")[0]: f.detail
+        for f in findings
+        if f.code == "assertion-inconsistent" and f.target == rid
+    }
     shareable = _of(envs, "assertion.evaluated", rid, check="full_prefix_hit")["data"]["expected"]
     assert inconsistent["full_prefix_hit"] == (
         f"full_prefix_hit recorded passed (expected {shareable}, observed {full}); its observations give "
-        f"failed (expected {shareable}, observed {full // 3})")
+        f"failed (expected {shareable}, observed {full // 3})"
+    )
     assert "counters_match recorded passed" in inconsistent["counters_match"]
     assert f"hit {full // 3} external" in _one(findings, "missing-full-prefix-hit", rid).detail
 
@@ -261,8 +301,13 @@ def test_cutting_recorded_external_hits_to_a_third_is_found(sim: Sim, found: Any
 def test_a_hand_edited_verdict_is_inconsistent(sim: Sim, found: Any) -> None:
     """A failing check (corrupt transfer) edited to say passed."""
     envs = sim.fault("--param", "sim_fault=corrupt-transfer")
-    edited = next(e for e in envs if e["kind"] == "assertion.evaluated" and not e["data"]["passed"]
-                  and e["data"]["check"] == "matches_cold_reference")  # fmt: skip
+    edited = next(
+        e
+        for e in envs
+        if e["kind"] == "assertion.evaluated"
+        and not e["data"]["passed"]
+        and e["data"]["check"] == "matches_cold_reference"
+    )
     edited["data"]["passed"] = True
     rid = edited["data"]["request_id"]
     findings = found(envs)
@@ -286,8 +331,10 @@ def test_an_exact_value_check_against_another_expectation_is_inconsistent(sim: S
     # the fixture; the recorded expectation and values do not.
     values = orjson.dumps(_fixture(envs, check)["data"]["expected"], option=orjson.OPT_SORT_KEYS).decode()
     answer = _of(envs, "response.received", check["data"]["request_id"])["data"]["output_text_prefix"]
-    assert detail.endswith(f"its observations give passed (expected {values}, observed {answer}) — the "
-                           "recorded expectation is not its fixture's")
+    assert detail.endswith(
+        f"its observations give passed (expected {values}, observed {answer}) — the "
+        "recorded expectation is not its fixture's"
+    )
 
 
 # --- flaws no fault makes: edited envelopes or appended events ----------------------------------------
@@ -299,10 +346,16 @@ def test_unpaired_request(sim: Sim, found: Any) -> None:
     off = _request(envs, "OFF", "local1")["data"]
     on = _request(envs, "ON", "local1")
     gone = off["request_id"]
-    kept = [e for e in envs if e["data"].get("request_id") != gone
-            and e["data"].get("reference_request_id") != gone]  # fmt: skip
-    on_ids = {e["data"]["request_id"] for e in kept if e["kind"] == "request.sent"
-              and e["block_id"] == on["block_id"] and e["data"]["step"] == "local1"}  # fmt: skip
+    kept = [
+        e
+        for e in envs
+        if e["data"].get("request_id") != gone and e["data"].get("reference_request_id") != gone
+    ]
+    on_ids = {
+        e["data"]["request_id"]
+        for e in kept
+        if e["kind"] == "request.sent" and e["block_id"] == on["block_id"] and e["data"]["step"] == "local1"
+    }
     findings = found(kept)
     unpaired = _one(findings, "unpaired-request")
     assert unpaired.target in on_ids and "ON request" in unpaired.detail
@@ -315,8 +368,10 @@ def test_pair_mismatches(sim: Sim, found: Any) -> None:
     payload["payload_sha256"] = "0" * 64
     gpu["gpu"] = {"index": 7, "name": "sim", "uuid": None}
     findings = found(envs)
-    assert f"payload differs from OFF partner {payload['request_id']}" in _one(
-        findings, "pair-payload-mismatch").detail
+    assert (
+        f"payload differs from OFF partner {payload['request_id']}"
+        in _one(findings, "pair-payload-mismatch").detail
+    )
     mismatch = _one(findings, "pair-gpu-mismatch")
     assert f"target GPU differs from OFF partner {gpu['request_id']}" in mismatch.detail
 
@@ -325,8 +380,11 @@ def test_pair_mismatches(sim: Sim, found: Any) -> None:
 def test_warmup_in_measurement(sim: Sim, found: Any) -> None:
     envs = sim.clean()
     session = _screening(envs, "session.finished")[0]
-    warmup = next(e["data"]["request_id"] for e in envs if e["kind"] == "request.sent"
-                  and e["block_id"] == session["block_id"] and e["data"]["warmup"])  # fmt: skip
+    warmup = next(
+        e["data"]["request_id"]
+        for e in envs
+        if e["kind"] == "request.sent" and e["block_id"] == session["block_id"] and e["data"]["warmup"]
+    )
     session["data"]["requests"].append(warmup)
     assert _one(found(envs), "warmup-in-measurement", warmup)
 
@@ -349,14 +407,31 @@ def test_appended_checkpoint_audits_and_exclusion(sim: Sim, found: Any, build_li
     ledger = build_lite(envs).ledger
     file = {"name": "model.safetensors", "bytes": 10, "sha256": "a" * 64}
     audited = {"stable": True, "missing": []}
-    ledger.append_many([
-        NewEvent("checkpoint.audited", {**audited, "path": "/models/bad", "revision": "r1", "matched": False,
-                                        "files": [{**file, "expected_sha256": "b" * 64}]}, run_id),
-        NewEvent("checkpoint.audited", {**audited, "path": "/models/bare", "revision": None, "matched": None,
-                                        "files": [file]}, run_id),
-        NewEvent("exclusion.declared", {"scope": "block", "target": block, "reason": "host maintenance"},
-                 run_id),
-    ])  # fmt: skip
+    ledger.append_many(
+        [
+            NewEvent(
+                "checkpoint.audited",
+                {
+                    **audited,
+                    "path": "/models/bad",
+                    "revision": "r1",
+                    "matched": False,
+                    "files": [{**file, "expected_sha256": "b" * 64}],
+                },
+                run_id,
+            ),
+            NewEvent(
+                "checkpoint.audited",
+                {**audited, "path": "/models/bare", "revision": None, "matched": None, "files": [file]},
+                run_id,
+            ),
+            NewEvent(
+                "exclusion.declared",
+                {"scope": "block", "target": block, "reason": "host maintenance"},
+                run_id,
+            ),
+        ]
+    )
     src = open_source(ledger)
     try:
         findings = audit(src)
@@ -387,8 +462,11 @@ def test_every_branch_of_provenance_missing(sim: Sim, found: Any, branch: str) -
 @plants("validation-missing")
 def test_screening_without_a_validation_run(sim: Sim, found: Any) -> None:
     envs = copy.deepcopy(sim.screening)
-    config = next(e["data"]["config_sha256"] for e in envs if e["kind"] == "deployment.launched"
-                  and _arms(envs)[e["block_id"]] == "ON")  # fmt: skip
+    config = next(
+        e["data"]["config_sha256"]
+        for e in envs
+        if e["kind"] == "deployment.launched" and _arms(envs)[e["block_id"]] == "ON"
+    )
     assert "service regression" in _one(found(envs), "validation-missing", config).detail
 
 
@@ -434,7 +512,7 @@ def test_blocks_not_restarted(sim: Sim, found: Any) -> None:
 @plants("ttft-method-mixed")
 def test_ttft_dated_by_different_methods(sim: Sim, found: Any) -> None:
     # Two real runs, the second choosing httpx: each uniform, the ledger-wide table mixed.
-    other = sim.fault("--param", "ttft_method=httpx-read")[len(sim.validation):]
+    other = sim.fault("--param", "ttft_method=httpx-read")[len(sim.validation) :]
     envs = sim.clean() + other
     assert {e["data"]["ttft_method"] for e in other if e["kind"] == "response.received"} == {"httpx-read"}
     runs = _one(found(envs), "ttft-method-mixed", "runs")
@@ -472,10 +550,14 @@ def test_an_on_config_on_the_lazy_allocator_whose_helper_probe_failed(sim: Sim, 
     envs = sim.clean()
     on = [e for e in _screening(envs, "deployment.launched") if _arms(envs)[e["block_id"]] == "ON"]
     for launch in on:  # as the vllm target records a GPU-path LMCache launch on its lazy allocator
-        launch["data"].update(transfer_path="gpu", lmcache_version=LMCACHE_VERSION, lmcache_allocator="lazy",
-                              lmcache_ops=False)
-    detail = _one(found(envs + _probe_run(Generator.helper_probes)), "helper-probe-failed",
-                  on[0]["data"]["config_sha256"]).detail
+        launch["data"].update(
+            transfer_path="gpu", lmcache_version=LMCACHE_VERSION, lmcache_allocator="lazy", lmcache_ops=False
+        )
+    detail = _one(
+        found(envs + _probe_run(Generator.helper_probes)),
+        "helper-probe-failed",
+        on[0]["data"]["config_sha256"],
+    ).detail
     assert detail.startswith(f"lazy allocator on LMCache {LMCACHE_VERSION}: ") and "failed" in detail
 
 
@@ -483,8 +565,10 @@ def test_an_on_config_on_the_lazy_allocator_whose_helper_probe_failed(sim: Sim, 
 def test_an_edited_row_breaks_the_chain(sim: Sim, build_lite: Any, sqlite_url: str) -> None:
     src = build_lite(sim.clean())
     seq = src.scalar("SELECT min(seq) FROM events WHERE kind = 'hits.observed'")
-    tamper_sqlite(sqlite_url, [f"UPDATE events SET data = replace(data, '\"replica\":', '\"replica\": ') "
-                               f"WHERE seq = {seq}"])  # fmt: skip
+    tamper_sqlite(
+        sqlite_url,
+        [f"UPDATE events SET data = replace(data, '\"replica\":', '\"replica\": ') WHERE seq = {seq}"],
+    )
     assert _one(audit(src), "chain-broken", str(seq))
 
 
@@ -493,8 +577,11 @@ def test_a_tampered_snapshot_file(sim: Sim, build_lite: Any, tmp_path: Path) -> 
     ledger = build_lite(sim.clean()).ledger
     root = tmp_path / "snapshots"
     open_source(ledger, root).close()
-    target = next(p for p in sorted(root.rglob("*.parquet")) if "projection" in str(p)
-                  and "ttft_s" in pq.read_schema(p).names)  # fmt: skip
+    target = next(
+        p
+        for p in sorted(root.rglob("*.parquet"))
+        if "projection" in str(p) and "ttft_s" in pq.read_schema(p).names
+    )
     table = pq.read_table(target)
     column = table.schema.get_field_index("ttft_s")
     halved = table.set_column(column, "ttft_s", pc.multiply(table.column("ttft_s"), 0.5))

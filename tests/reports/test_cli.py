@@ -75,8 +75,16 @@ def test_audit_terminal_groups_repeated_codes_and_json_keeps_every_instance(sqli
     url, events = _ledger(sqlite_url)
     requests = [e["data"]["request_id"] for e in events if e["kind"] == "request.sent"][:5]
     led = open_ledger(url)
-    led.append_many([NewEvent("exclusion.declared", {"scope": "request", "target": r, "reason": f"r{i}"},
-                              run_id=events[0]["run_id"]) for i, r in enumerate(requests)])  # fmt: skip
+    led.append_many(
+        [
+            NewEvent(
+                "exclusion.declared",
+                {"scope": "request", "target": r, "reason": f"r{i}"},
+                run_id=events[0]["run_id"],
+            )
+            for i, r in enumerate(requests)
+        ]
+    )
     led.close()
     every = json.loads(_run("audit", "--db", url, "--json").stdout)["findings"]
     declared = [f for f in every if f["code"] == "declared-exclusion"]
@@ -91,17 +99,24 @@ def test_audit_terminal_groups_repeated_codes_and_json_keeps_every_instance(sqli
 def _keys(tmp_path: Path) -> tuple[Path, Path]:
     key = Ed25519PrivateKey.generate()
     priv, pub = tmp_path / "key.pem", tmp_path / "key.pub.pem"
-    priv.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                       serialization.NoEncryption()))
-    pub.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                  serialization.PublicFormat.SubjectPublicKeyInfo))
+    priv.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    pub.write_bytes(
+        key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
     return priv, pub
 
 
 def test_attest_sign_and_verify(sqlite_url: str, tmp_path: Path) -> None:
     url, events = _ledger(sqlite_url)
-    run_id = next(e["run_id"] for e in events if e["kind"] == "run.started"
-                  and e["data"]["experiment"] == "screening")
+    run_id = next(
+        e["run_id"] for e in events if e["kind"] == "run.started" and e["data"]["experiment"] == "screening"
+    )
     priv, pub = _keys(tmp_path)
     out = tmp_path / "att" / "statement.json"
     made = _run("attest", "--db", url, "--run", run_id, "--out", str(out), "--key", str(priv))
@@ -114,8 +129,9 @@ def test_attest_sign_and_verify(sqlite_url: str, tmp_path: Path) -> None:
     pred = statement["predicate"]
     assert pred["ledger"]["head"]["seq"] == len(events) and pred["run_ids"] == [run_id]
     assert pred["audit"]["publishable"] is True and pred["configs"]
-    ok = _run("attest", "--db", url, "--verify", str(out), "--pubkey", str(pub),
-              "--report-dir", str(out.parent))
+    ok = _run(
+        "attest", "--db", url, "--verify", str(out), "--pubkey", str(pub), "--report-dir", str(out.parent)
+    )
     assert ok.exit_code == 0, ok.output
     # The ledger grows: the statement still verifies at its attested head.
     led = open_ledger(url)
@@ -127,8 +143,12 @@ def test_attest_sign_and_verify(sqlite_url: str, tmp_path: Path) -> None:
     _, other = _keys(tmp_path / "other")
     assert _run("attest", "--db", url, "--verify", str(out), "--pubkey", str(other)).exit_code == 1
     (out.parent / "report.md").write_text("edited")
-    assert _run("attest", "--db", url, "--verify", str(out), "--pubkey", str(pub),
-                "--report-dir", str(out.parent)).exit_code == 1
+    assert (
+        _run(
+            "attest", "--db", url, "--verify", str(out), "--pubkey", str(pub), "--report-dir", str(out.parent)
+        ).exit_code
+        == 1
+    )
 
 
 def test_attest_unsigned_detects_a_different_ledger(sqlite_url: str, tmp_path: Path) -> None:
@@ -150,15 +170,21 @@ def test_help_has_an_example(command: str) -> None:
 
 def test_attest_verify_fails_on_a_tampered_ledger(sqlite_url: str, tmp_path: Path) -> None:
     url, events = _ledger(sqlite_url)
-    run_id = next(e["run_id"] for e in events if e["kind"] == "run.started"
-                  and e["data"]["experiment"] == "screening")
+    run_id = next(
+        e["run_id"] for e in events if e["kind"] == "run.started" and e["data"]["experiment"] == "screening"
+    )
     out = tmp_path / "s.json"
     assert _run("attest", "--db", url, "--run", run_id, "--out", str(out)).exit_code == 0
     assert _run("attest", "--db", url, "--verify", str(out)).exit_code == 0  # the snapshot is now warm
     # Edit one stored note-like event the report does not read: only the chain can tell.
-    tamper_sqlite(url, ["UPDATE events SET data = replace(data, '\"phase\":\"before\"', "
-                        "'\"phase\":\"after\"') "
-                        "WHERE seq = (SELECT min(seq) FROM events WHERE kind = 'metrics.scraped')"])
+    tamper_sqlite(
+        url,
+        [
+            'UPDATE events SET data = replace(data, \'"phase":"before"\', '
+            '\'"phase":"after"\') '
+            "WHERE seq = (SELECT min(seq) FROM events WHERE kind = 'metrics.scraped')"
+        ],
+    )
     result = _run("attest", "--db", url, "--verify", str(out))
     assert result.exit_code == 1
     assert "hash chain does not verify" in result.output

@@ -130,8 +130,10 @@ def test_replicas_ran_on_the_recorded_devices(study: Study) -> None:
     for block_id, replicas in by_block.items():
         assert sorted(replicas) == [0, 1]
         if device == "cpu":
-            assert all(r["gpu"] is None and r["device"] == "cpu" and r["transfer_path"] == "cpu"
-                       for r in replicas.values())  # fmt: skip
+            assert all(
+                r["gpu"] is None and r["device"] == "cpu" and r["transfer_path"] == "cpu"
+                for r in replicas.values()
+            )
             continue
         uuids = [replicas[i]["gpu"]["uuid"] for i in (0, 1)]
         assert all(u and u.startswith("GPU-") for u in uuids) and uuids[0] != uuids[1], uuids
@@ -159,7 +161,7 @@ def _requests(study: Study) -> list[dict[str, Any]]:
 
 def test_off_blocks_saw_no_external_hits(study: Study) -> None:
     rows = study.sql("""SELECT b.arm, h.external_hit_tokens FROM hits_observed h
-                        JOIN block_started b USING (block_id)""")  # fmt: skip
+                        JOIN block_started b USING (block_id)""")
     off = [r for r in rows if r["arm"] == "OFF"]
     assert off and all(r["external_hit_tokens"] == 0 for r in off)
     assert sum(r["external_hit_tokens"] or 0 for r in rows if r["arm"] == "ON") > 0
@@ -167,8 +169,9 @@ def test_off_blocks_saw_no_external_hits(study: Study) -> None:
 
 def test_on_cross_steps_hit_the_whole_shareable_prefix(study: Study) -> None:
     chunk = study.spec["chunk_size"]
-    cross = [r for r in _requests(study) if r["arm"] == "ON" and r["workload"] == "micro"
-             and r["step"] == "cross"]  # fmt: skip
+    cross = [
+        r for r in _requests(study) if r["arm"] == "ON" and r["workload"] == "micro" and r["step"] == "cross"
+    ]
     sizes = study.spec["screening_params"]["sizes"]
     assert sorted({r["nominal_tokens"] for r in cross}) == sorted(sizes)
     for r in cross:
@@ -191,8 +194,10 @@ def test_cold_steps_saw_no_hits(study: Study) -> None:
     # its block (namespace-leak), so no comparison reads them.
     assert hit and all(r["local_hit_tokens"] == 0 for r in hit)
     chunk = study.spec["chunk_size"]
-    assert all(0 < r["external_hit_tokens"] < r["prompt_tokens"] and r["external_hit_tokens"] % chunk == 0
-               for r in hit)  # fmt: skip
+    assert all(
+        0 < r["external_hit_tokens"] < r["prompt_tokens"] and r["external_hit_tokens"] % chunk == 0
+        for r in hit
+    )
     leaks = [f for f in study.findings() if f["code"] == "namespace-leak"]
     assert {f["target"] for f in leaks} == {r["request_id"] for r in hit}
     assert {f["block_id"] for f in leaks} == {r["block_id"] for r in hit}

@@ -37,8 +37,11 @@ def test_figure_4_and_paired_plot_are_labelled(build_lite: Any) -> None:
     texts = _texts(figure_sessions(report["tables"]["sessions"]))
     assert texts.count("OFF") == texts.count("ON") == 1
     assert {"32k-token start", "128k-token start"} <= set(texts)
-    changes = {r["placement"]: r["mean_change_pct"] for r in report["tables"]["sessions"]
-               if r["nominal_tokens"] == 131072}
+    changes = {
+        r["placement"]: r["mean_change_pct"]
+        for r in report["tables"]["sessions"]
+        if r["nominal_tokens"] == 131072
+    }
     assert f"ON vs OFF {changes['alternating']:+.1f}%" in texts
     paired = _texts(figure_paired(report["tables"]["ttft"]))
     assert {"block pair 0", "block pair 1"} <= set(paired)
@@ -55,11 +58,19 @@ def test_figure_ids_are_unique_per_run(build_lite: Any) -> None:
 
 def test_a_sessions_only_run_still_gets_figure_4(build_lite: Any) -> None:
     events, _ = generate()
-    no_micro = {e["data"]["request_id"] for e in events
-                if e["kind"] == "request.sent" and e["data"]["workload"] == "micro"}
-    kept = [e for e in events if not (e["kind"] in ("request.sent", "response.received", "hits.observed",
-                                                     "assertion.evaluated")
-                                      and e["data"].get("request_id") in no_micro)]
+    no_micro = {
+        e["data"]["request_id"]
+        for e in events
+        if e["kind"] == "request.sent" and e["data"]["workload"] == "micro"
+    }
+    kept = [
+        e
+        for e in events
+        if not (
+            e["kind"] in ("request.sent", "response.received", "hits.observed", "assertion.evaluated")
+            and e["data"].get("request_id") in no_micro
+        )
+    ]
     page = to_html(derive_report(build_lite(kept)))
     ids = re.findall(r"id='(fig-[a-z]+)-", page)
     assert ids == ["fig-sessions"]

@@ -16,9 +16,21 @@ from . import _oracle
 
 @pytest.mark.parametrize(
     ("tokens", "label"),
-    [(8000, "8k"), (32000, "32k"), (128000, "128k"), (256000, "256k"),  # the screening's sizes
-     (8192, "8k"), (32768, "32k"), (131072, "128k"), (262144, "256k"),  # powers of two
-     (1000, "1k"), (2000, "2k"), (1055, "1055"), (500, "500"), (None, "–")],
+    [
+        (8000, "8k"),
+        (32000, "32k"),
+        (128000, "128k"),
+        (256000, "256k"),  # the screening's sizes
+        (8192, "8k"),
+        (32768, "32k"),
+        (131072, "128k"),
+        (262144, "256k"),  # powers of two
+        (1000, "1k"),
+        (2000, "2k"),
+        (1055, "1055"),
+        (500, "500"),
+        (None, "–"),
+    ],
 )
 def test_size_labels(tokens: int | None, label: str) -> None:
     assert size(tokens) == label
@@ -53,9 +65,11 @@ def test_gpu_layers_not_applicable_off_gpu_paths(build_lite: Any, path: str) -> 
     assert layers["service regression"]["status"] == "pass"
     (cfg,) = report["tables"]["validation"]["configs"]
     assert cfg["layers"] == {
-        "service regression": "pass", "byte probes (copy ordering)": "not applicable",
-        "runtime helpers (LMCache)": "not applicable", "pinned allocation": "not applicable",
-    }  # fmt: skip
+        "service regression": "pass",
+        "byte probes (copy ordering)": "not applicable",
+        "runtime helpers (LMCache)": "not applicable",
+        "pinned allocation": "not applicable",
+    }
     assert cfg["passed"] and cfg["missing"] == []
     md = to_markdown(report)
     applies = "transfer_path gpu (LMCache's pool: same LMCache version)"
@@ -66,8 +80,11 @@ def test_gpu_layers_not_applicable_off_gpu_paths(build_lite: Any, path: str) -> 
 
 def test_gpu_path_without_probes_is_missing_in_table_and_audit(build_lite: Any) -> None:
     events, _ = generate(shape=Shape(target="vllm", transfer_path="gpu"))
-    probe_runs = {e["run_id"] for e in events
-                  if e["kind"] == "run.started" and e["data"]["experiment"].startswith("probe.")}
+    probe_runs = {
+        e["run_id"]
+        for e in events
+        if e["kind"] == "run.started" and e["data"]["experiment"].startswith("probe.")
+    }
     src = build_lite([e for e in events if e["run_id"] not in probe_runs])
     report = derive_report(src)
     layers = _layers(report)
@@ -154,8 +171,13 @@ def test_decode_pair_without_on_rate_is_skipped(build_lite: Any) -> None:
     events, _ = generate()
     events = copy.deepcopy(events)
     on_blocks = {e["block_id"] for e in events if e["kind"] == "block.started" and e["data"]["arm"] == "ON"}
-    gen_ids = {e["data"]["request_id"] for e in events if e["kind"] == "request.sent"
-               and e["data"]["workload"] == "generation" and e["block_id"] in on_blocks}
+    gen_ids = {
+        e["data"]["request_id"]
+        for e in events
+        if e["kind"] == "request.sent"
+        and e["data"]["workload"] == "generation"
+        and e["block_id"] in on_blocks
+    }
     victim = None
     for e in events:
         if e["kind"] == "response.received" and e["data"]["request_id"] in gen_ids:
@@ -171,11 +193,18 @@ def test_decode_pair_without_on_rate_is_skipped(build_lite: Any) -> None:
 def test_generation_pairs_by_output_length_not_by_send_order(build_lite: Any) -> None:
     events, _ = generate()
     events = copy.deepcopy(events)
-    on_block = next(e["block_id"] for e in events
-                    if e["kind"] == "block.started" and e["data"]["arm"] == "ON")
-    idx = [i for i, e in enumerate(events) if e["kind"] == "request.sent" and e["block_id"] == on_block
-           and e["data"]["workload"] == "generation" and e["data"]["nominal_tokens"] == 8192
-           and e["data"]["step"] == "cold"]
+    on_block = next(
+        e["block_id"] for e in events if e["kind"] == "block.started" and e["data"]["arm"] == "ON"
+    )
+    idx = [
+        i
+        for i, e in enumerate(events)
+        if e["kind"] == "request.sent"
+        and e["block_id"] == on_block
+        and e["data"]["workload"] == "generation"
+        and e["data"]["nominal_tokens"] == 8192
+        and e["data"]["step"] == "cold"
+    ]
     assert [events[i]["data"]["params"]["max_tokens"] for i in idx] == [512, 2048]
     events[idx[0]], events[idx[1]] = events[idx[1]], events[idx[0]]  # this block sent 2048 first
     report = derive_report(build_lite(events))
@@ -204,18 +233,32 @@ def test_tables_sort_sizes_and_lengths_numerically(build_lite: Any) -> None:
 
 
 def _declare(events: list[dict[str, Any]], scope: str, target: str, reason: str) -> list[dict[str, Any]]:
-    run_id = next(e["run_id"] for e in events if e["kind"] == "run.started"
-                  and e["data"]["experiment"] == "screening")
-    return [*events, {"id": "0190f000-0000-7000-8000-0000000000aa", "ts": "2026-09-20T00:00:00.000000Z",
-                      "kind": "exclusion.declared", "run_id": run_id, "block_id": None,
-                      "data": {"scope": scope, "target": target, "reason": reason}}]
+    run_id = next(
+        e["run_id"] for e in events if e["kind"] == "run.started" and e["data"]["experiment"] == "screening"
+    )
+    return [
+        *events,
+        {
+            "id": "0190f000-0000-7000-8000-0000000000aa",
+            "ts": "2026-09-20T00:00:00.000000Z",
+            "kind": "exclusion.declared",
+            "run_id": run_id,
+            "block_id": None,
+            "data": {"scope": scope, "target": target, "reason": reason},
+        },
+    ]
 
 
 def test_declared_request_exclusion_drops_its_pair_and_says_why(build_lite: Any) -> None:
     events, _ = generate()
-    victim = next(e["data"]["request_id"] for e in events if e["kind"] == "request.sent"
-                  and e["data"]["workload"] == "micro" and e["data"]["step"] == "cross"
-                  and not e["data"]["warmup"])
+    victim = next(
+        e["data"]["request_id"]
+        for e in events
+        if e["kind"] == "request.sent"
+        and e["data"]["workload"] == "micro"
+        and e["data"]["step"] == "cross"
+        and not e["data"]["warmup"]
+    )
     report = derive_report(build_lite(_declare(events, "request", victim, "operator typo in payload")))
     assert report["accounting"]["measured"] == 767 and report["accounting"]["pairs"] == 383
     assert report["pairing"]["counts"] == {"excluded": 1, "matched": 383}
@@ -225,8 +268,9 @@ def test_declared_request_exclusion_drops_its_pair_and_says_why(build_lite: Any)
 
 def test_declared_run_exclusion_excludes_every_block(build_lite: Any) -> None:
     events, _ = generate()
-    run_id = next(e["run_id"] for e in events if e["kind"] == "run.started"
-                  and e["data"]["experiment"] == "screening")
+    run_id = next(
+        e["run_id"] for e in events if e["kind"] == "run.started" and e["data"]["experiment"] == "screening"
+    )
     src = build_lite(_declare(events, "run", run_id, "host was not isolated"))
     report = derive_report(src)
     assert len(report["accounting"]["excluded_blocks"]) == 4 and report["accounting"]["measured"] == 0

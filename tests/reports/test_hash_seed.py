@@ -8,8 +8,18 @@ from reports import audit, open_source
 
 from .._cli import ledger_cli
 
-SMALL = ["--param", "size=2000", "--param", "reverse_size=1000", "--param", "session_size=1000",
-         "--param", "sessions=1", "--param", "session_turns=1"]  # fmt: skip
+SMALL = [
+    "--param",
+    "size=2000",
+    "--param",
+    "reverse_size=1000",
+    "--param",
+    "session_size=1000",
+    "--param",
+    "sessions=1",
+    "--param",
+    "session_turns=1",
+]
 
 
 def _validation(tmp_path: Path, name: str, *extra: str) -> list[dict[str, object]]:

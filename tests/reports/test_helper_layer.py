@@ -52,7 +52,11 @@ def test_mixed_config_passes_although_the_lazy_path_fails(build_lite: Any) -> No
     assert cfg["layers"][HELPERS] == PASS and cfg["layers"][PINNED] == PASS and cfg["passed"]
     layers = {x["layer"]: x for x in report["tables"]["validation"]["layers"]}
     assert [x["layer"] for x in report["tables"]["validation"]["layers"]] == [
-        "byte probes (copy ordering)", HELPERS, PINNED, "service regression"]  # fmt: skip
+        "byte probes (copy ordering)",
+        HELPERS,
+        PINNED,
+        "service regression",
+    ]
     helpers = layers[HELPERS]
     lazy = [p for p in helpers["paths"] if p["allocator"] == "lazy" and p["delayed"]]
     assert lazy and all(p["failed"] == p["checks"] > 0 for p in lazy)  # shown: the diagnosis
@@ -142,9 +146,18 @@ def test_tolerance() -> None:
 
 
 def _row(conf: str | None, reserved: int | None, **extra: Any) -> dict[str, Any]:
-    row = {"run_id": "r", "source": "lmcache pool", "lmcache_version": "0.5.3", "with_ops": False,
-           "bytes_requested": GIB + 4096, "bytes_reserved": reserved, "is_pinned": reserved is not None,
-           "error": None, "failed_at": None, "alloc_conf": conf}  # fmt: skip
+    row = {
+        "run_id": "r",
+        "source": "lmcache pool",
+        "lmcache_version": "0.5.3",
+        "with_ops": False,
+        "bytes_requested": GIB + 4096,
+        "bytes_reserved": reserved,
+        "is_pinned": reserved is not None,
+        "error": None,
+        "failed_at": None,
+        "alloc_conf": conf,
+    }
     row.update(extra)
     return row
 
@@ -155,8 +168,14 @@ def _row(conf: str | None, reserved: int | None, **extra: Any) -> dict[str, Any]
         ([_row(None, GIB + 8192)], True, None),
         ([_row(None, 2 * GIB), _row("A", GIB + 8192)], True, "A"),
         ([_row(None, 2 * GIB), _row("A", 2 * GIB)], False, None),
-        ([_row(None, 2 * GIB), _row("B", None, error="ValueError: Unrecognized key", failed_at="cuda-init")],
-         False, None),
+        (
+            [
+                _row(None, 2 * GIB),
+                _row("B", None, error="ValueError: Unrecognized key", failed_at="cuda-init"),
+            ],
+            False,
+            None,
+        ),
         ([_row(None, GIB + 8192, is_pinned=False)], False, None),  # pageable is not pinned
     ],
     ids=["unmitigated", "mitigated", "setting-does-not-help", "setting-refused", "not-pinned"],
@@ -176,8 +195,11 @@ def test_the_vllm_targets_lmcache_record_is_read(build_lite: Any) -> None:
         if e["kind"] == "deployment.launched" and e["data"].get("lmcache_version"):
             for key in ("lmcache_version", "lmcache_allocator", "lmcache_ops"):
                 e["data"].pop(key)
-            e["data"]["lmcache"] = {"mode": "remote", "version": "0.5.3",
-                                    "allocator": {"requested": None, "in_use": "mixed"}}  # fmt: skip
+            e["data"]["lmcache"] = {
+                "mode": "remote",
+                "version": "0.5.3",
+                "allocator": {"requested": None, "in_use": "mixed"},
+            }
     cfg = _config(build_lite(events))
     assert (cfg["lmcache_version"], cfg["lmcache_allocator"], cfg["lmcache_ops"]) == ("0.5.3", "mixed", None)
     assert cfg["layers"][HELPERS] == PASS

@@ -35,8 +35,11 @@ def records() -> list[dict[str, Any]]:
 def _screening_with(records: list[dict[str, Any]], lmcache: dict[str, Any]) -> list[dict[str, Any]]:
     """The synthetic GPU screening without its probe runs, its ON launches naming ``lmcache``."""
     synthetic, _ = generate(shape=Shape(target="vllm", transfer_path="gpu"))
-    probe_runs = {e["run_id"] for e in synthetic if e["kind"] == "run.started"
-                  and e["data"]["experiment"].startswith("probe.")}  # fmt: skip
+    probe_runs = {
+        e["run_id"]
+        for e in synthetic
+        if e["kind"] == "run.started" and e["data"]["experiment"].startswith("probe.")
+    }
     events = [*records, *(e for e in synthetic if e["run_id"] not in probe_runs)]
     for e in events:
         if e["kind"] == "deployment.launched" and e["data"].get("lmcache_version"):
@@ -69,8 +72,11 @@ def test_coverage_of_a_gpu_config_from_these_records(
     cfg, findings = _coverage(build_lite, _screening_with(records, flat))
     helper, pinned = EXPECTED[(allocator, ops)]
     # The expectation follows from the records: some check of the paths this config names failed.
-    fails = any(not d["passed"] for d in checks_of(records)
-                if d["allocator"] == allocator and (ops is None or d["with_ops"] == ops))  # fmt: skip
+    fails = any(
+        not d["passed"]
+        for d in checks_of(records)
+        if d["allocator"] == allocator and (ops is None or d["with_ops"] == ops)
+    )
     assert (helper == "failed") is fails
     assert (cfg["layers"][HELPER_LAYER], cfg["layers"][PINNED]) == (helper, pinned), cfg
     assert ("helper-probe-failed" in findings) is (allocator == "lazy" and fails)
@@ -132,8 +138,9 @@ def test_the_committed_gpu_study_with_these_records(build_lite: Any, records: li
     src = build_lite([*torch_level, *records, *study])
     configs = derive_report(src)["tables"]["validation"]["configs"]
     launched = [e["data"] for e in study if e["kind"] == "deployment.launched" and e["data"].get("lmcache")]
-    named = {(d["lmcache"]["version"], d["lmcache"]["allocator"]["in_use"], d["transfer_path"])
-             for d in launched}  # fmt: skip
+    named = {
+        (d["lmcache"]["version"], d["lmcache"]["allocator"]["in_use"], d["transfer_path"]) for d in launched
+    }
     assert named == {("0.5.3", "mixed", "gpu")} and not any("ops" in d["lmcache"] for d in launched)
     (cfg,) = configs
     assert cfg["config_sha256"] == launched[0]["config_sha256"]
@@ -141,8 +148,11 @@ def test_the_committed_gpu_study_with_these_records(build_lite: Any, records: li
     assert cfg["layers"]["byte probes (copy ordering)"] == "pass"
     assert cfg["layers"][HELPER_LAYER] == "pass"
     assert cfg["layers"][PINNED] == "failed"  # ops not named: LMCache's pool without them counts, and rounds
-    validation = [e["data"] for e in study if e["kind"] == "assertion.evaluated"
-                  and e["data"].get("config_sha256") == cfg["config_sha256"]]  # fmt: skip
+    validation = [
+        e["data"]
+        for e in study
+        if e["kind"] == "assertion.evaluated" and e["data"].get("config_sha256") == cfg["config_sha256"]
+    ]
     assert validation and any(not d["passed"] for d in validation)
     assert cfg["layers"][SERVICE] == "missing"  # its validation run failed assertions
     findings = audit(src)

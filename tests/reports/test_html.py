@@ -35,7 +35,7 @@ def test_html_renders_figures_in_headless_chromium(build_lite: Any, tmp_path: Pa
 
 def test_the_checker_sees_console_errors(tmp_path: Path) -> None:
     page = tmp_path / "bad.html"
-    page.write_text("<!DOCTYPE html><title>bad</title><script>console.error('boom')</script>",
-                    encoding="utf-8")
+    page.write_text(
+        "<!DOCTYPE html><title>bad</title><script>console.error('boom')</script>", encoding="utf-8"
+    )
     assert inspect_page(page, "svg")["errors"]
-

@@ -30,8 +30,9 @@ def test_layers_from_real_probes(build_lite: Any) -> None:
     copy, pinned = layers["byte probes (copy ordering)"], layers["pinned allocation"]
     raw_delayed = [c for c in copy["cells"] if c["method"] == "raw_fallback" and c["delayed"]]
     ordered = [c for c in copy["cells"] if c["method"] != "raw_fallback"]
-    expected_checks = sum(1 for r in records
-                          if r["kind"] == "probe.copy" and r["data"]["method"] != "raw_fallback")
+    expected_checks = sum(
+        1 for r in records if r["kind"] == "probe.copy" and r["data"]["method"] != "raw_fallback"
+    )
     assert copy["checks"] == expected_checks and copy["passed"] is True
     assert all(c["passed"] == c["checks"] for c in ordered)
     assert raw_delayed and all(c["passed"] < c["checks"] for c in raw_delayed)  # the seed's diagnosis
@@ -63,8 +64,11 @@ def test_layers_from_real_probes(build_lite: Any) -> None:
 def test_real_probes_do_not_validate_a_gpu_screening(build_lite: Any) -> None:
     synthetic, _ = generate(shape=Shape(target="vllm", transfer_path="gpu"))
     # Drop the synthetic probe runs: only the real records may speak for the GPU layers.
-    probe_runs = {e["run_id"] for e in synthetic if e["kind"] == "run.started"
-                  and e["data"]["experiment"].startswith("probe.")}
+    probe_runs = {
+        e["run_id"]
+        for e in synthetic
+        if e["kind"] == "run.started" and e["data"]["experiment"].startswith("probe.")
+    }
     events = _records() + [e for e in synthetic if e["run_id"] not in probe_runs]
     src = build_lite(events)
     (cfg,) = derive_report(src)["tables"]["validation"]["configs"]

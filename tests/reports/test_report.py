@@ -25,9 +25,17 @@ def test_accounting_matches_independent_derivation(build: Any, flaw: str | None)
 def test_clean_accounting_is_the_seed_screening(build_lite: Any) -> None:
     events, _ = generate()
     acc = derive_report(build_lite(events))["accounting"]
-    assert acc == {"measured": 768, "warmups": 24, "pairs": 384, "matched_pairs": 384,
-                   "exact_value_checks": 736, "exact_value_passed": 736, "forced_length_checks": 32,
-                   "not_independent": 448, "excluded_blocks": []}
+    assert acc == {
+        "measured": 768,
+        "warmups": 24,
+        "pairs": 384,
+        "matched_pairs": 384,
+        "exact_value_checks": 736,
+        "exact_value_passed": 736,
+        "forced_length_checks": 32,
+        "not_independent": 448,
+        "excluded_blocks": [],
+    }
 
 
 def test_ttft_table_matches_raw_responses(build_lite: Any) -> None:
@@ -51,8 +59,11 @@ def test_namespace_leak_excludes_the_whole_block(build_lite: Any) -> None:
     events, planted = generate(flaws=Flaws(namespace_leak=True))
     block = planted["namespace_leak"]
     report = derive_report(build_lite(events))
-    per_block = sum(1 for e in events if e["kind"] == "request.sent" and e["block_id"] == block
-                    and not e["data"]["warmup"])
+    per_block = sum(
+        1
+        for e in events
+        if e["kind"] == "request.sent" and e["block_id"] == block and not e["data"]["warmup"]
+    )
     assert report["accounting"]["excluded_blocks"] == [block]
     assert report["accounting"]["measured"] == 768 - per_block
     (ex,) = report["exclusions"]
@@ -72,8 +83,12 @@ def test_declared_exclusion_shown_with_reason(build_lite: Any) -> None:
     events, planted = generate(flaws=Flaws(declared_exclusion=True))
     report = derive_report(build_lite(events))
     (ex,) = report["exclusions"]
-    assert ex == {"run_id": ex["run_id"], "block_id": planted["declared_exclusion"], "source": "declared",
-                  "reason": "host maintenance during block"}
+    assert ex == {
+        "run_id": ex["run_id"],
+        "block_id": planted["declared_exclusion"],
+        "source": "declared",
+        "reason": "host maintenance during block",
+    }
 
 
 def test_rank_tests_offered_only_with_six_block_pairs(build_lite: Any) -> None:
@@ -104,8 +119,9 @@ def test_json_and_markdown_are_byte_identical_across_derivations(build_lite: Any
 def test_run_scope_restricts_tables(build_lite: Any) -> None:
     events, _ = generate(screenings=2)
     src = build_lite(events)
-    runs = [e["run_id"] for e in events
-            if e["kind"] == "run.started" and e["data"]["experiment"] == "screening"]
+    runs = [
+        e["run_id"] for e in events if e["kind"] == "run.started" and e["data"]["experiment"] == "screening"
+    ]
     both = derive_report(src)
     one = derive_report(src, runs[1])
     assert both["accounting"]["measured"] == 2 * one["accounting"]["measured"] == 1536

@@ -66,8 +66,11 @@ def _write_state(folder: Path, state: dict[str, Any]) -> None:
 def _halve(path: Path, column: str | None = None) -> str:
     """Rewrite a Parquet file with one numeric column halved (its metadata kept); the column."""
     table = pq.read_table(path)
-    numeric = [f.name for f in table.schema if pa.types.is_floating(f.type) or
-               (pa.types.is_integer(f.type) and f.name != "seq")]
+    numeric = [
+        f.name
+        for f in table.schema
+        if pa.types.is_floating(f.type) or (pa.types.is_integer(f.type) and f.name != "seq")
+    ]
     name = column or (numeric[0] if numeric else None)
     if name is None:  # no number to halve: change a text instead
         name = next(f.name for f in table.schema if pa.types.is_string(f.type))
@@ -84,8 +87,10 @@ def _halve(path: Path, column: str | None = None) -> str:
 def _halve_ttft_in_raw(path: Path) -> None:
     """Halve ``ttft_s`` in the data of every response in a raw segment (the digests kept)."""
     table = pq.read_table(path)
-    data = [json.dumps({**d, "ttft_s": d["ttft_s"] / 2}) if "ttft_s" in d else text
-            for text, d in ((t, json.loads(t)) for t in table.column("data").to_pylist())]
+    data = [
+        json.dumps({**d, "ttft_s": d["ttft_s"] / 2}) if "ttft_s" in d else text
+        for text, d in ((t, json.loads(t)) for t in table.column("data").to_pylist())
+    ]
     table = table.set_column(table.schema.get_field_index("data"), "data", pa.array(data, pa.string()))
     pq.write_table(table, path, compression="zstd")
 
@@ -98,8 +103,9 @@ def _halve_ttft_at(name: str, folder: Path) -> None:
     _halve_ttft_in_raw(folder / name)
 
 
-def test_every_tampered_cache_file_is_rebuilt_and_named(ledger: Ledger, ledger_url: str,
-                                                        tmp_path: Path) -> None:
+def test_every_tampered_cache_file_is_rebuilt_and_named(
+    ledger: Ledger, ledger_url: str, tmp_path: Path
+) -> None:
     pristine = tmp_path / "snapshots"
     clean, clean_findings, folder = _derive(ledger, pristine)
     assert _mismatches(clean_findings) == []
@@ -133,6 +139,7 @@ def test_every_tampered_cache_file_is_rebuilt_and_named(ledger: Ledger, ledger_u
             s = _state(at)
             change(s)
             _write_state(at, s)
+
         return tamper
 
     # Each projection, one file at a time (each of the second segment, one of the first): a number
@@ -147,8 +154,14 @@ def test_every_tampered_cache_file_is_rebuilt_and_named(ledger: Ledger, ledger_u
     # The state file: a segment's digest, a projection file's digest, the order of the segments.
     first, second, projection = segments[0], segments[1], Path(projections[0])
     case(edit_state(lambda s: s["segments"][0].update(sha256="0" * 64)), first)
-    case(edit_state(lambda s: s["projections"][projection.parent.name.removeprefix("projection-")]["files"][
-        projection.name].update(sha256="0" * 64)), str(projection))
+    case(
+        edit_state(
+            lambda s: s["projections"][projection.parent.name.removeprefix("projection-")]["files"][
+                projection.name
+            ].update(sha256="0" * 64)
+        ),
+        str(projection),
+    )
     case(edit_state(lambda s: s["segments"].reverse()), second)
     # An extra segment listed after the last (a copy of it): it does not tile.
     extra = "events-999999999998-999999999999.parquet"
@@ -187,15 +200,17 @@ def test_plain_report_rebuilds_a_tampered_projection_quietly(ledger: Ledger, tmp
         src.close()
 
 
-def test_rows_that_failed_their_check_when_written_are_read_again(ledger: Ledger, ledger_url: str,
-                                                                 tmp_path: Path) -> None:
+def test_rows_that_failed_their_check_when_written_are_read_again(
+    ledger: Ledger, ledger_url: str, tmp_path: Path
+) -> None:
     """A row edited in the database, snapshotted, then restored: the segment was marked unproven
     when written, so it is never served again once the ledger is whole."""
     root = tmp_path / "snapshots"
     clean, _, folder = _derive(ledger, root)
     with ledger.engine.connect() as conn:
-        seq, data = conn.exec_driver_sql("SELECT seq, data FROM events WHERE kind = 'response.received' "
-                                         "ORDER BY seq DESC LIMIT 1").one()
+        seq, data = conn.exec_driver_sql(
+            "SELECT seq, data FROM events WHERE kind = 'response.received' ORDER BY seq DESC LIMIT 1"
+        ).one()
     tamper = tamper_sqlite if ledger_url.startswith("sqlite") else tamper_postgres
     forged = json.dumps({**json.loads(data), "ttft_s": 0.001}, separators=(",", ":"), sort_keys=True)
     shutil.rmtree(folder)
@@ -242,13 +257,17 @@ def test_verify_snapshot_finds_files_forged_with_their_digests(ledger: Ledger, l
     assert proof["files"] > 2 and proof["head_seq"] == ledger.head().seq  # type: ignore[union-attr]
     state = _state(folder)
     raw = folder / state["segments"][0]["name"]
-    (projection,) = [p for p in folder.glob("projection-*/*.parquet")
-                     if p.name == raw.name and "ttft_s" in pq.read_schema(p).names]
+    (projection,) = [
+        p
+        for p in folder.glob("projection-*/*.parquet")
+        if p.name == raw.name and "ttft_s" in pq.read_schema(p).names
+    ]
     _halve_ttft_in_raw(raw)
     _halve(projection, "ttft_s")
     state["segments"][0]["sha256"] = file_sha256(raw)
     state["projections"][projection.parent.name.removeprefix("projection-")]["files"][raw.name].update(
-        sha256=file_sha256(projection), **{"from": state["segments"][0]["sha256"]})
+        sha256=file_sha256(projection), **{"from": state["segments"][0]["sha256"]}
+    )
     _write_state(folder, state)
     result = ledger_cli("verify", "--db", ledger_url, "--snapshot", "--json")
     assert result.exit_code == 1
@@ -263,8 +282,9 @@ def test_verify_snapshot_finds_files_forged_with_their_digests(ledger: Ledger, l
     src.close()
     _halve(projection, "ttft_s")
     state = _state(folder)
-    state["projections"][projection.parent.name.removeprefix("projection-")]["files"][raw.name][
-        "sha256"] = file_sha256(projection)
+    state["projections"][projection.parent.name.removeprefix("projection-")]["files"][raw.name]["sha256"] = (
+        file_sha256(projection)
+    )
     _write_state(folder, state)
     text = ledger_cli("verify", "--db", ledger_url, "--snapshot")
     assert text.exit_code == 1 and "snapshot mismatch" in text.stdout and projection.name in text.stdout
@@ -307,7 +327,8 @@ def test_a_sim_run_attested_over_a_tampered_cache(tmp_path: Path) -> None:
 
 
 def test_state_naming_a_file_outside_the_snapshot_is_a_mismatch_and_touches_nothing(
-        ledger: Ledger, tmp_path: Path) -> None:
+    ledger: Ledger, tmp_path: Path
+) -> None:
     root = tmp_path / "snapshots"
     clean, _, folder = _derive(ledger, root)
     outside = root / "keep.parquet"

@@ -22,8 +22,9 @@ def test_views_md_is_generated_from_the_sql() -> None:
 
 
 def _sql(url: str, query: str) -> list[dict[str, object]]:
-    result = CliRunner().invoke(cli, ["sql", "--db", url, "--format", "json", with_clause(query)],
-                                catch_exceptions=False)
+    result = CliRunner().invoke(
+        cli, ["sql", "--db", url, "--format", "json", with_clause(query)], catch_exceptions=False
+    )
     assert result.exit_code == 0, result.output
     return [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
 
@@ -37,14 +38,22 @@ def test_ledger_sql_reproduces_report_numbers(sqlite_url: str) -> None:
     medians = _sql(sqlite_url, dict(EXAMPLES)["Table 3 medians (TTFT by size × locality × arm)"])
     for row in report["tables"]["ttft"]:
         for arm in ("ON", "OFF"):
-            (hand,) = [m for m in medians if (m["nominal_tokens"], m["locality"], m["arm"])
-                       == (row["nominal_tokens"], row["locality"], arm)]
+            (hand,) = [
+                m
+                for m in medians
+                if (m["nominal_tokens"], m["locality"], m["arm"])
+                == (row["nominal_tokens"], row["locality"], arm)
+            ]
             assert hand["median_ttft_s"] == pytest.approx(row["arms"][arm]["median"], abs=1e-6)
-    changes = _sql(sqlite_url, dict(EXAMPLES)[
-        "Table 3 paired change (mean of 100 × (ON/OFF − 1) over matched chains)"])
+    changes = _sql(
+        sqlite_url, dict(EXAMPLES)["Table 3 paired change (mean of 100 × (ON/OFF − 1) over matched chains)"]
+    )
     for row in report["tables"]["ttft"]:
-        (hand,) = [c for c in changes if (c["nominal_tokens"], c["locality"])
-                   == (row["nominal_tokens"], row["locality"])]
+        (hand,) = [
+            c
+            for c in changes
+            if (c["nominal_tokens"], c["locality"]) == (row["nominal_tokens"], row["locality"])
+        ]
         assert hand["mean_change_pct"] == pytest.approx(row["mean_change_pct"], abs=1e-6)
     (acc,) = _sql(sqlite_url, dict(EXAMPLES)["Accounting: measured requests and pairs"])
     assert acc == {k: report["accounting"][k] for k in ("measured", "pairs", "matched_pairs")}

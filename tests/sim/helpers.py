@@ -22,20 +22,22 @@ def scrape(client: httpx.Client, url: str) -> Samples:
     }
 
 
-def metric(samples: Samples, name: str,
-           **labels: str) -> float:  # fmt: skip
+def metric(samples: Samples, name: str, **labels: str) -> float:
     """Sum of the samples named ``name`` whose labels include ``labels``."""
     want = set(labels.items())
     return sum(v for (n, ls), v in samples.items() if n == name and want <= ls)
 
 
-def needle_prompt(filler_words: int = 400, values: tuple[int, int, int] = (938639, 412907, 775123),
-                  tag: str = "") -> str:  # fmt: skip
+def needle_prompt(
+    filler_words: int = 400, values: tuple[int, int, int] = (938639, 412907, 775123), tag: str = ""
+) -> str:
     """A fixture in the sim's answer convention: three needles and the question."""
     para = f"{tag} lorem ipsum dolor sit amet consectetur. " * (filler_words // 12 + 1)
     a, b, c = values
-    return (f"# file {tag}\nalpha = {a}\n{para}\nbeta = {b}\n{para}\ngamma = {c}\n"
-            "Return the values of alpha, beta and gamma as JSON.")  # fmt: skip
+    return (
+        f"# file {tag}\nalpha = {a}\n{para}\nbeta = {b}\n{para}\ngamma = {c}\n"
+        "Return the values of alpha, beta and gamma as JSON."
+    )
 
 
 def complete(client: httpx.Client, url: str, prompt: str, **fields: Any) -> httpx.Response:

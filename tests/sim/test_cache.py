@@ -82,8 +82,7 @@ def test_shared_on_cross_replica_hits_externally_at_chunk_alignment(
     assert metric(after, eh) - metric(before, eh) == expected
     assert metric(after, eq) - metric(before, eq) == n
     assert metric(after, "vllm:prefix_cache_hits_total") == 0
-    assert metric(after, "vllm:prompt_tokens_by_source_total",
-                  source="external_kv_transfer") == expected  # fmt: skip
+    assert metric(after, "vllm:prompt_tokens_by_source_total", source="external_kv_transfer") == expected
     # Receiver-local reuse: now B has the blocks itself, so no external query hits.
     local = complete(http, b, prompt, cache_salt="s1")
     final = scrape(http, b)
@@ -130,8 +129,7 @@ def test_lru_eviction_frees_the_oldest_prompt(http: httpx.Client) -> None:
     prompt = needle_prompt(filler_words=100, tag="one")
     blocks = count_tokens(prompt) // BLOCK
     # Room for two prompts: after three more, the first has gone entirely.
-    with SimDeployment(1, shared=False, capacity_blocks=2 * blocks + 1,
-                       time_scale=TIME_SCALE) as d:  # fmt: skip
+    with SimDeployment(1, shared=False, capacity_blocks=2 * blocks + 1, time_scale=TIME_SCALE) as d:
         url = d.replica_urls[0]
         complete(http, url, prompt)
         assert cached(complete(http, url, prompt)) > 0

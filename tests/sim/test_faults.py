@@ -104,8 +104,7 @@ def test_http_errors_rate_is_deterministic(http: httpx.Client) -> None:
 def test_truncated_stream_has_no_usage_nor_done(http: httpx.Client) -> None:
     with _deployment("truncated-stream:after=3:die=1") as d:
         a = d.replica_urls[0]
-        body = {"prompt": needle_prompt(), "stream": True,
-                "stream_options": {"include_usage": True}}  # fmt: skip
+        body = {"prompt": needle_prompt(), "stream": True, "stream_options": {"include_usage": True}}
         with http.stream("POST", a + "/v1/completions", json=body) as resp:
             assert resp.status_code == 200
             lines = [ln for ln in resp.iter_lines() if ln]
@@ -145,8 +144,14 @@ def test_fault_spec_syntax() -> None:
     assert faults[2].tier_only and not faults[2].on_replica(0)
     assert parse_faults("none") == () and parse_faults(None) == ()
     assert faults[1].spec() == "http-errors:every=2@replica=1"
-    for bad in ("no-such-fault", "http-errors:every", "http-errors@tier",
-                "corrupt-transfer:x=1", "slow-start@replica=one", "http-errors:every=x"):
+    for bad in (
+        "no-such-fault",
+        "http-errors:every",
+        "http-errors@tier",
+        "corrupt-transfer:x=1",
+        "slow-start@replica=one",
+        "http-errors:every=x",
+    ):
         with pytest.raises(ValueError):
             parse_faults(bad)
 

@@ -46,8 +46,14 @@ def test_cold_dwarfs_cross_which_exceeds_local_at_128k(tmp_path: Path) -> None:
             async with httpx.AsyncClient() as c:
                 for chain in (0, 1):  # two chains (salts): each step's best of two, against load spikes
                     for step, replica in steps:
-                        s = spec(d.replica_urls[replica], prompt, f"ns-shape-{chain}", replica=replica,
-                                 step=step, max_tokens=16)  # fmt: skip
+                        s = spec(
+                            d.replica_urls[replica],
+                            prompt,
+                            f"ns-shape-{chain}",
+                            replica=replica,
+                            step=step,
+                            max_tokens=16,
+                        )
                         o = await send_request(c, s, sink, timeout_s=60)
                         assert o.ok, o.error
 
@@ -75,8 +81,21 @@ def test_cold_dwarfs_cross_which_exceeds_local_at_128k(tmp_path: Path) -> None:
     assert modelled <= took < modelled + 0.1, (took, modelled)
 
 
-_PARTS = ["a", "Z", " ", "\n", "\t", "7", "42", "=", "<|im_end|>", "é", "alpha = 938639\n", "\nbeta=-4\n",
-          "x" * 300]
+_PARTS = [
+    "a",
+    "Z",
+    " ",
+    "\n",
+    "\t",
+    "7",
+    "42",
+    "=",
+    "<|im_end|>",
+    "é",
+    "alpha = 938639\n",
+    "\nbeta=-4\n",
+    "x" * 300,
+]
 _TEXT = st.lists(st.sampled_from(_PARTS), max_size=120).map("".join)
 
 

@@ -20,10 +20,22 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_subprocess_prints_urls_then_ready_and_stops_on_sigterm() -> None:
-    cmd = [sys.executable, "-m", "experiments.targets.sim", "--replicas", "2",
-           "--shared", "on", "--fault", "none", "--time-scale", "0.001"]  # fmt: skip
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "experiments.targets.sim",
+        "--replicas",
+        "2",
+        "--shared",
+        "on",
+        "--fault",
+        "none",
+        "--time-scale",
+        "0.001",
+    ]
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+    )
     try:
         assert proc.stdout is not None
         lines = [proc.stdout.readline().strip() for _ in range(4)]

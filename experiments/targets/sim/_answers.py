@@ -77,9 +77,7 @@ __all__ = [
     "garble_value",
 ]
 
-ASSIGNMENT: Final = re.compile(
-    r"^[ \t]*([A-Za-z_][A-Za-z0-9_]*)[ \t]*=[ \t]*(-?[0-9]+)[ \t]*$", re.MULTILINE
-)
+ASSIGNMENT: Final = re.compile(r"^[ \t]*([A-Za-z_][A-Za-z0-9_]*)[ \t]*=[ \t]*(-?[0-9]+)[ \t]*$", re.MULTILINE)
 QUESTION: Final = re.compile(
     r"values?\s+of\s+(?:the\s+)?([A-Za-z_]\w*(?:\s*,\s*(?:and\s+)?[A-Za-z_]\w*|\s+and\s+[A-Za-z_]\w*)*)",
     re.IGNORECASE,
@@ -87,8 +85,22 @@ QUESTION: Final = re.compile(
 # Words the question regex may swallow that are never value names.
 _NOT_NAMES: Final = frozenset({"and", "as", "in", "json", "the", "return", "only"})
 _FILLER_WORDS: Final = (
-    " the", " cache", " block", " state", " value", " replica", " token", " prefix",
-    " shared", " local", " request", " answer", " model", " layer", " page", " chunk",
+    " the",
+    " cache",
+    " block",
+    " state",
+    " value",
+    " replica",
+    " token",
+    " prefix",
+    " shared",
+    " local",
+    " request",
+    " answer",
+    " model",
+    " layer",
+    " page",
+    " chunk",
 )
 
 
@@ -170,9 +182,7 @@ def garble_value(value: int) -> int:
     return -garbled if value < 0 else garbled
 
 
-def _answer_values(
-    prompt_text: str, question_text: str | None
-) -> dict[str, int | None] | None:
+def _answer_values(prompt_text: str, question_text: str | None) -> dict[str, int | None] | None:
     needles = find_assignments(prompt_text)
     names = asked_names(question_text if question_text is not None else prompt_text)
     if names is None:

@@ -21,9 +21,7 @@ from ._tokenizer import encode_cached
 __all__ = ["BlockCache", "chain_hashes", "prompt_hashes"]
 
 
-def chain_hashes(
-    token_ids: Sequence[int], unit: int, salt: str | None, root: bytes = b""
-) -> list[bytes]:
+def chain_hashes(token_ids: Sequence[int], unit: int, salt: str | None, root: bytes = b"") -> list[bytes]:
     """Hashes of each full ``unit``-token block, chained, salt in the first."""
     ids = array("I", token_ids)
     step = unit * ids.itemsize

@@ -55,18 +55,24 @@ class SimDeployment:
         if replicas < 1:
             raise ValueError("replicas must be at least 1")
         self.config = config or SimConfig(
-            model_name=model_name, max_model_len=max_model_len, block_size=block_size,
-            chunk_size=chunk_size, capacity_blocks=capacity_blocks,
-            tier_capacity_chunks=tier_capacity_chunks, time_scale=time_scale,
+            model_name=model_name,
+            max_model_len=max_model_len,
+            block_size=block_size,
+            chunk_size=chunk_size,
+            capacity_blocks=capacity_blocks,
+            tier_capacity_chunks=tier_capacity_chunks,
+            time_scale=time_scale,
             latency=latency or LatencyModel(),
-        )  # fmt: skip
+        )
         self.n_replicas = replicas
         self.shared = shared
         self.host = host
         self.faults = FaultSet(fault)
-        self.tier = SharedTier(chunk_size=self.config.chunk_size,
-                               capacity_chunks=self.config.tier_capacity_chunks,
-                               faults=self.faults)  # fmt: skip
+        self.tier = SharedTier(
+            chunk_size=self.config.chunk_size,
+            capacity_chunks=self.config.tier_capacity_chunks,
+            faults=self.faults,
+        )
         self.replicas: list[SimReplica] = []
         self._base_port = base_port
         self._ports = [base_port + i if base_port else 0 for i in range(replicas + 1)]
@@ -129,8 +135,9 @@ class SimDeployment:
     async def __aenter__(self) -> SimDeployment:
         return await self.astart()
 
-    async def __aexit__(self, exc_type: type[BaseException] | None,
-                        exc: BaseException | None, tb: TracebackType | None) -> None:  # fmt: skip
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         await self.aclose()
 
     async def _serve(self, app: web.Application, slot: int) -> web.AppRunner:
@@ -143,8 +150,9 @@ class SimDeployment:
         return runner
 
     async def _start_replicas(self) -> None:
-        self.replicas = [SimReplica(i, self.config, self.tier, self.faults, self.shared)
-                         for i in range(self.n_replicas)]  # fmt: skip
+        self.replicas = [
+            SimReplica(i, self.config, self.tier, self.faults, self.shared) for i in range(self.n_replicas)
+        ]
         self._runners = [await self._serve(r.make_app(), r.index) for r in self.replicas]
 
     async def _stop_replicas(self) -> None:
@@ -168,28 +176,55 @@ class SimDeployment:
         """What was launched, in the terms of the launch events (docs/design.md)."""
         c = self.config
         return {
-            "engine": "sim", "engine_version": VLLM_VERSION, "model": c.model_name,
+            "engine": "sim",
+            "engine_version": VLLM_VERSION,
+            "model": c.model_name,
             "replicas": [{"replica": i, "endpoint": url} for i, url in enumerate(self.replica_urls)],
-            "shared": {"endpoint": self.shared_url, "service": "sim-lmcache",
-                       "version": LMCACHE_VERSION, "on": self.shared},
+            "shared": {
+                "endpoint": self.shared_url,
+                "service": "sim-lmcache",
+                "version": LMCACHE_VERSION,
+                "on": self.shared,
+            },
             "kv_connector": "SimLMCacheConnector" if self.shared else None,
             "faults": self.faults.spec(),
             "command": self.command(),
-            "config": {"block_size": c.block_size, "chunk_size": c.chunk_size,
-                       "capacity_blocks": c.capacity_blocks,
-                       "tier_capacity_chunks": c.tier_capacity_chunks,
-                       "max_model_len": c.max_model_len, "time_scale": c.time_scale,
-                       "latency": asdict(c.latency), "cache_dtype": c.cache_dtype},
-        }  # fmt: skip
+            "config": {
+                "block_size": c.block_size,
+                "chunk_size": c.chunk_size,
+                "capacity_blocks": c.capacity_blocks,
+                "tier_capacity_chunks": c.tier_capacity_chunks,
+                "max_model_len": c.max_model_len,
+                "time_scale": c.time_scale,
+                "latency": asdict(c.latency),
+                "cache_dtype": c.cache_dtype,
+            },
+        }
 
     def command(self) -> list[str]:
         """An equivalent ``python -m`` command line (block/chunk sizes included)."""
         c = self.config
-        return ["python", "-m", "experiments.targets.sim", "--replicas", str(self.n_replicas),
-                "--base-port", str(self._base_port),
-                "--shared", "on" if self.shared else "off", "--fault", self.faults.spec(),
-                "--time-scale", repr(c.time_scale), "--block-size", str(c.block_size),
-                "--chunk-size", str(c.chunk_size), "--host", self.host]  # fmt: skip
+        return [
+            "python",
+            "-m",
+            "experiments.targets.sim",
+            "--replicas",
+            str(self.n_replicas),
+            "--base-port",
+            str(self._base_port),
+            "--shared",
+            "on" if self.shared else "off",
+            "--fault",
+            self.faults.spec(),
+            "--time-scale",
+            repr(c.time_scale),
+            "--block-size",
+            str(c.block_size),
+            "--chunk-size",
+            str(c.chunk_size),
+            "--host",
+            self.host,
+        ]
 
     # --- control over HTTP (for subprocess use) ---------------------------
 
@@ -205,8 +240,7 @@ class SimDeployment:
     async def _h_restart(self, request: web.Request) -> web.Response:
         body = await _body(request)
         shared = body.get("shared")
-        await self.arestart(shared=None if shared is None else bool(shared),
-                            fault=body.get("fault", "keep"))  # fmt: skip
+        await self.arestart(shared=None if shared is None else bool(shared), fault=body.get("fault", "keep"))
         return web.json_response(self.describe())
 
     async def _h_shared(self, request: web.Request) -> web.Response:
@@ -246,8 +280,9 @@ class SimDeployment:
         finally:
             self._stop_loop()
 
-    def restart(self, *, shared: bool | None = None, fault: FaultSpec | str = "keep",
-                timeout: float = 30.0) -> None:  # fmt: skip
+    def restart(
+        self, *, shared: bool | None = None, fault: FaultSpec | str = "keep", timeout: float = 30.0
+    ) -> None:
         """Sync ``arestart`` for a deployment started with ``start_in_thread``."""
         if self._loop is None:
             raise RuntimeError("restart() is for start_in_thread(); use 'await arestart()'")
@@ -267,8 +302,9 @@ class SimDeployment:
     def __enter__(self) -> SimDeployment:
         return self.start_in_thread()
 
-    def __exit__(self, exc_type: type[BaseException] | None,
-                 exc: BaseException | None, tb: TracebackType | None) -> None:  # fmt: skip
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()
 
 

@@ -56,8 +56,9 @@ def _taint_from(taints: list[TaintRange], start: int, end: int) -> Taint | None:
 class ReplicaEngine:
     """A replica's prefix cache, connector and vLLM counters."""
 
-    def __init__(self, index: int, config: SimConfig, tier: SharedTier,
-                 faults: FaultSet, shared: bool) -> None:  # fmt: skip
+    def __init__(
+        self, index: int, config: SimConfig, tier: SharedTier, faults: FaultSet, shared: bool
+    ) -> None:
         self.index = index
         self.config = config
         self.tier = tier
@@ -103,17 +104,19 @@ class ReplicaEngine:
     def store(self, req: CompletionRequest, pre: Prefill) -> None:
         """Cache the prompt's full blocks locally and its full chunks in the tier."""
         block = self.config.block_size
-        blocks: Sequence[Taint | None] = [
-            _taint_from(pre.taints, j * block, (j + 1) * block) for j in range(len(pre.local_hashes))
-        ] if pre.taints else [None] * len(pre.local_hashes)  # fmt: skip
+        blocks: Sequence[Taint | None] = (
+            [_taint_from(pre.taints, j * block, (j + 1) * block) for j in range(len(pre.local_hashes))]
+            if pre.taints
+            else [None] * len(pre.local_hashes)
+        )
         self.cache.insert(pre.local_hashes, blocks)
         self.metrics.gauge(self.metrics.kv_usage, self.cache.usage())
         if self.shared:
             chunk = self.config.chunk_size
-            chunks = [_taint_from(pre.taints, j * chunk, (j + 1) * chunk)
-                      for j in range(pre.prompt_tokens // chunk)]  # fmt: skip
-            self.tier.store(self.config.model_name, req.token_ids, req.cache_salt, chunks,
-                            req.prompt_text)  # fmt: skip
+            chunks = [
+                _taint_from(pre.taints, j * chunk, (j + 1) * chunk) for j in range(pre.prompt_tokens // chunk)
+            ]
+            self.tier.store(self.config.model_name, req.token_ids, req.cache_salt, chunks, req.prompt_text)
 
     def count_prefill(self, pre: Prefill, ttft_s: float) -> None:
         """Prompt-token counters, recorded when the first token is out."""

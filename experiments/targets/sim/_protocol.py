@@ -26,8 +26,12 @@ __all__ = [
 
 _SALT_FORBIDDEN = ("@", "/", "\\", "\x00")
 _MAX_SALT = 128
-_ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError",
-                503: "ServiceUnavailableError"}  # fmt: skip
+_ERROR_TYPES = {
+    400: "BadRequestError",
+    404: "NotFoundError",
+    500: "InternalServerError",
+    503: "ServiceUnavailableError",
+}
 
 
 class ApiError(Exception):
@@ -45,8 +49,14 @@ class ApiError(Exception):
 
 def error_response(status: int, message: str, param: str | None = None) -> web.Response:
     """vLLM's error body: ``{"error": {"message", "type", "param", "code"}}``."""
-    body = {"error": {"message": message, "type": _ERROR_TYPES.get(status, "Error"),
-                      "param": param, "code": status}}  # fmt: skip
+    body = {
+        "error": {
+            "message": message,
+            "type": _ERROR_TYPES.get(status, "Error"),
+            "param": param,
+            "code": status,
+        }
+    }
     return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
 
 
@@ -73,11 +83,14 @@ def _salt(body: Mapping[str, Any]) -> str | None:
     if salt is None:
         return None
     if not isinstance(salt, str) or not salt:
-        raise ApiError(400, "Parameter 'cache_salt' must be a non-empty string if provided.",
-                       "cache_salt")  # fmt: skip
+        raise ApiError(400, "Parameter 'cache_salt' must be a non-empty string if provided.", "cache_salt")
     if len(salt) > _MAX_SALT or any(c in salt for c in _SALT_FORBIDDEN):
-        raise ApiError(400, f"Parameter 'cache_salt' must be at most {_MAX_SALT} characters "
-                       "and contain none of '@', '/', '\\\\' or NUL.", "cache_salt")  # fmt: skip
+        raise ApiError(
+            400,
+            f"Parameter 'cache_salt' must be at most {_MAX_SALT} characters "
+            "and contain none of '@', '/', '\\\\' or NUL.",
+            "cache_salt",
+        )
     return salt
 
 
@@ -95,20 +108,16 @@ def _int_field(body: Mapping[str, Any], name: str, minimum: int | None = None) -
 def _thinking(body: Mapping[str, Any]) -> bool:
     kwargs = body.get("chat_template_kwargs") or {}
     if not isinstance(kwargs, Mapping):
-        raise ApiError(400, "Parameter 'chat_template_kwargs' must be an object.",
-                       "chat_template_kwargs")  # fmt: skip
+        raise ApiError(400, "Parameter 'chat_template_kwargs' must be an object.", "chat_template_kwargs")
     return bool(kwargs.get("enable_thinking", False))
 
 
 def _chat_prompt(body: Mapping[str, Any], thinking: bool) -> tuple[str, str | None]:
     messages = body.get("messages")
-    if not isinstance(messages, list) or not messages or not all(
-        isinstance(m, Mapping) for m in messages
-    ):
+    if not isinstance(messages, list) or not messages or not all(isinstance(m, Mapping) for m in messages):
         raise ApiError(400, "Parameter 'messages' must be a non-empty list of objects.", "messages")
     add_generation_prompt = bool(body.get("add_generation_prompt", True))
-    text = render_chat(messages, add_generation_prompt=add_generation_prompt,
-                       enable_thinking=thinking)  # fmt: skip
+    text = render_chat(messages, add_generation_prompt=add_generation_prompt, enable_thinking=thinking)
     users = [m for m in messages if m.get("role") == "user"]
     question = render_chat(users[-1:], add_generation_prompt=False) if users else None
     return text, question
@@ -120,19 +129,18 @@ def _completion_prompt(body: Mapping[str, Any]) -> tuple[str | None, Sequence[in
         prompt = prompt[0]  # a batch of one is accepted; larger batches are not simulated
     if isinstance(prompt, str) and prompt:
         return prompt, encode_cached(prompt)
-    if isinstance(prompt, list) and prompt and all(
-        isinstance(t, int) and not isinstance(t, bool) for t in prompt
+    if (
+        isinstance(prompt, list)
+        and prompt
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
     ):
         if any(t < 0 or t >= VOCAB_SIZE + len(SPECIAL_TOKENS) for t in prompt):
             raise ApiError(400, "Token id out of vocabulary.", "prompt")
         return None, list(prompt)
-    raise ApiError(400, "Parameter 'prompt' must be a non-empty string or list of token ids.",
-                   "prompt")  # fmt: skip
+    raise ApiError(400, "Parameter 'prompt' must be a non-empty string or list of token ids.", "prompt")
 
 
-def parse_completion(
-    body: Any, *, chat: bool, model_name: str, max_model_len: int
-) -> CompletionRequest:
+def parse_completion(body: Any, *, chat: bool, model_name: str, max_model_len: int) -> CompletionRequest:
     """Validate a request body like vLLM does; raises ApiError."""
     if not isinstance(body, Mapping):
         raise ApiError(400, "The request body must be a JSON object.")
@@ -147,21 +155,30 @@ def parse_completion(
     else:
         prompt_text, ids = _completion_prompt(body)
         question = prompt_text
-    max_tokens = _int_field(body, "max_completion_tokens" if chat and body.get(
-        "max_completion_tokens") is not None else "max_tokens", minimum=1)  # fmt: skip
+    max_tokens = _int_field(
+        body,
+        "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens",
+        minimum=1,
+    )
     _check_length(len(ids), max_tokens, max_model_len)
     temperature = body.get("temperature", 1.0)
     if not isinstance(temperature, int | float) or temperature < 0:
         raise ApiError(400, "Parameter 'temperature' must be a number >= 0.", "temperature")
     options = body.get("stream_options") or {}
     return CompletionRequest(
-        chat=chat, prompt_text=prompt_text, token_ids=ids, question_text=question,
-        max_tokens=max_tokens, ignore_eos=bool(body.get("ignore_eos", False)),
-        seed=_int_field(body, "seed"), temperature=float(temperature),
-        cache_salt=_salt(body), stream=bool(body.get("stream", False)),
+        chat=chat,
+        prompt_text=prompt_text,
+        token_ids=ids,
+        question_text=question,
+        max_tokens=max_tokens,
+        ignore_eos=bool(body.get("ignore_eos", False)),
+        seed=_int_field(body, "seed"),
+        temperature=float(temperature),
+        cache_salt=_salt(body),
+        stream=bool(body.get("stream", False)),
         include_usage=isinstance(options, Mapping) and bool(options.get("include_usage")),
         thinking=thinking,
-    )  # fmt: skip
+    )
 
 
 def _check_length(prompt_tokens: int, max_tokens: int | None, max_model_len: int) -> None:
@@ -204,9 +221,15 @@ def sse(obj: Any) -> bytes:
 
 
 def chunk(
-    rid: str, model: str, created: int, *, chat: bool, text: str | None,
-    finish_reason: str | None = None, role: bool = False,
-) -> dict[str, Any]:  # fmt: skip
+    rid: str,
+    model: str,
+    created: int,
+    *,
+    chat: bool,
+    text: str | None,
+    finish_reason: str | None = None,
+    role: bool = False,
+) -> dict[str, Any]:
     """A streamed chunk; ``text`` None with chat+role gives the opening role chunk."""
     choice: dict[str, Any]
     if chat:
@@ -215,26 +238,43 @@ def chunk(
             delta["content"] = text
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
     else:
-        choice = {"index": 0, "text": text or "", "logprobs": None,
-                  "finish_reason": finish_reason}  # fmt: skip
+        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
     if finish_reason is not None:
         choice["stop_reason"] = None
-    return {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
-            "created": created, "model": model, "choices": [choice]}  # fmt: skip
+    return {
+        "id": rid,
+        "object": "chat.completion.chunk" if chat else "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [choice],
+    }
 
 
 def full_body(
     rid: str, model: str, *, chat: bool, text: str, finish_reason: str, usage_obj: dict[str, Any]
 ) -> dict[str, Any]:
     """A non-streaming response body."""
-    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish_reason,
-                              "stop_reason": None}  # fmt: skip
+    choice: dict[str, Any] = {
+        "index": 0,
+        "logprobs": None,
+        "finish_reason": finish_reason,
+        "stop_reason": None,
+    }
     if chat:
-        choice["message"] = {"role": "assistant", "content": text, "reasoning_content": None,
-                             "tool_calls": []}  # fmt: skip
+        choice["message"] = {
+            "role": "assistant",
+            "content": text,
+            "reasoning_content": None,
+            "tool_calls": [],
+        }
     else:
         choice["text"] = text
         choice["prompt_logprobs"] = None
-    return {"id": rid, "object": "chat.completion" if chat else "text_completion",
-            "created": int(time.time()), "model": model, "choices": [choice],
-            "usage": usage_obj}  # fmt: skip
+    return {
+        "id": rid,
+        "object": "chat.completion" if chat else "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [choice],
+        "usage": usage_obj,
+    }

@@ -53,8 +53,9 @@ class _Call:
 class SimReplica:
     """A replica: engine state plus the aiohttp application serving it."""
 
-    def __init__(self, index: int, config: SimConfig, tier: SharedTier,
-                 faults: FaultSet, shared: bool) -> None:  # fmt: skip
+    def __init__(
+        self, index: int, config: SimConfig, tier: SharedTier, faults: FaultSet, shared: bool
+    ) -> None:
         self.index = index
         self.config = config
         self.engine = ReplicaEngine(index, config, tier, faults, shared)
@@ -97,9 +98,16 @@ class SimReplica:
 
     async def _models(self, _: web.Request) -> web.Response:
         name = self.config.model_name
-        model = {"id": name, "object": "model", "created": int(time.time()), "owned_by": "vllm",
-                 "root": name, "parent": None, "max_model_len": self.config.max_model_len,
-                 "permission": []}  # fmt: skip
+        model = {
+            "id": name,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "vllm",
+            "root": name,
+            "parent": None,
+            "max_model_len": self.config.max_model_len,
+            "permission": [],
+        }
         return web.json_response({"object": "list", "data": [model]})
 
     async def _version(self, _: web.Request) -> web.Response:
@@ -110,8 +118,12 @@ class SimReplica:
             ids = parse_tokenize(await _json(request))
         except ApiError as e:
             return e.response()
-        body = {"count": len(ids), "max_model_len": self.config.max_model_len, "tokens": list(ids),
-                "token_strs": None}  # fmt: skip
+        body = {
+            "count": len(ids),
+            "max_model_len": self.config.max_model_len,
+            "tokens": list(ids),
+            "token_strs": None,
+        }
         return web.Response(body=orjson.dumps(body), content_type="application/json")
 
     async def _log(self, _: web.Request) -> web.Response:
@@ -132,9 +144,12 @@ class SimReplica:
     async def _complete(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
         t_arrival = time.monotonic()
         try:
-            req = parse_completion(await _json(request), chat=chat,
-                                   model_name=self.config.model_name,
-                                   max_model_len=self.config.max_model_len)  # fmt: skip
+            req = parse_completion(
+                await _json(request),
+                chat=chat,
+                model_name=self.config.model_name,
+                max_model_len=self.config.max_model_len,
+            )
         except ApiError as e:
             return e.response()
         if self.dead:
@@ -157,13 +172,22 @@ class SimReplica:
         base = header_id or uuid.uuid4().hex
         rid = ("chatcmpl-" if req.chat else "cmpl-") + base
         entry: dict[str, Any] = {
-            "request_id": header_id or rid, "response_id": rid, "replica": self.index,
-            "endpoint": request.path, "stream": req.stream, "t_arrival_monotonic": t,
-            "t_first_emit_unix": None, "t_first_emit_monotonic": None,
-            "prompt_tokens": len(req.token_ids), "local_hit_tokens": None,
-            "external_hit_tokens": None, "output_tokens": 0, "finish_reason": None,
-            "truncated": False, "tainted": False,
-        }  # fmt: skip
+            "request_id": header_id or rid,
+            "response_id": rid,
+            "replica": self.index,
+            "endpoint": request.path,
+            "stream": req.stream,
+            "t_arrival_monotonic": t,
+            "t_first_emit_unix": None,
+            "t_first_emit_monotonic": None,
+            "prompt_tokens": len(req.token_ids),
+            "local_hit_tokens": None,
+            "external_hit_tokens": None,
+            "output_tokens": 0,
+            "finish_reason": None,
+            "truncated": False,
+            "tainted": False,
+        }
         self.requests.append(entry)
         return _Call(req, rid, entry, t)
 
@@ -185,11 +209,12 @@ class SimReplica:
         async with self._gpu:
             self._waiting -= 1
             pre = call.pre = self.engine.schedule(call.req)
-            call.entry.update(local_hit_tokens=pre.local_hits,
-                              external_hit_tokens=pre.external_hits,
-                              tainted=bool(pre.taints))  # fmt: skip
-            delay = self.config.latency.prefill_s(pre.prompt_tokens, pre.local_hits,
-                                                  pre.external_hits)  # fmt: skip
+            call.entry.update(
+                local_hit_tokens=pre.local_hits,
+                external_hit_tokens=pre.external_hits,
+                tainted=bool(pre.taints),
+            )
+            delay = self.config.latency.prefill_s(pre.prompt_tokens, pre.local_hits, pre.external_hits)
             start = max(call.t_arrival, self._gpu_free_at)
             deadline = start + (delay + self._slow_start_s()) * self.config.time_scale
             self._gpu_free_at = deadline
@@ -208,13 +233,22 @@ class SimReplica:
         return fault.float_param("delay")
 
     def _output(self, req: CompletionRequest, pre: Prefill) -> Output:
-        digest = _text_digest(req.prompt_text) if req.prompt_text is not None else \
-            hashlib.sha256(orjson.dumps(req.token_ids)).digest()  # fmt: skip
+        digest = (
+            _text_digest(req.prompt_text)
+            if req.prompt_text is not None
+            else hashlib.sha256(orjson.dumps(req.token_ids)).digest()
+        )
         max_tokens = req.max_tokens or self.config.max_model_len - pre.prompt_tokens
-        return compose_output(prompt_text=req.prompt_text, question_text=req.question_text,
-                              prompt_digest=digest, seed=req.seed, taints=pre.taints,
-                              max_tokens=max_tokens, ignore_eos=req.ignore_eos,
-                              thinking=req.chat and req.thinking)  # fmt: skip
+        return compose_output(
+            prompt_text=req.prompt_text,
+            question_text=req.question_text,
+            prompt_digest=digest,
+            seed=req.seed,
+            taints=pre.taints,
+            max_tokens=max_tokens,
+            ignore_eos=req.ignore_eos,
+            thinking=req.chat and req.thinking,
+        )
 
     def _mark_first(self, call: _Call) -> None:
         """Record the server's own first-token time, just before the write."""
@@ -244,9 +278,16 @@ class SimReplica:
         n = len(call.req.token_ids)
         steps = sum(self.config.latency.decode_step_s(n + k) for k in range(1, len(output.pieces)))
         await self._sleep(steps)
-        body = orjson.dumps(full_body(call.rid, self.config.model_name, chat=call.req.chat,
-                                      text=output.text, finish_reason=output.finish_reason,
-                                      usage_obj=self._usage(call, len(output.pieces))))  # fmt: skip
+        body = orjson.dumps(
+            full_body(
+                call.rid,
+                self.config.model_name,
+                chat=call.req.chat,
+                text=output.text,
+                finish_reason=output.finish_reason,
+                usage_obj=self._usage(call, len(output.pieces)),
+            )
+        )
         headers = {"X-Request-Id": call.rid.split("-", 1)[1]}
         self._mark_first(call)
         if self._truncate_after() is None:
@@ -262,9 +303,13 @@ class SimReplica:
 
     async def _stream(self, request: web.Request, call: _Call) -> web.StreamResponse:
         # Headers go out before prefill, as vLLM's StreamingResponse does.
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
-                                           "Cache-Control": "no-cache",
-                                           "X-Request-Id": call.rid.split("-", 1)[1]})
+        resp = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream; charset=utf-8",
+                "Cache-Control": "no-cache",
+                "X-Request-Id": call.rid.split("-", 1)[1],
+            }
+        )
         await resp.prepare(request)
         output = await self._prefill(call)
         try:
@@ -276,12 +321,18 @@ class SimReplica:
 
     def _token_event(self, call: _Call, output: Output, k: int, created: int) -> bytes:
         last = k == len(output.pieces) - 1
-        event = sse(chunk(call.rid, self.config.model_name, created, chat=call.req.chat,
-                          text=output.pieces[k],
-                          finish_reason=output.finish_reason if last else None))  # fmt: skip
+        event = sse(
+            chunk(
+                call.rid,
+                self.config.model_name,
+                created,
+                chat=call.req.chat,
+                text=output.pieces[k],
+                finish_reason=output.finish_reason if last else None,
+            )
+        )
         if k == 0 and call.req.chat:
-            opening = chunk(call.rid, self.config.model_name, created, chat=True, text=None,
-                            role=True)  # fmt: skip
+            opening = chunk(call.rid, self.config.model_name, created, chat=True, text=None, role=True)
             event = sse(opening) + event
         return event
 
@@ -311,10 +362,16 @@ class SimReplica:
             buf += self._token_event(call, output, k, created)
             call.entry["output_tokens"] = k + 1
         if call.req.include_usage:
-            buf += sse({"id": call.rid, "object": "chat.completion.chunk" if call.req.chat
-                        else "text_completion", "created": created,
-                        "model": self.config.model_name, "choices": [],
-                        "usage": self._usage(call, len(output.pieces))})  # fmt: skip
+            buf += sse(
+                {
+                    "id": call.rid,
+                    "object": "chat.completion.chunk" if call.req.chat else "text_completion",
+                    "created": created,
+                    "model": self.config.model_name,
+                    "choices": [],
+                    "usage": self._usage(call, len(output.pieces)),
+                }
+            )
         buf += b"data: [DONE]\n\n"
         await resp.write(bytes(buf))
         await resp.write_eof()

@@ -26,8 +26,9 @@ LMCACHE_VERSION = "0.5.6+sim"
 class SharedTier:
     """Chunk-aligned, salted KV store with LRU eviction and lookup counters."""
 
-    def __init__(self, *, chunk_size: int = 256, capacity_chunks: int = 1 << 20,
-                 faults: FaultSet | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, *, chunk_size: int = 256, capacity_chunks: int = 1 << 20, faults: FaultSet | None = None
+    ) -> None:
         if chunk_size < 1:
             raise ValueError("chunk_size must be at least 1")
         self.chunk_size = chunk_size
@@ -41,14 +42,16 @@ class SharedTier:
         self.metrics = TierMetrics()
         self.lookups = 0
 
-    def _hashes(self, model: str, token_ids: Sequence[int], salt: str | None,
-                text: str | None) -> Sequence[bytes]:  # fmt: skip
+    def _hashes(
+        self, model: str, token_ids: Sequence[int], salt: str | None, text: str | None
+    ) -> Sequence[bytes]:
         if self.faults.tier("namespace-leak") is not None:
             salt = None  # the fault: every salt lands in one namespace
         return prompt_hashes(token_ids, self.chunk_size, salt, b"lmcache|" + model.encode(), text=text)
 
-    def lookup(self, model: str, token_ids: Sequence[int], salt: str | None,
-               text: str | None = None) -> list[Taint | None]:  # fmt: skip
+    def lookup(
+        self, model: str, token_ids: Sequence[int], salt: str | None, text: str | None = None
+    ) -> list[Taint | None]:
         """Stored state of the longest chunk-aligned prefix (one entry per chunk)."""
         stale = self.faults.tier("stale-counters")
         self.metrics.frozen = stale is not None and self.lookups >= stale.int_param("after")
@@ -57,18 +60,29 @@ class SharedTier:
         self.metrics.record_lookup(model, salt, len(token_ids), len(found) * self.chunk_size)
         return found
 
-    def store(self, model: str, token_ids: Sequence[int], salt: str | None,
-              taints: Sequence[Taint | None], text: str | None = None) -> None:  # fmt: skip
+    def store(
+        self,
+        model: str,
+        token_ids: Sequence[int],
+        salt: str | None,
+        taints: Sequence[Taint | None],
+        text: str | None = None,
+    ) -> None:
         """Store the full chunks; ``taints`` gives each chunk's state (``text``: the prompt, for the memo)."""
         hashes = self._hashes(model, token_ids, salt, text)
         self.chunks.insert(hashes, list(taints)[: len(hashes)])
 
     def status(self) -> dict[str, Any]:
         return {
-            "status": "healthy", "version": LMCACHE_VERSION, "chunk_size": self.chunk_size,
-            "capacity_chunks": self.capacity_chunks, "stored_chunks": len(self.chunks),
-            "usage": self.chunks.usage(), "lookups": self.lookups, "faults": self.faults.spec(),
-        }  # fmt: skip
+            "status": "healthy",
+            "version": LMCACHE_VERSION,
+            "chunk_size": self.chunk_size,
+            "capacity_chunks": self.capacity_chunks,
+            "stored_chunks": len(self.chunks),
+            "usage": self.chunks.usage(),
+            "lookups": self.lookups,
+            "faults": self.faults.spec(),
+        }
 
     def make_app(self) -> web.Application:
         app = web.Application()
@@ -78,8 +92,7 @@ class SharedTier:
         return app
 
     async def _metrics(self, _: web.Request) -> web.Response:
-        return web.Response(body=self.metrics.render(),
-                            headers={"Content-Type": CONTENT_TYPE_LATEST})  # fmt: skip
+        return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _health(self, _: web.Request) -> web.Response:
         return web.json_response({"status": "healthy"})

@@ -49,9 +49,7 @@ SPECIAL_TOKENS: dict[str, int] = {
 }
 
 _SPECIAL = "|".join(re.escape(s) for s in SPECIAL_TOKENS)
-_PIECE = re.compile(
-    rf"{_SPECIAL}| ?[A-Za-z]+| ?[0-9]{{1,3}}| ?[^A-Za-z0-9\s]|\s+(?!\S)|\s+"
-)
+_PIECE = re.compile(rf"{_SPECIAL}| ?[A-Za-z]+| ?[0-9]{{1,3}}| ?[^A-Za-z0-9\s]|\s+(?!\S)|\s+")
 
 
 def split(text: str) -> list[str]:
@@ -98,7 +96,7 @@ def segments(text: str, size: int = _SEGMENT_CHARS) -> list[str]:
             cut = text.find("\n", cut + 1)
         if cut == -1:
             break
-        out.append(text[start:cut + 1])
+        out.append(text[start : cut + 1])
         start = cut + 1
     out.append(text[start:])
     return out
@@ -136,9 +134,7 @@ def _content_text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, Sequence):
-        return "".join(
-            str(part.get("text", "")) for part in content if isinstance(part, Mapping)
-        )
+        return "".join(str(part.get("text", "")) for part in content if isinstance(part, Mapping))
     return str(content)
 
 

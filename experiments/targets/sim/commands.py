@@ -27,32 +27,77 @@ def _check_fault(_: click.Context, __: click.Parameter, value: str | None) -> st
 def sim_options(func: F) -> F:
     """The deployment options shared by ``ledger sim`` and ``python -m``."""
     options = [
-        click.option("--replicas", type=click.IntRange(min=1), default=2, show_default=True,
-                     help="Number of replicas."),
-        click.option("--base-port", type=click.IntRange(0, 65535), default=0, show_default=True,
-                     help="Replica i listens on P+i, the tier on P+replicas; 0: OS-chosen."),
-        click.option("--shared", type=click.Choice(["on", "off"]), default="on",
-                     show_default=True, help="Connect replicas to the shared tier."),
-        click.option("--fault", default=None, callback=_check_fault,
-                     help="Fault spec, e.g. 'corrupt-transfer' or 'http-errors:every=3@replica=1'."),
-        click.option("--time-scale", type=click.FloatRange(min=0), default=1.0,
-                     show_default=True, help="Multiplies every simulated delay."),
-        click.option("--block-size", type=click.IntRange(min=1), default=16, show_default=True,
-                     help="Prefix-cache block size, tokens."),
-        click.option("--chunk-size", type=click.IntRange(min=1), default=256, show_default=True,
-                     help="Shared-tier chunk size, tokens."),
+        click.option(
+            "--replicas", type=click.IntRange(min=1), default=2, show_default=True, help="Number of replicas."
+        ),
+        click.option(
+            "--base-port",
+            type=click.IntRange(0, 65535),
+            default=0,
+            show_default=True,
+            help="Replica i listens on P+i, the tier on P+replicas; 0: OS-chosen.",
+        ),
+        click.option(
+            "--shared",
+            type=click.Choice(["on", "off"]),
+            default="on",
+            show_default=True,
+            help="Connect replicas to the shared tier.",
+        ),
+        click.option(
+            "--fault",
+            default=None,
+            callback=_check_fault,
+            help="Fault spec, e.g. 'corrupt-transfer' or 'http-errors:every=3@replica=1'.",
+        ),
+        click.option(
+            "--time-scale",
+            type=click.FloatRange(min=0),
+            default=1.0,
+            show_default=True,
+            help="Multiplies every simulated delay.",
+        ),
+        click.option(
+            "--block-size",
+            type=click.IntRange(min=1),
+            default=16,
+            show_default=True,
+            help="Prefix-cache block size, tokens.",
+        ),
+        click.option(
+            "--chunk-size",
+            type=click.IntRange(min=1),
+            default=256,
+            show_default=True,
+            help="Shared-tier chunk size, tokens.",
+        ),
         click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind."),
-    ]  # fmt: skip
+    ]
     for option in reversed(options):
         func = option(func)
     return func
 
 
-def _deployment(replicas: int, base_port: int, shared: str, fault: str | None,
-                time_scale: float, block_size: int, chunk_size: int, host: str) -> SimDeployment:  # fmt: skip
-    return SimDeployment(replicas, shared=shared == "on", fault=fault, time_scale=time_scale,
-                         base_port=base_port, block_size=block_size, chunk_size=chunk_size,
-                         host=host)  # fmt: skip
+def _deployment(
+    replicas: int,
+    base_port: int,
+    shared: str,
+    fault: str | None,
+    time_scale: float,
+    block_size: int,
+    chunk_size: int,
+    host: str,
+) -> SimDeployment:
+    return SimDeployment(
+        replicas,
+        shared=shared == "on",
+        fault=fault,
+        time_scale=time_scale,
+        base_port=base_port,
+        block_size=block_size,
+        chunk_size=chunk_size,
+        host=host,
+    )
 
 
 @click.command("sim")

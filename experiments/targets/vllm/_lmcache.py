@@ -66,8 +66,9 @@ class Generation:
 
     def __post_init__(self) -> None:
         if self.allocator not in (None, *ALLOCATORS):
-            raise ParamError(f"lmcache_allocator must be one of {list(ALLOCATORS)} or null, "
-                             f"got {self.allocator!r}")  # fmt: skip
+            raise ParamError(
+                f"lmcache_allocator must be one of {list(ALLOCATORS)} or null, got {self.allocator!r}"
+            )
 
     @property
     def connector(self) -> str:
@@ -86,12 +87,13 @@ class Generation:
         if self.mode == "mp":
             return {}
         env = {
-            "LMCACHE_CHUNK_SIZE": str(self.chunk_size), "LMCACHE_LOCAL_CPU": "True",
+            "LMCACHE_CHUNK_SIZE": str(self.chunk_size),
+            "LMCACHE_LOCAL_CPU": "True",
             "LMCACHE_MAX_LOCAL_CPU_SIZE": _number(self.cpu_gb),
             # Without a port in the digest's form: the server's port changes every block.
             "LMCACHE_REMOTE_URL": f"lm://{host}" + (f":{port}" if port is not None else ""),
             "LMCACHE_REMOTE_SERDE": "naive",
-        }  # fmt: skip
+        }
         if self.allocator is not None:
             env["LMCACHE_ENABLE_LAZY_MEMORY_ALLOCATOR"] = "True" if self.allocator == "lazy" else "False"
         return env
@@ -117,18 +119,30 @@ class Generation:
         if self.mode == "mp":
             flag = {None: None, "mixed": "--no-l1-use-lazy", "lazy": "--l1-use-lazy"}[self.allocator]
             in_use = "mixed" if self.allocator == "mixed" else "lazy"  # the service's default is lazy
-            return {"requested": self.allocator, "in_use": in_use, "config": {"l1_use_lazy_flag": flag},
-                    "where": "lmcache server (L1)"}  # fmt: skip
+            return {
+                "requested": self.allocator,
+                "in_use": in_use,
+                "config": {"l1_use_lazy_flag": flag},
+                "where": "lmcache server (L1)",
+            }
         lazy = {None: None, "mixed": "False", "lazy": "True"}[self.allocator]
-        return {"requested": self.allocator, "in_use": "mixed",
-                "config": {"LMCACHE_ENABLE_LAZY_MEMORY_ALLOCATOR": lazy},
-                "where": "each replica's local CPU backend (a lazy request falls back to mixed)"}  # fmt: skip
+        return {
+            "requested": self.allocator,
+            "in_use": "mixed",
+            "config": {"LMCACHE_ENABLE_LAZY_MEMORY_ALLOCATOR": lazy},
+            "where": "each replica's local CPU backend (a lazy request falls back to mixed)",
+        }
 
     def config(self, host: str) -> dict[str, Any]:
         """What decides sharing, without ports (the config digest's part)."""
-        return {"mode": self.mode, "version": self.version, "connector": self.connector_config(host, None),
-                "env": self.replica_env(host, None), "chunk_size": self.chunk_size,
-                "allocator": self.allocator_record()}  # fmt: skip
+        return {
+            "mode": self.mode,
+            "version": self.version,
+            "connector": self.connector_config(host, None),
+            "env": self.replica_env(host, None),
+            "chunk_size": self.chunk_size,
+            "allocator": self.allocator_record(),
+        }
 
 
 def _number(value: float) -> str:

@@ -64,8 +64,10 @@ def engine_gpus(pid: int, processes: Mapping[int, Sequence[Mapping[str, Any]]]) 
 def gpu_facts(physical: Sequence[int], inventory: Sequence[Mapping[str, Any]]) -> dict[int, dict[str, Any]]:
     """Index, UUID and name of each of ``physical`` from ``inventory`` (:func:`gpu_inventory`)."""
     by_index = {int(g["index"]): g for g in inventory}
-    return {i: {"index": i, "uuid": by_index.get(i, {}).get("uuid"), "name": by_index.get(i, {}).get("name")}
-            for i in physical}  # fmt: skip
+    return {
+        i: {"index": i, "uuid": by_index.get(i, {}).get("uuid"), "name": by_index.get(i, {}).get("name")}
+        for i in physical
+    }
 
 
 def _seed_of(env: Mapping[str, str]) -> int | str | None:
@@ -91,19 +93,25 @@ class VllmTarget:
         self.s = settings
         self.r = resolved
         if resolved.engine_device == "cpu" and settings.gpu_list:
-            raise TargetError(f"gpus={settings.gpus} given, but {resolved.vllm_python} has a CPU build "
-                              "of vLLM: it would use no GPU")  # fmt: skip
+            raise TargetError(
+                f"gpus={settings.gpus} given, but {resolved.vllm_python} has a CPU build "
+                "of vLLM: it would use no GPU"
+            )
         # A CPU build uses no GPU, whatever NVML sees on the host.
         inventory = gpu_inventory() if resolved.engine_device != "cpu" else []
         self.physical_gpus: tuple[int, ...] | None = settings.gpu_list or (
-            tuple(int(g["index"]) for g in inventory) or None)  # fmt: skip
+            tuple(int(g["index"]) for g in inventory) or None
+        )
         self._gpu = gpu_facts(self.physical_gpus or (), inventory)
         self.transfer_path = "gpu" if self.physical_gpus else "cpu"
         self.hash_seed = settings.managed_hash_seed
-        self.lmcache = Generation(mode=choose_mode(resolved.lmcache_version, settings.lmcache_mode),
-                                  version=resolved.lmcache_version, chunk_size=int(settings.chunk_size),
-                                  cpu_gb=float(settings.lmcache_l1_gb),
-                                  allocator=settings.lmcache_allocator)  # fmt: skip
+        self.lmcache = Generation(
+            mode=choose_mode(resolved.lmcache_version, settings.lmcache_mode),
+            version=resolved.lmcache_version,
+            chunk_size=int(settings.chunk_size),
+            cpu_gb=float(settings.lmcache_l1_gb),
+            allocator=settings.lmcache_allocator,
+        )
         self.logs_root = settings.logs_root(new_id())  # replaced by prepare_run's run id
         self._block = 0
         self._procs: dict[int, Process] = {}
@@ -145,43 +153,73 @@ class VllmTarget:
 
     def _service_config(self) -> dict[str, Any]:
         if self.lmcache.mode == "remote":
-            return {"service": _SERVICE, "mode": "remote", "version": self.r.service_version,
-                    "storage": "cpu", "command": self.s.service_command}  # fmt: skip
-        return {"service": _SERVICE, "mode": "mp", "version": self.r.service_version,
-                "chunk_size": self.chunk_size, "l1_size_gb": self.s.lmcache_l1_gb, "eviction_policy": "LRU",
-                "transfer_mode": "auto", "command": self.s.service_command}  # fmt: skip
+            return {
+                "service": _SERVICE,
+                "mode": "remote",
+                "version": self.r.service_version,
+                "storage": "cpu",
+                "command": self.s.service_command,
+            }
+        return {
+            "service": _SERVICE,
+            "mode": "mp",
+            "version": self.r.service_version,
+            "chunk_size": self.chunk_size,
+            "l1_size_gb": self.s.lmcache_l1_gb,
+            "eviction_policy": "LRU",
+            "transfer_mode": "auto",
+            "command": self.s.service_command,
+        }
 
     def config(self, arm: str) -> dict[str, Any]:
         """What decides correctness: same settings → same digest on any run (no ports, no pids)."""
         on = arm == "ON"
         return {
-            "target": "vllm", "engine": "vllm", "engine_version": self.r.engine_version,
-            "model": {"path": str(self.r.model_dir), "checkpoint_sha256": self.r.checkpoint_sha256,
-                      "revision": self.r.revision},
-            "served_name": self.model_name, "dtype": self.s.dtype, "max_model_len": self.s.max_model_len,
-            "enable_prefix_caching": True, "block_size": self.s.block_size,
-            "enforce_eager": self.s.enforce_eager, "replicas": self.s.replicas,
-            "transfer_path": self.transfer_path, "extra_args": self.s.extra_args,
+            "target": "vllm",
+            "engine": "vllm",
+            "engine_version": self.r.engine_version,
+            "model": {
+                "path": str(self.r.model_dir),
+                "checkpoint_sha256": self.r.checkpoint_sha256,
+                "revision": self.r.revision,
+            },
+            "served_name": self.model_name,
+            "dtype": self.s.dtype,
+            "max_model_len": self.s.max_model_len,
+            "enable_prefix_caching": True,
+            "block_size": self.s.block_size,
+            "enforce_eager": self.s.enforce_eager,
+            "replicas": self.s.replicas,
+            "transfer_path": self.transfer_path,
+            "extra_args": self.s.extra_args,
             # Variables can change what is computed (allocator, attention backend, LMCACHE_*):
             # the explicit ones by value, passed-through ones (possibly secret) by name only.
-            "env": self.s.env, "pass_env": sorted(self.s.pass_env),
-            "replica_command": self.s.replica_command, "engine_device": self.r.engine_device,
+            "env": self.s.env,
+            "pass_env": sorted(self.s.pass_env),
+            "replica_command": self.s.replica_command,
+            "engine_device": self.r.engine_device,
             # Replicas hash chunks with it: a different seed per replica shares nothing.
             "hash_seed": self.hash_seed,
             "kv_connector": self.lmcache.connector_config(self.s.host, None) if on else None,
             "lmcache": self.lmcache.config(self.s.host) if on else None,
             "service": self._service_config() if on else None,
-        }  # fmt: skip
+        }
 
     def config_sha256(self, arm: str) -> str:
         return sha256_hex(canonical_json(self.config(arm)))
 
     def describe(self) -> dict[str, Any]:
-        return {"mode": "managed", "engine_version": self.r.engine_version,
-                "model": str(self.r.model_dir), "revision": self.r.revision,
-                "gpus": list(self.physical_gpus or []), "transfer_path": self.transfer_path,
-                "answers_meaningful": self.answers_meaningful,
-                "meaningful_up_to_tokens": self.meaningful_up_to_tokens, "restarts_blocks": True}  # fmt: skip
+        return {
+            "mode": "managed",
+            "engine_version": self.r.engine_version,
+            "model": str(self.r.model_dir),
+            "revision": self.r.revision,
+            "gpus": list(self.physical_gpus or []),
+            "transfer_path": self.transfer_path,
+            "answers_meaningful": self.answers_meaningful,
+            "meaningful_up_to_tokens": self.meaningful_up_to_tokens,
+            "restarts_blocks": True,
+        }
 
     async def prepare_run(self, run_id: str) -> tuple[LaunchRecord, ...]:
         """Bind the run (logs under its id) and record which checkpoint it uses."""
@@ -195,11 +233,17 @@ class VllmTarget:
 
         runtime = cache_root() / "runtime"
         env = {k: os.environ[k] for k in _INHERITED if k in os.environ}
-        env.update({
-            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
-            "DO_NOT_TRACK": "1", "PYTHONUNBUFFERED": "1",
-            "VLLM_CACHE_ROOT": str(runtime / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(runtime / "inductor"),
-        })  # fmt: skip
+        env.update(
+            {
+                "HF_HUB_OFFLINE": "1",
+                "TRANSFORMERS_OFFLINE": "1",
+                "VLLM_NO_USAGE_STATS": "1",
+                "DO_NOT_TRACK": "1",
+                "PYTHONUNBUFFERED": "1",
+                "VLLM_CACHE_ROOT": str(runtime / "vllm"),
+                "TORCHINDUCTOR_CACHE_DIR": str(runtime / "inductor"),
+            }
+        )
         if gpu is None:
             env["VLLM_CPU_KVCACHE_SPACE"] = str(self.s.kv_cache_gb)
         else:
@@ -210,13 +254,23 @@ class VllmTarget:
 
     def _replica_argv(self, port: int, on: bool, service_port: int | None) -> list[str]:
         template = self.s.replica_command or cmds.replica_template(
-            enforce_eager=self.s.enforce_eager, block_size=self.s.block_size,
-            gpu_memory_utilization=self.s.gpu_memory_utilization)  # fmt: skip
-        argv = cmds.render(template, {
-            "python": self.r.vllm_python, "model": self.r.model_dir, "served_name": self.model_name,
-            "host": self.s.host, "port": port, "dtype": self.s.dtype, "max_model_len": self.s.max_model_len,
-            "block_size": self.s.block_size,
-        })  # fmt: skip
+            enforce_eager=self.s.enforce_eager,
+            block_size=self.s.block_size,
+            gpu_memory_utilization=self.s.gpu_memory_utilization,
+        )
+        argv = cmds.render(
+            template,
+            {
+                "python": self.r.vllm_python,
+                "model": self.r.model_dir,
+                "served_name": self.model_name,
+                "host": self.s.host,
+                "port": port,
+                "dtype": self.s.dtype,
+                "max_model_len": self.s.max_model_len,
+                "block_size": self.s.block_size,
+            },
+        )
         argv += list(self.s.extra_args)  # verbatim: JSON braces are no placeholders
         if on and service_port is not None:
             argv = cmds.with_connector(argv, self.lmcache.connector_config(self.s.host, service_port))
@@ -236,10 +290,17 @@ class VllmTarget:
         """Start the LMCache service of an ON block whose config digest is ``digest``."""
         # A fresh port for every server (a reused one fails with "Address already in use").
         port, http_port = free_port(self.s.host), free_port(self.s.host)
-        argv = self.lmcache.service_argv(self.s.service_command, {
-            "python": self.r.lmcache_python, "host": self.s.host, "port": port, "http_port": http_port,
-            "chunk_size": self.chunk_size, "l1_size_gb": self.s.lmcache_l1_gb,
-        })  # fmt: skip
+        argv = self.lmcache.service_argv(
+            self.s.service_command,
+            {
+                "python": self.r.lmcache_python,
+                "host": self.s.host,
+                "port": port,
+                "http_port": http_port,
+                "chunk_size": self.chunk_size,
+                "l1_size_gb": self.s.lmcache_l1_gb,
+            },
+        )
         env = self._env(None)
         env.pop("VLLM_CPU_KVCACHE_SPACE", None)
         proc = start(argv, name=_SERVICE, log_dir=logs, env=env, die_with_parent=True)
@@ -248,20 +309,35 @@ class VllmTarget:
         self._service_url = f"lm://{self.s.host}:{port}" if remote else f"http://{self.s.host}:{http_port}"
         if remote:
             try:
-                await asyncio.to_thread(wait_tcp, self.s.host, port, float(self.s.startup_timeout_s),
-                                        process=proc)  # fmt: skip
+                await asyncio.to_thread(
+                    wait_tcp, self.s.host, port, float(self.s.startup_timeout_s), process=proc
+                )
             except StartupError as exc:
                 raise TargetError(f"{proc.name} did not start: {exc}") from exc
         else:
             await self._wait(proc, self._service_url + "/healthcheck")
-        return port, LaunchRecord("service.launched", {
-            "service": _SERVICE, "endpoint": self._service_url, "port": port, "mode": self.lmcache.mode,
-            "command": redact_command(argv), "env": redact_env(env), "version": self.r.service_version,
-            "pool_bytes": int(float(self.s.lmcache_l1_gb) * 2**30), "pinned": None,
-            "chunk_size": self.chunk_size, "config_sha256": digest, "target": "vllm",
-            "allocator": self.lmcache.allocator_record(), "hash_seed": self.hash_seed,
-            "pid": proc.pid, "ready_s": proc.ready_seconds, "restarted": True,
-        })  # fmt: skip
+        return port, LaunchRecord(
+            "service.launched",
+            {
+                "service": _SERVICE,
+                "endpoint": self._service_url,
+                "port": port,
+                "mode": self.lmcache.mode,
+                "command": redact_command(argv),
+                "env": redact_env(env),
+                "version": self.r.service_version,
+                "pool_bytes": int(float(self.s.lmcache_l1_gb) * 2**30),
+                "pinned": None,
+                "chunk_size": self.chunk_size,
+                "config_sha256": digest,
+                "target": "vllm",
+                "allocator": self.lmcache.allocator_record(),
+                "hash_seed": self.hash_seed,
+                "pid": proc.pid,
+                "ready_s": proc.ready_seconds,
+                "restarted": True,
+            },
+        )
 
     def _gpu_of(self, slot: int) -> tuple[int | None, dict[str, Any] | None]:
         if not self.physical_gpus:
@@ -296,8 +372,9 @@ class VllmTarget:
             launched.append((i, gpu, argv, env))
         # Started together, waited together: start-up is mostly waiting (68 s for two on 2 cores).
         await asyncio.gather(*(self._wait(self._procs[i], self._urls[i] + "/health") for i in self._procs))
-        observed = await asyncio.gather(*(asyncio.to_thread(self._observe, self._urls[i])
-                                          for i in self._procs))  # fmt: skip
+        observed = await asyncio.gather(
+            *(asyncio.to_thread(self._observe, self._urls[i]) for i in self._procs)
+        )
         processes = await asyncio.to_thread(gpu_processes) if self.physical_gpus else {}
         replicas = []
         for (i, assigned, argv, env), obs in zip(launched, observed, strict=True):
@@ -309,8 +386,9 @@ class VllmTarget:
             records.append(LaunchRecord("deployment.launched", data))
         return Launch(tuple(replicas), digest, tuple(records))
 
-    def _engine_gpu(self, i: int, assigned: dict[str, Any] | None,
-                    processes: Mapping[int, Sequence[Mapping[str, Any]]]) -> dict[str, Any] | None:
+    def _engine_gpu(
+        self, i: int, assigned: dict[str, Any] | None, processes: Mapping[int, Sequence[Mapping[str, Any]]]
+    ) -> dict[str, Any] | None:
         """The GPU replica ``i``'s engine computes on, as NVML sees its processes; else its assignment."""
         if assigned is None:
             return None  # a CPU engine: no GPU, whatever the host has
@@ -330,31 +408,58 @@ class VllmTarget:
     def _check_version(self, obs: Observed) -> None:
         # The config digest named a version before start; a different one serving would make it lie.
         if obs.version != self.r.engine_version:
-            raise TargetError(f"{obs.endpoint} serves vLLM {obs.version}, the config names "
-                              f"{self.r.engine_version}")  # fmt: skip
+            raise TargetError(
+                f"{obs.endpoint} serves vLLM {obs.version}, the config names {self.r.engine_version}"
+            )
 
-    def _replica_data(self, i: int, gpu: dict[str, Any] | None, arm: str, argv: list[str],
-                      env: dict[str, str], obs: Observed, service_port: int | None,
-                      config: dict[str, Any], digest: str) -> dict[str, Any]:  # fmt: skip
+    def _replica_data(
+        self,
+        i: int,
+        gpu: dict[str, Any] | None,
+        arm: str,
+        argv: list[str],
+        env: dict[str, str],
+        obs: Observed,
+        service_port: int | None,
+        config: dict[str, Any],
+        digest: str,
+    ) -> dict[str, Any]:
         proc = self._procs[i]
         on = arm == "ON" and service_port is not None
         lm = self.lmcache
         lmcache = {**lm.config(self.s.host), "env": lm.replica_env(self.s.host, service_port)} if on else None
         return {
-            "replica": i, "gpu": gpu, "endpoint": self._urls[i], "engine": "vllm",
-            "engine_version": obs.version, "command": redact_command(argv), "env": redact_env(env),
-            "model": {"path": str(self.r.model_dir), "served_name": self.model_name,
-                      "revision": self.r.revision, "checkpoint_sha256": self.r.checkpoint_sha256},
+            "replica": i,
+            "gpu": gpu,
+            "endpoint": self._urls[i],
+            "engine": "vllm",
+            "engine_version": obs.version,
+            "command": redact_command(argv),
+            "env": redact_env(env),
+            "model": {
+                "path": str(self.r.model_dir),
+                "served_name": self.model_name,
+                "revision": self.r.revision,
+                "checkpoint_sha256": self.r.checkpoint_sha256,
+            },
             "config_sha256": digest,
             "kv_connector": self.lmcache.connector_config(self.s.host, service_port) if on else None,
             "lmcache": lmcache,
-            "hash_seed": _seed_of(env), "device": "cuda" if gpu is not None else "cpu",
+            "hash_seed": _seed_of(env),
+            "device": "cuda" if gpu is not None else "cpu",
             "packages": self.r.packages,
-            "target": "vllm", "transfer_path": self.transfer_path, "arm": arm, "config": config,
-            "restarted": True, "attached": False, "pid": proc.pid, "ready_s": proc.ready_seconds,
-            "served_names": obs.served_names, "cache_config": obs.cache_config,
+            "target": "vllm",
+            "transfer_path": self.transfer_path,
+            "arm": arm,
+            "config": config,
+            "restarted": True,
+            "attached": False,
+            "pid": proc.pid,
+            "ready_s": proc.ready_seconds,
+            "served_names": obs.served_names,
+            "cache_config": obs.cache_config,
             "logs": [str(proc.stdout_path), str(proc.stderr_path)],
-        }  # fmt: skip
+        }
 
     # --- stopping ------------------------------------------------------------------
 
@@ -373,8 +478,10 @@ class VllmTarget:
     async def stop(self) -> tuple[LaunchRecord, ...]:
         procs, urls, self._procs, self._urls = self._procs, self._urls, {}, {}
         done = await asyncio.gather(*(self._stop_one(p, urls[i] + "/health") for i, p in procs.items()))
-        records = [LaunchRecord("deployment.stopped", {"replica": i, "endpoint": urls[i], **data})
-                   for i, data in zip(procs, done, strict=True)]  # fmt: skip
+        records = [
+            LaunchRecord("deployment.stopped", {"replica": i, "endpoint": urls[i], **data})
+            for i, data in zip(procs, done, strict=True)
+        ]
         service, url, self._service, self._service_url = self._service, self._service_url, None, None
         if service is not None:  # after the replicas: their connectors talk to it until they exit
             data = await self._stop_one(service, f"{url}/healthcheck")

@@ -19,8 +19,14 @@ __all__ = ["Observed", "cache_config", "observe", "observed_config"]
 
 _CACHE_INFO = "vllm:cache_config_info"
 # Labels of cache_config_info that decide what the cache holds (not sizes that vary by host).
-_CACHE_KEYS = ("block_size", "cache_dtype", "enable_prefix_caching", "prefix_caching_hash_algo",
-               "sliding_window", "kv_sharing_fast_prefill")  # fmt: skip
+_CACHE_KEYS = (
+    "block_size",
+    "cache_dtype",
+    "enable_prefix_caching",
+    "prefix_caching_hash_algo",
+    "sliding_window",
+    "kv_sharing_fast_prefill",
+)
 
 
 def _labels(key: str) -> dict[str, str]:

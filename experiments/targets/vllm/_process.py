@@ -241,8 +241,9 @@ def wait_http(
         time.sleep(interval)
 
 
-def wait_tcp(host: str, port: int, timeout: float, *, interval: float = 0.25,
-             process: Process | None = None) -> None:  # fmt: skip
+def wait_tcp(
+    host: str, port: int, timeout: float, *, interval: float = 0.25, process: Process | None = None
+) -> None:
     """Wait until ``host:port`` accepts a connection (a server without a health URL).
 
     Raises StartupError when ``timeout`` s pass, or at once when ``process`` exits.
@@ -250,8 +251,10 @@ def wait_tcp(host: str, port: int, timeout: float, *, interval: float = 0.25,
     deadline = time.monotonic() + timeout
     while True:
         if process is not None and process.poll() is not None:
-            raise StartupError(f"{process.name} exited with {process.poll()} before {host}:{port} accepted\n"
-                               + process.logs_tail())  # fmt: skip
+            raise StartupError(
+                f"{process.name} exited with {process.poll()} before {host}:{port} accepted\n"
+                + process.logs_tail()
+            )
         try:
             with socket.create_connection((host, port), timeout=2.0):
                 if process is not None:

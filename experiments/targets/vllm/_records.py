@@ -32,8 +32,9 @@ def log_digest(path: Path) -> dict[str, Any]:
     return {"path": str(path), "bytes": size, "sha256": digest.hexdigest()}
 
 
-def stopped_data(proc: Process, health: int | None, *,
-                 exited_before_stop: bool | None = None) -> dict[str, Any]:  # fmt: skip
+def stopped_data(
+    proc: Process, health: int | None, *, exited_before_stop: bool | None = None
+) -> dict[str, Any]:
     """What a stopped process leaves in the record; call after ``proc.terminate``.
 
     ``health`` is the health check's HTTP status just before the stop (None: no

@@ -151,7 +151,7 @@ def parse_hash_seed(value: Any) -> int | str | None:
     except (TypeError, ValueError):
         seed = -1
     if isinstance(value, bool) or not 0 <= seed <= 4294967295:
-        raise ParamError(f"hash_seed must be an integer 0..4294967295 or \"unset\", got {value!r}")
+        raise ParamError(f'hash_seed must be an integer 0..4294967295 or "unset", got {value!r}')
     return seed
 
 

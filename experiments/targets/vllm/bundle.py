@@ -144,18 +144,36 @@ def platform_tags(host: Mapping[str, Any]) -> list[str]:
 
 
 def _target_args(host: Mapping[str, Any]) -> list[str]:
-    args = ["--only-binary=:all:", "--python-version", str(host["python"]),
-            "--implementation", str(host["implementation"])]  # fmt: skip
+    args = [
+        "--only-binary=:all:",
+        "--python-version",
+        str(host["python"]),
+        "--implementation",
+        str(host["implementation"]),
+    ]
     for tag in platform_tags(host):
         args += ["--platform", tag]
     return args
 
 
-def pip_download_argv(python: str, host: Mapping[str, Any], wheels: Sequence[str], dest: Path,
-                      index_args: Sequence[str] = ()) -> list[str]:  # fmt: skip
+def pip_download_argv(
+    python: str, host: Mapping[str, Any], wheels: Sequence[str], dest: Path, index_args: Sequence[str] = ()
+) -> list[str]:
     """``pip download`` of exactly ``wheels`` for the host's interpreter, no dependencies."""
-    return [python, "-m", "pip", "download", "--no-deps", "--progress-bar", "off",
-            *_target_args(host), *index_args, "-d", str(dest), *wheels]  # fmt: skip
+    return [
+        python,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--progress-bar",
+        "off",
+        *_target_args(host),
+        *index_args,
+        "-d",
+        str(dest),
+        *wheels,
+    ]
 
 
 def bundle_key(pins: Mapping[str, Any]) -> str:
@@ -199,8 +217,11 @@ def _fits(filename: str, host: Mapping[str, Any]) -> bool:
         return m is not None and (m.group(1) == "" or int(m.group(1)) <= minor)
 
     exact = f"{impl}3{minor}"
-    py_ok = any(older(p, "py") for p in pys) or exact in pys or (
-        "abi3" in abis and any(older(p, impl) for p in pys))  # fmt: skip
+    py_ok = (
+        any(older(p, "py") for p in pys)
+        or exact in pys
+        or ("abi3" in abis and any(older(p, impl) for p in pys))
+    )
     abi_ok = bool(abis & {"none", "abi3", exact})
     plat_ok = bool(plats & set(platform_tags(host)))
     return py_ok and abi_ok and plat_ok
@@ -324,8 +345,14 @@ def _log(out: IO[str] | None, msg: str) -> None:
 
 
 def _pip(argv: Sequence[str], what: str) -> None:
-    proc = subprocess.run(list(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          stdin=subprocess.DEVNULL, check=False)  # fmt: skip
+    proc = subprocess.run(
+        list(argv),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
     if proc.returncode != 0:
         tail = "\n".join(proc.stdout.splitlines()[-30:])
         raise BundleError(f"{what} failed (exit {proc.returncode}):\n{tail}")
@@ -357,12 +384,29 @@ def build(
     if unknown:
         raise BundleError(f"unknown archive(s): {sorted(unknown)}")
     wheels_dir.mkdir(parents=True, exist_ok=True)
-    manifest: dict[str, Any] = {"key": key, "host": dict(host), "part_bytes": part_bytes, "xz_preset": preset,
-                                "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                                "archives": {}}  # fmt: skip
-    built = {name: _build_archive(name, pins["archives"][name], host, work, wheels_dir, part_bytes,
-                                  python=python, index_args=index_args, preset=preset, out=out)
-             for name in names}  # fmt: skip
+    manifest: dict[str, Any] = {
+        "key": key,
+        "host": dict(host),
+        "part_bytes": part_bytes,
+        "xz_preset": preset,
+        "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "archives": {},
+    }
+    built = {
+        name: _build_archive(
+            name,
+            pins["archives"][name],
+            host,
+            work,
+            wheels_dir,
+            part_bytes,
+            python=python,
+            index_args=index_args,
+            preset=preset,
+            out=out,
+        )
+        for name in names
+    }
     parts_dir = work / "parts"
     if parts_dir.exists():
         shutil.rmtree(parts_dir)
@@ -377,9 +421,19 @@ def build(
     return parts_dir
 
 
-def _build_archive(name: str, spec: Mapping[str, Any], host: Mapping[str, Any], work: Path,
-                   wheels_dir: Path, part_bytes: int, *, python: str, index_args: Sequence[str],
-                   preset: int, out: IO[str] | None) -> tuple[Path, dict[str, Any]]:  # fmt: skip
+def _build_archive(
+    name: str,
+    spec: Mapping[str, Any],
+    host: Mapping[str, Any],
+    work: Path,
+    wheels_dir: Path,
+    part_bytes: int,
+    *,
+    python: str,
+    index_args: Sequence[str],
+    preset: int,
+    out: IO[str] | None,
+) -> tuple[Path, dict[str, Any]]:
     """One archive (.tar.xz), in a directory named by what decides it (reused when complete).
 
     The part size is no part of it: splitting again into other sizes is cheap.
@@ -402,18 +456,38 @@ def _build_archive(name: str, spec: Mapping[str, Any], host: Mapping[str, Any], 
     if site.exists():
         shutil.rmtree(site)
     _log(out, f"{name}: unpacking into {site}")
-    _pip([python, "-m", "pip", "install", "--no-deps", "--no-compile", "--no-index", "--progress-bar",
-          "off", "--target", str(site), *_target_args(host),
-          *(str(wheels_dir / w) for w in chosen)], f"{name}: pip install --target")  # fmt: skip
+    _pip(
+        [
+            python,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--no-compile",
+            "--no-index",
+            "--progress-bar",
+            "off",
+            "--target",
+            str(site),
+            *_target_args(host),
+            *(str(wheels_dir / w) for w in chosen),
+        ],
+        f"{name}: pip install --target",
+    )
     removed = prune(site, spec.get("prune", []))
     unpacked = _dir_bytes(site)
     archive = where / f"{name}.tar.xz"
     _log(out, f"{name}: compressing {unpacked / MIB:.0f} MiB (xz)")
     compress_site(site, archive, preset=preset)
     compressed = archive.stat().st_size
-    info = {"required": bool(spec.get("required", True)), "wheels": list(chosen), "pruned": removed,
-            "unpacked_bytes": unpacked, "compressed_bytes": compressed,
-            "sha256": sha256_file(archive)}  # fmt: skip
+    info = {
+        "required": bool(spec.get("required", True)),
+        "wheels": list(chosen),
+        "pruned": removed,
+        "unpacked_bytes": unpacked,
+        "compressed_bytes": compressed,
+        "sha256": sha256_file(archive),
+    }
     done.write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")  # written last: complete
     shutil.rmtree(site)
     seconds = time.monotonic() - t0
@@ -427,8 +501,9 @@ def stage(parts_dir: Path, dest: Path, *, max_bytes: int = 60 * MIB) -> list[Pat
     Parts go in order; ``BUNDLE.json`` and ``SHA256SUMS`` ride in the last folder
     that has room (they are small). The folders, in order.
     """
-    names = [line.split(None, 1)[1].strip() for line in (parts_dir / SUMS).read_text().splitlines()
-             if line.strip()]  # fmt: skip
+    names = [
+        line.split(None, 1)[1].strip() for line in (parts_dir / SUMS).read_text().splitlines() if line.strip()
+    ]
     files = [n for n in names if n != MANIFEST] + [MANIFEST, SUMS]
     folders: list[list[str]] = [[]]
     used = [0]
@@ -549,8 +624,10 @@ class _Concat(io.RawIOBase):
 
 
 def _unpack(parts: Sequence[Path], dest: Path) -> None:
-    with lzma.LZMAFile(io.BufferedReader(_Concat(parts), MIB)) as lz, \
-            tarfile.open(fileobj=lz, mode="r|") as tar:  # fmt: skip
+    with (
+        lzma.LZMAFile(io.BufferedReader(_Concat(parts), MIB)) as lz,
+        tarfile.open(fileobj=lz, mode="r|") as tar,
+    ):
         tar.extractall(dest, filter="data")
 
 
@@ -620,17 +697,25 @@ def install(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.targets.vllm.bundle",
-                                     description=__doc__.split("\n\n")[0])  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.targets.vllm.bundle", description=__doc__.split("\n\n")[0]
+    )
     sub = parser.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="download, unpack, prune, compress and split (needs a registry)")
     b.add_argument("--pins", type=Path, default=DEFAULT_PINS)
     b.add_argument("--part-mib", type=int, default=60, help="largest part, MiB (default 60)")
     b.add_argument("--no-ledger", action="store_true", help="leave out kvledger's own dependencies")
-    b.add_argument("--preset", type=int, default=6, choices=range(10), metavar="0-9",
-                   help="xz preset (default 6; 9 is smaller and slower)")
-    b.add_argument("--root", type=Path, default=None,
-                   help="default ${KVLEDGER_CACHE:-~/.cache/kvledger}/bundles")
+    b.add_argument(
+        "--preset",
+        type=int,
+        default=6,
+        choices=range(10),
+        metavar="0-9",
+        help="xz preset (default 6; 9 is smaller and slower)",
+    )
+    b.add_argument(
+        "--root", type=Path, default=None, help="default ${KVLEDGER_CACHE:-~/.cache/kvledger}/bundles"
+    )
     s = sub.add_parser("stage", help="copy the parts into folders c1, c2, ... of bounded size")
     s.add_argument("parts", type=Path)
     s.add_argument("dest", type=Path)
@@ -646,8 +731,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.cmd == "build":
             pins = load_pins(args.pins)
             names = [a for a in pins["archives"] if not (args.no_ledger and a == "ledger")]
-            parts = build(pins, root=args.root, part_bytes=args.part_mib * MIB, archives=names,
-                          preset=args.preset)
+            parts = build(
+                pins, root=args.root, part_bytes=args.part_mib * MIB, archives=names, preset=args.preset
+            )
             for line in (parts / SUMS).read_text().splitlines():
                 digest, name = line.split("  ", 1)
                 print(f"{(parts / name).stat().st_size:>12}  {digest}  {parts / name}")

@@ -49,8 +49,11 @@ def check_params(params: dict[str, Any]) -> None:
     """Refuse bad vllm options before anything is written (ParamError → exit 2)."""
     check(params)
     model = params.get("model")
-    if model not in (None, TINY) and not Path(str(model)).expanduser().is_dir() \
-            and params.get("attach") is None:  # fmt: skip
+    if (
+        model not in (None, TINY)
+        and not Path(str(model)).expanduser().is_dir()
+        and params.get("attach") is None
+    ):
         raise ParamError(f"model: not a directory (nor {TINY!r}): {model}")
     for name in ("vllm_python", "lmcache_python"):
         value = params.get(name)
@@ -121,12 +124,18 @@ class AttachedTarget:
             status = {}
         storage = status.get("storage_manager") or {}
         l1 = ((storage.get("l1_managers") or {}).get("_default") or {}) if isinstance(storage, dict) else {}
-        evict = ((storage.get("l1_eviction_controllers") or {}).get("_default") or {}) \
-            if isinstance(storage, dict) else {}  # fmt: skip
-        return {"engine_type": status.get("engine_type"), "chunk_size": status.get("chunk_size"),
-                "hash_algorithm": status.get("hash_algorithm"),
-                "l1_bytes": l1.get("memory_configured_bytes"),
-                "eviction_policy": evict.get("eviction_policy")}  # fmt: skip
+        evict = (
+            ((storage.get("l1_eviction_controllers") or {}).get("_default") or {})
+            if isinstance(storage, dict)
+            else {}
+        )
+        return {
+            "engine_type": status.get("engine_type"),
+            "chunk_size": status.get("chunk_size"),
+            "hash_algorithm": status.get("hash_algorithm"),
+            "l1_bytes": l1.get("memory_configured_bytes"),
+            "eviction_policy": evict.get("eviction_policy"),
+        }
 
     @property
     def chunk_size(self) -> int:
@@ -174,19 +183,28 @@ class AttachedTarget:
     def config(self, arm: str) -> dict[str, Any]:
         """The observed configuration: what the endpoints said, no ports or pids."""
         return {
-            "target": "vllm", "mode": "attach", "arm": arm, "chunk_size": self.chunk_size,
+            "target": "vllm",
+            "mode": "attach",
+            "arm": arm,
+            "chunk_size": self.chunk_size,
             "transfer_path": self.transfer_path,
             "replicas": [observed_config(o) for o in self.observed],
-            "service": self.service_config() if arm == "ON" else None, "hash_seed": self.hash_seed,
-        }  # fmt: skip
+            "service": self.service_config() if arm == "ON" else None,
+            "hash_seed": self.hash_seed,
+        }
 
     def config_sha256(self, arm: str) -> str:
         return sha256_hex(canonical_json(self.config(arm)))
 
     def describe(self) -> dict[str, Any]:
-        return {"mode": "attach", "endpoints": list(self.urls), "service": self.service_url,
-                "engine_version": self.observed[0].version, "answers_meaningful": self.answers_meaningful,
-                "restarts_blocks": False}  # fmt: skip
+        return {
+            "mode": "attach",
+            "endpoints": list(self.urls),
+            "service": self.service_url,
+            "engine_version": self.observed[0].version,
+            "answers_meaningful": self.answers_meaningful,
+            "restarts_blocks": False,
+        }
 
     def _checkpoint_dir(self) -> Path | None:
         """The model directory to audit: the ``model`` param, else the served root if it is local."""
@@ -220,32 +238,64 @@ class AttachedTarget:
         config = self.config(arm)
         digest = sha256_hex(canonical_json(config))
         replicas = tuple(Replica(i, o.endpoint, self._gpu(i)) for i, o in enumerate(now))
-        records = [LaunchRecord("deployment.launched", self._replica_data(i, o, arm, config, digest))
-                   for i, o in enumerate(now)]  # fmt: skip
+        records = [
+            LaunchRecord("deployment.launched", self._replica_data(i, o, arm, config, digest))
+            for i, o in enumerate(now)
+        ]
         if arm == "ON" and self.service is not None:
-            records.append(LaunchRecord("service.launched", {
-                "service": "lmcache", "endpoint": self.service_url, "command": None, "env": {},
-                "version": None, "pool_bytes": None, "pinned": None, "config_sha256": digest,
-                "target": "vllm", "attached": True, "restarted": False, "observed": self.service,
-                "service_config": self.service_config(), "chunk_size": self.chunk_size,
-            }))  # fmt: skip
+            records.append(
+                LaunchRecord(
+                    "service.launched",
+                    {
+                        "service": "lmcache",
+                        "endpoint": self.service_url,
+                        "command": None,
+                        "env": {},
+                        "version": None,
+                        "pool_bytes": None,
+                        "pinned": None,
+                        "config_sha256": digest,
+                        "target": "vllm",
+                        "attached": True,
+                        "restarted": False,
+                        "observed": self.service,
+                        "service_config": self.service_config(),
+                        "chunk_size": self.chunk_size,
+                    },
+                )
+            )
         return Launch(replicas, digest, tuple(records))
 
     def _gpu(self, i: int) -> dict[str, Any] | None:
         return self.gpus[i] if i < len(self.gpus) else None
 
-    def _replica_data(self, i: int, o: Observed, arm: str, config: dict[str, Any],
-                      digest: str) -> dict[str, Any]:  # fmt: skip
+    def _replica_data(
+        self, i: int, o: Observed, arm: str, config: dict[str, Any], digest: str
+    ) -> dict[str, Any]:
         return {
-            "replica": i, "gpu": self._gpu(i), "endpoint": o.endpoint, "engine": "vllm",
-            "engine_version": o.version, "command": None, "env": {},
+            "replica": i,
+            "gpu": self._gpu(i),
+            "endpoint": o.endpoint,
+            "engine": "vllm",
+            "engine_version": o.version,
+            "command": None,
+            "env": {},
             "model": {"path": o.model_root, "served_name": self.model_name, "revision": self.s.revision},
-            "config_sha256": digest, "kv_connector": None, "target": "vllm", "hash_seed": self.hash_seed,
-            "transfer_path": self.transfer_path, "arm": arm, "attached": True, "restarted": False,
-            "config": config, "observed_config": observed_config(o), "models": o.models,
-            "cache_config": o.cache_config, "metrics": o.metrics,
+            "config_sha256": digest,
+            "kv_connector": None,
+            "target": "vllm",
+            "hash_seed": self.hash_seed,
+            "transfer_path": self.transfer_path,
+            "arm": arm,
+            "attached": True,
+            "restarted": False,
+            "config": config,
+            "observed_config": observed_config(o),
+            "models": o.models,
+            "cache_config": o.cache_config,
+            "metrics": o.metrics,
             "has_external_metrics": o.has_external_metrics,
-        }  # fmt: skip
+        }
 
     async def stop(self) -> tuple[LaunchRecord, ...]:
         records = []
@@ -254,9 +304,18 @@ class AttachedTarget:
                 health: int | None = (await self._client.get(url + "/health")).status_code
             except httpx.HTTPError:
                 health = None
-            records.append(LaunchRecord("deployment.stopped", {
-                "replica": i, "endpoint": url, "attached": True, "stopped": False, "health_at_stop": health,
-            }))  # fmt: skip
+            records.append(
+                LaunchRecord(
+                    "deployment.stopped",
+                    {
+                        "replica": i,
+                        "endpoint": url,
+                        "attached": True,
+                        "stopped": False,
+                        "health_at_stop": health,
+                    },
+                )
+            )
         return tuple(records)
 
     async def healthy(self, replica: int) -> bool:
