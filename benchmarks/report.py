@@ -1,6 +1,6 @@
 """Report + audit over screening-shaped ledgers of 250k, 1M and 2M events (SQLite).
 
-Ledgers come from reports/_synthetic.py: one validation run, then as many
+Ledgers come from tests/_synthetic.py: one validation run, then as many
 seed-shaped screening runs (four blocks, 192 measured requests and six
 warmups each) as fill the size. Filling and the Parquet snapshot are timed
 separately and not counted; the timed part is what `ledger attest` does on a
@@ -28,7 +28,7 @@ from typing import Any
 
 from ledger import Ledger, NewEvent, open_ledger
 from reports import audit, derive_report, open_source, to_json
-from reports._synthetic import Generator
+from tests._synthetic import Generator, Screening
 
 from ._common import emit, timed
 
@@ -37,8 +37,6 @@ SIZES = {"250k": 250_000, "1m": 1_000_000, "2m": 2_000_000}
 
 def envelopes(count: int, seed: int = 314159) -> list[dict[str, Any]]:
     """At least ``count`` screening-shaped bare envelopes, cut at a run boundary after ``count``."""
-    from reports._synthetic import Screening
-
     gen = Generator(seed)
     gen.validation()
     while len(gen.out) < count:

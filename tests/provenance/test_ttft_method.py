@@ -12,7 +12,7 @@ from ledger import EventError, NewEvent, open_ledger
 from ledger._cli import cli
 from ledger._vocabulary import OPTIONAL_ENUMS
 from reports import audit, derive_report, open_source, to_markdown
-from reports._synthetic import Flaws, generate
+from tests._synthetic import Flaws, generate
 from tests.reports.conftest import import_envelopes
 from tests.reports.test_sim_pipeline import FAST, SMALL
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from reports import SEVERITY, audit, audit_json, open_source
-from reports._synthetic import Flaws, Shape, generate
+from tests._synthetic import Flaws, Shape, generate
 from tests.ledger._helpers import tamper_postgres, tamper_sqlite
 
 # flaw switch → (audit code, which finding field must name the planted id)

@@ -25,7 +25,7 @@ from click.testing import CliRunner
 from ledger import NewEvent, export_jsonl, open_ledger
 from ledger._cli import cli
 from reports import SEVERITY, Finding, audit, open_source
-from reports._synthetic import LMCACHE_VERSION, Flaws, Generator
+from tests._synthetic import LMCACHE_VERSION, Flaws, Generator
 from tests.ledger._helpers import tamper_sqlite
 
 pytestmark = pytest.mark.slow
@@ -532,7 +532,7 @@ def test_one_run_dated_by_two_methods(sim: Sim, found: Any) -> None:
 
 
 def _probe_run(make: Callable[[Generator], None], **flaws: bool) -> list[Envelope]:
-    """A GPU probe run as recorded on a GPU host and imported (reports/_synthetic.py writes it)."""
+    """A GPU probe run as recorded on a GPU host and imported (tests/_synthetic.py writes it)."""
     gen = Generator(flaws=Flaws(**flaws))
     make(gen)
     return gen.out

@@ -14,7 +14,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ledger import NewEvent, open_ledger
 from ledger._cli import cli
-from reports._synthetic import Flaws, generate
+from tests._synthetic import Flaws, generate
 from tests.ledger._helpers import tamper_sqlite
 
 from .conftest import import_envelopes

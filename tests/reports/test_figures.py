@@ -8,7 +8,7 @@ from typing import Any
 
 from reports import derive_report
 from reports._html import figure_paired, figure_sessions, figure_ttft, to_html
-from reports._synthetic import generate
+from tests._synthetic import generate
 
 
 def _texts(svg: str) -> list[str]:

@@ -9,7 +9,7 @@ import pytest
 
 from reports import audit, derive_report, to_markdown
 from reports._render import size, terminal_sections
-from reports._synthetic import Flaws, Shape, generate
+from tests._synthetic import Flaws, Shape, generate
 
 from . import _oracle
 

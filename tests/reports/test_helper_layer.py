@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 
 from reports import audit, derive_report
-from reports._synthetic import Flaws, Shape, generate
 from reports._validation import (
     FAILED,
     HELPERS,
@@ -26,6 +25,7 @@ from reports._validation import (
     pinned_tolerance,
     within_tolerance,
 )
+from tests._synthetic import Flaws, Shape, generate
 
 GPU = Shape(target="vllm", transfer_path="gpu")
 GIB = 1 << 30

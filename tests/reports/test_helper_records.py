@@ -19,9 +19,9 @@ import pytest
 
 from experiments.targets.vllm._lmcache import Generation
 from reports import audit, derive_report
-from reports._synthetic import Shape, generate
 from reports._validation import HELPERS as HELPER_LAYER
 from reports._validation import PINNED, SERVICE
+from tests._synthetic import Shape, generate
 from tests.probes.test_helper_data import checks_of, load
 
 FLAT = ("lmcache_version", "lmcache_allocator", "lmcache_ops")

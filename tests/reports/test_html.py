@@ -9,7 +9,7 @@ import pytest
 
 from reports import derive_report
 from reports._html import to_html
-from reports._synthetic import Flaws, generate
+from tests._synthetic import Flaws, generate
 
 from ._chromium import chromium_binary, inspect_page
 

@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 
 from reports import audit, derive_report
-from reports._synthetic import Shape, generate
+from tests._synthetic import Shape, generate
 
 DATA = Path(__file__).parents[1] / "data" / "probes"
 

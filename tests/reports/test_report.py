@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from reports import derive_report, open_source, to_json, to_markdown
-from reports._synthetic import Flaws, Shape, generate
+from tests._synthetic import Flaws, Shape, generate
 
 from . import _oracle
 

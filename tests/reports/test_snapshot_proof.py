@@ -20,8 +20,8 @@ import pytest
 from ledger import Ledger, open_ledger, read_jsonl
 from ledger._snapshot import file_sha256
 from reports import audit_json, derive_report, open_source, to_json
-from reports._synthetic import generate
 from tests._cli import ledger_cli
+from tests._synthetic import generate
 from tests.ledger._helpers import tamper_postgres, tamper_sqlite
 
 

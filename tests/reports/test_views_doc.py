@@ -10,8 +10,8 @@ from click.testing import CliRunner
 
 from ledger._cli import cli
 from reports import derive_report, open_source
-from reports._synthetic import generate
 from reports._views import EXAMPLES, views_markdown, with_clause
+from tests._synthetic import generate
 
 from .conftest import import_envelopes
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import random
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 Envelope = dict[str, Any]
@@ -963,8 +963,3 @@ def generate(
     gen = Generator(seed, shape or Shape(), flaws or Flaws())
     events = gen.ledger(screenings)
     return events, dict(gen.planted)
-
-
-def with_flaw(name: str, **shape: Any) -> tuple[list[Envelope], dict[str, Any]]:
-    """Shorthand for tests: a ledger with exactly one flaw planted."""
-    return generate(shape=replace(Shape(), **shape), flaws=Flaws(**{name: True}))
