@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._common import emit
-from ledger import open_ledger
+from ledger import open_ledger, query
 from ledger._jsonl import import_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
@@ -59,29 +59,41 @@ def main() -> int:
         ledger = open_ledger(f"sqlite:///{Path(tmp) / 'ledger.db'}")
         try:
             import_jsonl(ledger, jsonl)
-            runs = ledger.sql("""SELECT s.run_id, s.ts AS started, f.ts AS finished, f.data
+            runs = query(
+                ledger,
+                """SELECT s.run_id, s.ts AS started, f.ts AS finished, f.data
                                  FROM (SELECT * FROM run_started WHERE experiment = 'screening') s
                                  LEFT JOIN (SELECT run_id, ts, status AS data FROM run_finished) f
-                                 USING (run_id)""").to_pylist()
+                                 USING (run_id)""",
+            ).to_pylist()
             if not runs:
                 print(f"error: {export} holds no screening run", file=sys.stderr)
                 return 2
             run = runs[-1]
-            rows = ledger.sql(f"""
+            rows = query(
+                ledger,
+                f"""
                 SELECT b.arm, q.step, q.nominal_tokens, r.ttft_s
                 FROM request_sent q JOIN block_started b USING (block_id)
                 JOIN response_received r USING (request_id)
                 WHERE q.run_id = '{run["run_id"]}' AND q.workload = 'micro' AND NOT q.warmup
-                  AND r.ttft_s IS NOT NULL""").to_pylist()
-            leaky = ledger.sql(f"""
+                  AND r.ttft_s IS NOT NULL""",
+            ).to_pylist()
+            leaky = query(
+                ledger,
+                f"""
                 SELECT count(DISTINCT b.block_id) FILTER (WHERE h.local_hit_tokens > 0
                            OR h.external_hit_tokens > 0) AS leaky, count(DISTINCT b.block_id) AS blocks
                 FROM request_sent q JOIN block_started b USING (block_id)
                 JOIN hits_observed h USING (request_id)
                 WHERE q.run_id = '{run["run_id"]}' AND b.arm = 'ON' AND q.step = 'cold'
-                  AND NOT q.warmup""").to_pylist()[0]
-            measured = ledger.sql(f"""SELECT count(*) AS n FROM request_sent
-                                      WHERE run_id = '{run["run_id"]}' AND NOT warmup""").to_pylist()[0]["n"]
+                  AND NOT q.warmup""",
+            ).to_pylist()[0]
+            measured = query(
+                ledger,
+                f"""SELECT count(*) AS n FROM request_sent
+                                      WHERE run_id = '{run["run_id"]}' AND NOT warmup""",
+            ).to_pylist()[0]["n"]
         finally:
             ledger.close()
     wall = _seconds(str(run["finished"])) - _seconds(str(run["started"])) if run["finished"] else None

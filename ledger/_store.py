@@ -12,12 +12,10 @@ from sqlalchemy.engine import URL, Engine
 from . import _migrate
 from ._backends import Dialect, make_engine, normalise_url
 from ._canonical import parse_json
-from ._errors import ConflictError, EventError, QueryError, SchemaError
+from ._errors import ConflictError, EventError, SchemaError
 from ._events import GENESIS, Event, Head, NewEvent, Sealed, event_from_row, recorded, seal
 from ._ids import utc_now
 from ._schema import events as events_table
-from ._verify import Verification
-from ._vocabulary import KINDS
 
 _COLUMNS = "seq, id, ts, kind, run_id, block_id, data, digest, chain"
 
@@ -206,38 +204,6 @@ class Ledger:
             cursor.close()
         finally:
             connection.close()
-
-    # -- check and query ---------------------------------------------------------
-
-    def verify(self, expected_head: str | None = None) -> Verification:
-        """Recompute every digest and chain link; names the first bad seq."""
-        from ._verify import verify_ledger
-
-        return verify_ledger(self, expected_head)
-
-    def sql(self, statement: str, fmt: str = "arrow") -> Any:
-        """Run a reading DuckDB statement over the views; ``fmt``: arrow, pandas or polars."""
-        from ._analytics import Analytics, to_format
-
-        analytics = Analytics(self)
-        try:
-            return to_format(analytics.sql(statement), fmt)
-        finally:
-            analytics.close()
-
-    def arrow(self, kind: str | None = None) -> Any:
-        """Every event (``kind=None``, data as JSON text) or one kind's view, as a pyarrow.Table."""
-        from ._analytics import view_name
-
-        source = "events" if kind is None else '"' + view_name(kind) + '"'
-        if kind is not None and kind not in KINDS:
-            raise EventError(f"unknown kind {kind!r}", "kind")
-        try:
-            return self.sql(f"SELECT * FROM {source} ORDER BY seq")
-        except QueryError:
-            if kind is None:
-                raise
-            return self.sql("SELECT seq, id AS event_id, ts, run_id, block_id FROM events WHERE false")
 
     def recorded_heads(self) -> list[Head]:
         """Every head recorded at commit, in seq order."""

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ledger import open_ledger
+from ledger import open_ledger, verify
 
 
 def test_demo_publishes_a_clean_sim_study(tmp_path: Path) -> None:
@@ -32,6 +32,6 @@ def test_demo_publishes_a_clean_sim_study(tmp_path: Path) -> None:
     page = html.read_text(encoding="utf-8")
     assert "<svg" in page or "data:image/png" in page
     with open_ledger(f"sqlite:///{db}", create=False) as led:
-        assert led.verify().ok
+        assert verify(led).ok
         finished = [e.data for e in led.events(kind="run.finished")]
     assert len(finished) == 2 and all(d["status"] == "completed" for d in finished)

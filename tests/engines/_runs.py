@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ledger import Event, open_ledger
+from ledger import Event, open_ledger, query
 
 
 @dataclass
@@ -24,7 +24,7 @@ class RecordedRun:
     def sql(self, statement: str) -> list[dict[str, Any]]:
         led = open_ledger(self.url)
         try:
-            rows: list[dict[str, Any]] = led.sql(statement).to_pylist()
+            rows: list[dict[str, Any]] = query(led, statement).to_pylist()
             return rows
         finally:
             led.close()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ledger import open_ledger
+from ledger import open_ledger, verify
 
 from .._cli import ledger_cli, param_args
 from .conftest import LEDGER, REPO, SMALL, events, run_ids
@@ -64,7 +64,7 @@ def _later_run_is_fine(url: str) -> None:
     assert result.exit_code == 0, result.output
     led = open_ledger(url)
     try:
-        assert led.verify().ok
+        assert verify(led).ok
     finally:
         led.close()
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import multiprocessing
 from pathlib import Path
 
-from ledger import NewEvent, open_ledger
+from ledger import NewEvent, open_ledger, verify
 from ledger._migrate import current_revision, head_revision
 
 
@@ -35,4 +35,4 @@ def test_simultaneous_first_opens_all_succeed(tmp_path: Path) -> None:
             assert current_revision(led.engine) == head_revision()
             notes = [e.data["worker"] for e in led.events(kind="note.added")]
             assert sorted(notes) == [0, 1, 2, 3]
-            assert led.verify().ok
+            assert verify(led).ok

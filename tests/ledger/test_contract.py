@@ -37,7 +37,9 @@ from ledger import (
     new_id,
     next_chain,
     open_ledger,
+    query,
     sha256_hex,
+    verify,
 )
 from ledger._schema import metadata
 
@@ -71,7 +73,7 @@ class VerifyContract:
     def test_edited_data_detected(self, url: str, led: Ledger) -> None:
         self._ten(led)
         self.tamper(url, 'UPDATE events SET data = \'{"i":0,"text":"forged"}\' WHERE seq = 4')
-        result = led.verify()
+        result = verify(led)
         assert (result.ok, result.first_bad_seq, result.count) == (False, 4, 3)
         assert "digest" in (result.problem or "")
 
@@ -87,7 +89,7 @@ class VerifyContract:
             f"UPDATE events SET run_id = 'run-x', data = '{{\"text\":\"x\"}}', "
             f"digest = '{digest}' WHERE seq = 6",
         )
-        assert led.verify().first_bad_seq == 6
+        assert verify(led).first_bad_seq == 6
 
     # Run and block ids that JSON must escape: verify may not take its plain-quoting fast path.
     ODD_IDS: ClassVar[list[str]] = [
@@ -108,9 +110,9 @@ class VerifyContract:
             ]
         )
         led.append_many(notes(3))
-        assert led.verify().ok
+        assert verify(led).ok
         self.tamper(url, 'UPDATE events SET data = \'{"text":"forged"}\' WHERE seq = 2')
-        assert led.verify().first_bad_seq == 2
+        assert verify(led).first_bad_seq == 2
 
     def test_non_canonical_envelope_digest_refused(self, url: str, led: Ledger) -> None:
         """A digest over the unescaped text (not canonical JSON) must not verify."""
@@ -125,13 +127,13 @@ class VerifyContract:
             f"UPDATE events SET digest = '{digest}', chain = '{next_chain(GENESIS, digest)}'",
             f"UPDATE heads SET chain = '{next_chain(GENESIS, digest)}'",
         )
-        result = led.verify()
+        result = verify(led)
         assert (result.ok, result.first_bad_seq) == (False, 1)
 
     def test_deleted_row_detected(self, url: str, led: Ledger) -> None:
         self._ten(led)
         self.tamper(url, "DELETE FROM events WHERE seq = 5")
-        result = led.verify()
+        result = verify(led)
         assert (result.ok, result.first_bad_seq) == (False, 5)
 
     def test_reordered_rows_detected(self, url: str, led: Ledger) -> None:
@@ -142,21 +144,21 @@ class VerifyContract:
             "UPDATE events SET seq = 7 WHERE seq = 3",
             "UPDATE events SET seq = 3 WHERE seq = -7",
         )
-        result = led.verify()
+        result = verify(led)
         assert (result.ok, result.first_bad_seq) == (False, 3)
 
     def test_truncated_tail_detected(self, url: str, led: Ledger) -> None:
         self._ten(led)
         self.tamper(url, "DELETE FROM events WHERE seq > 7")
-        result = led.verify()
+        result = verify(led)
         assert (result.ok, result.first_bad_seq) == (False, 8)
         assert "truncated" in (result.problem or "")
 
     def test_wrong_expected_head(self, led: Ledger) -> None:
         self._ten(led)
         head = led.head()
-        assert head is not None and led.verify(head.chain).ok
-        result = led.verify("0" * 64)
+        assert head is not None and verify(led, head.chain).ok
+        result = verify(led, "0" * 64)
         assert (result.ok, result.first_bad_seq) == (False, 10)
 
     def test_parallel_verify_names_the_same_first_bad_seq(self, url: str, led: Ledger) -> None:
@@ -284,7 +286,7 @@ class LedgerContract(VerifyContract):
         for statement in statements:
             with pytest.raises(DBAPIError, match="append-only"), led.engine.begin() as conn:
                 conn.execute(text(statement))
-        assert led.count() == 3 and led.verify().ok
+        assert led.count() == 3 and verify(led).ok
 
     extra_refused: ClassVar[list[str]] = []
 
@@ -327,7 +329,7 @@ class LedgerContract(VerifyContract):
         ]
         assert target.head() == led.head()
         assert import_jsonl(target, out) == 21  # idempotent
-        assert target.count() == 21 and target.verify().ok
+        assert target.count() == 21 and verify(target).ok
 
     def test_import_bare_envelopes(self, led: Ledger, tmp_path: Path) -> None:
         bare = [
@@ -444,23 +446,24 @@ class LedgerContract(VerifyContract):
                 for i in range(4)
             ]
         )
-        table = led.sql("SELECT prompt_tokens, ttft_s, status FROM response_received ORDER BY seq")
+        table = query(led, "SELECT prompt_tokens, ttft_s, status FROM response_received ORDER BY seq")
         assert table.column("prompt_tokens").to_pylist() == [100, 101, 102, 103]
         assert str(table.schema.field("prompt_tokens").type) == "int64"
         assert str(table.schema.field("ttft_s").type) == "double"
-        assert led.sql("SELECT count(*) AS n FROM events", "pandas")["n"][0] == 4
-        assert led.sql("SELECT count(*) AS n FROM events", "polars")["n"][0] == 4
-        assert led.arrow("response.received").num_rows == 4 and led.arrow().num_rows == 4
+        assert query(led, "SELECT count(*) AS n FROM events", "pandas")["n"][0] == 4
+        assert query(led, "SELECT count(*) AS n FROM events", "polars")["n"][0] == 4
+        assert query(led, "SELECT * FROM response_received").num_rows == 4
+        assert query(led, "SELECT * FROM events").num_rows == 4
 
     def test_snapshot_refresh_and_rebuild(self, led: Ledger, url: str) -> None:
         led.append_many(notes(3))
-        assert led.sql("SELECT count(*) AS n FROM note_added").column("n")[0].as_py() == 3
+        assert query(led, "SELECT count(*) AS n FROM note_added").column("n")[0].as_py() == 3
         led.append_many(notes(4, "m"))
-        assert led.sql("SELECT count(*) AS n FROM note_added").column("n")[0].as_py() == 7
+        assert query(led, "SELECT count(*) AS n FROM note_added").column("n")[0].as_py() == 7
         # A different ledger at the same place: the snapshot must not serve the old one.
         self.tamper(url, "DELETE FROM events", "DELETE FROM heads")
         led.append_many(notes(2, "z"))
-        texts = led.sql("SELECT text FROM note_added ORDER BY seq").column("text").to_pylist()
+        texts = query(led, "SELECT text FROM note_added ORDER BY seq").column("text").to_pylist()
         assert texts == ["z0", "z1"]
 
     def test_projections_follow_segments_sql_and_rebuilds(
@@ -515,7 +518,7 @@ class LedgerContract(VerifyContract):
         assert [e.seq for e in events] == list(range(1, workers * each + 1))
         assert len({e.id for e in events}) == workers * each
         assert Counter(e.data["worker"] for e in events) == {w: each for w in range(workers)}
-        assert led.verify().ok
+        assert verify(led).ok
 
     def test_kill_9_mid_batch(self, led: Ledger, url: str) -> None:
         rng = random.Random(9)
@@ -541,7 +544,7 @@ class LedgerContract(VerifyContract):
             assert sizes[batch_id] == size, f"committed batch {batch_id} lost"
         for event in led.events():
             assert sizes[event.data["text"]] == event.data["size"], "a partial batch is visible"
-        assert led.verify().ok
+        assert verify(led).ok
         assert len(sizes) >= len(reported) >= self.KILL_TRIALS
 
 
@@ -556,13 +559,13 @@ class TestSQLite(LedgerContract):
     def test_snapshot_rebuilt_for_another_file_at_the_same_path(self, url: str, tmp_path: Path) -> None:
         first = open_ledger(url)
         first.append_many(notes(5))
-        assert first.sql("SELECT count(*) AS n FROM events").column("n")[0].as_py() == 5
+        assert query(first, "SELECT count(*) AS n FROM events").column("n")[0].as_py() == 5
         first.close()
         for suffix in ("", "-wal", "-shm"):
             Path(tmp_path / f"ledger.db{suffix}").unlink(missing_ok=True)
         second = open_ledger(url)
         second.append_many(notes(6, "other"))
-        texts = second.sql("SELECT text FROM note_added ORDER BY seq").column("text").to_pylist()
+        texts = query(second, "SELECT text FROM note_added ORDER BY seq").column("text").to_pylist()
         assert texts == [f"other{i}" for i in range(6)]
         second.close()
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from ledger import Event, open_ledger
+from ledger import Event, open_ledger, query
 
 from .._cli import ledger_cli
 
@@ -57,7 +57,7 @@ class Study:
     def sql(self, statement: str) -> list[dict[str, Any]]:
         led = open_ledger(self.url)
         try:
-            rows: list[dict[str, Any]] = led.sql(statement).to_pylist()
+            rows: list[dict[str, Any]] = query(led, statement).to_pylist()
             return rows
         finally:
             led.close()
