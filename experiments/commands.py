@@ -19,7 +19,7 @@ from ._params import ParamError, parse_params
 from .targets._base import TargetError
 from .targets._registry import TARGETS
 
-__all__ = ["COMMANDS", "replay_command", "run_command"]
+__all__ = ["replay_command", "run_command"]
 
 
 def _usage(message: str) -> None:
@@ -144,6 +144,3 @@ def replay_command(run_id: str, target: str | None, no_progress: bool, db_url: s
         ledger.close()
     print_comparison(comparison)
     sys.exit(0 if comparison.all_matched else 1)
-
-
-COMMANDS: list[click.Command] = [run_command, replay_command]

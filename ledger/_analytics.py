@@ -62,19 +62,6 @@ def _field_expr(field: str, sql_type: str) -> str:
     return f"TRY_CAST(json_extract_string(data, '{path}') AS {sql_type})"
 
 
-def kind_fields(con: duckdb.DuckDBPyConnection) -> dict[str, dict[str, str]]:
-    """Each kind's data fields and their SQL types, inferred from the data itself."""
-    rows = con.execute(
-        "WITH k AS (SELECT kind, unnest(json_keys(data)) AS field, data FROM events) "
-        "SELECT kind, field, list(DISTINCT json_type(data, '$.' || '\"' || field || '\"')) "
-        "FROM k GROUP BY kind, field ORDER BY kind, field"
-    ).fetchall()
-    fields: dict[str, dict[str, str]] = {}
-    for kind, field, types in rows:
-        fields.setdefault(kind, {})[field] = _column_type(set(types))
-    return fields
-
-
 def _kind_view_sql(kind: str, fields: dict[str, str]) -> str:
     columns = ["seq", "id AS event_id", "ts", "run_id", "block_id"]
     for field, sql_type in fields.items():
@@ -87,13 +74,11 @@ def _kind_view_sql(kind: str, fields: dict[str, str]) -> str:
     )
 
 
-def connect(
-    segments: list[Path], fields: dict[str, dict[str, list[str]]] | None = None
-) -> duckdb.DuckDBPyConnection:
+def connect(segments: list[Path], fields: dict[str, dict[str, list[str]]]) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB with the ``events`` view and one view per kind.
 
-    ``fields`` (kind → field → JSON types, from the snapshot) spares a scan of
-    every event's data to find the columns.
+    ``fields`` (kind → field → JSON types) comes from the snapshot, which
+    records them as it writes each segment, so no scan of the data finds them.
     """
     con = duckdb.connect(":memory:")
     if segments:
@@ -106,14 +91,8 @@ def connect(
             "CAST(NULL AS VARCHAR) AS block_id, CAST(NULL AS VARCHAR) AS data, "
             "CAST(NULL AS VARCHAR) AS digest, CAST(NULL AS VARCHAR) AS chain WHERE false"
         )
-    if fields is None:
-        typed = kind_fields(con)
-    else:
-        typed = {
-            kind: {f: _column_type(set(t)) for f, t in sorted(fs.items())}
-            for kind, fs in sorted(fields.items())
-        }
-    for kind, columns in typed.items():
+    for kind, kind_types in sorted(fields.items()):
+        columns = {f: _column_type(set(t)) for f, t in sorted(kind_types.items())}
         con.execute(_kind_view_sql(kind, columns))
     return con
 

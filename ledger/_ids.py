@@ -6,7 +6,6 @@ import os
 import re
 import threading
 import time
-from datetime import UTC, datetime
 
 _lock = threading.Lock()
 _last_ms = 0
@@ -58,11 +57,6 @@ def utc_now() -> str:
         prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
         _second_cache = (second, prefix)
     return f"{prefix}.{nanos // 1000:06d}Z"
-
-
-def format_ts(moment: datetime) -> str:
-    """Format an aware datetime as RFC 3339 UTC with microseconds."""
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def is_rfc3339(text: str) -> bool:

@@ -165,24 +165,6 @@ def conclude(
     )
 
 
-def verify_rows(
-    rows: Iterable[tuple[Any, ...]],
-    heads: list[tuple[int, str]],
-    expected_head: str | None = None,
-) -> Verification:
-    """Verify a whole ledger given its rows in seq order and its recorded heads."""
-    head_seqs = {seq for seq, _ in heads}
-    chains_at: dict[int, str] = {}
-
-    def remember(stream: Iterable[tuple[Any, ...]]) -> Iterable[tuple[Any, ...]]:
-        for row in stream:
-            if row[0] in head_seqs:
-                chains_at[row[0]] = row[8]
-            yield row
-
-    return conclude(scan_rows(remember(rows), 1, GENESIS), heads, chains_at, expected_head)
-
-
 def merge(results: list[RangeResult]) -> RangeResult:
     """The sequential outcome of consecutive ranges: the first bad one, else the last."""
     for result in results:

@@ -11,7 +11,7 @@ from ._deployment import SimDeployment
 from ._faults import parse_faults
 from ._serve import serve_forever
 
-__all__ = ["COMMANDS", "plain_main", "sim_command", "sim_options"]
+__all__ = ["plain_main", "sim_command", "sim_options"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -145,6 +145,3 @@ def plain_main(**options: Any) -> None:
         click.echo("READY")
 
     serve_forever(_deployment(**options), ready)
-
-
-COMMANDS: list[click.Command] = [sim_command]
