@@ -15,6 +15,7 @@ import click
 from sqlalchemy.exc import DBAPIError
 
 from ._errors import LedgerError
+from .cli_options import ROOT_DB_KEY
 
 _CREDENTIALS = re.compile(r"(://[^:/@\s]*:)[^@\s]+@")
 
@@ -83,7 +84,15 @@ def _redact(message: str) -> str:
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="kvledger")
-def cli() -> None:
+@click.option(
+    "--db",
+    "db_url",
+    default=None,
+    metavar="URL",
+    help="Ledger database URL for the command that follows (as its own --db would be).",
+)
+@click.pass_context
+def cli(ctx: click.Context, db_url: str | None) -> None:
     """kvledger: an event-sourced, hash-chained ledger for LLM-serving experiments.
 
     Every launch, config, request, hit counter and assertion is an immutable
@@ -92,7 +101,10 @@ def cli() -> None:
     Example:
 
         ledger init && ledger run validation && ledger run screening && ledger audit
+        ledger --db sqlite:///study.db audit --publish
     """
+    if db_url is not None:
+        ctx.meta[ROOT_DB_KEY] = db_url
 
 
 def main() -> None:

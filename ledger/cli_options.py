@@ -6,14 +6,38 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
+from click.core import ParameterSource
 
 from ._backends import DEFAULT_URL
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+# Where the root group keeps a ``ledger --db URL COMMAND`` URL for the command it runs.
+ROOT_DB_KEY = "kvledger.root_db_url"
+
+
+def _db_url(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """The command's own ``--db`` first, then the root group's, then ``$KVLEDGER_URL``, then the default."""
+    root_url = ctx.meta.get(ROOT_DB_KEY)
+    if root_url is None:
+        return value
+    if ctx.get_parameter_source(str(param.name)) is ParameterSource.COMMANDLINE:
+        if value != root_url:
+            raise click.BadParameter(
+                f"given twice with different URLs (before the command: {root_url!r}); give it once",
+                ctx=ctx,
+                param=param,
+            )
+        return value
+    return str(root_url)
+
 
 def db_option(fn: F) -> F:
-    """``--db URL``: the ledger database (env ``KVLEDGER_URL``, default ``sqlite:///ledger.db``)."""
+    """``--db URL``: the ledger database (env ``KVLEDGER_URL``, default ``sqlite:///ledger.db``).
+
+    ``ledger --db URL COMMAND`` works as well: the root group's URL stands in
+    for a command's own ``--db`` when that is not given.
+    """
     return click.option(
         "--db",
         "db_url",
@@ -21,6 +45,7 @@ def db_option(fn: F) -> F:
         default=DEFAULT_URL,
         show_default=True,
         metavar="URL",
+        callback=_db_url,
         help="Ledger database URL (sqlite:///FILE or postgresql://...); env KVLEDGER_URL.",
     )(fn)
 
