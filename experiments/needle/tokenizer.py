@@ -24,30 +24,37 @@ fixtures the way the model was trained on them.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
-SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+def _tiny_model_script() -> ModuleType:
+    """The tiny model's build script, which also writes ChatML tokenizer files.
+
+    Loaded by path: the ``experiments.targets.vllm`` package imports kvledger's own
+    dependencies, which the engine environment this runs in does not have.
+    """
+    path = Path(__file__).resolve().parents[1] / "targets" / "vllm" / "_build_tiny_model.py"
+    spec = importlib.util.spec_from_file_location("_build_tiny_model", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_CHATML = _tiny_model_script()
+SPECIAL_TOKENS: list[str] = _CHATML.SPECIAL_TOKENS
 PAD, IM_START, IM_END = SPECIAL_TOKENS
+CHAT_TEMPLATE: str = _CHATML.CHAT_TEMPLATE
 # One piece per name, per digit, per word (with its leading space), per run of punctuation.
 SPLIT_PATTERN = (
     r"value_\d{3}|end_value| ?(?!value_\d{3}|end_value)[A-Za-z_]+"
     r"|\d| ?[^\sA-Za-z\d_]+|\s+(?!\S)|\s+"
 )
 NAMES = 1000
-
-CHAT_TEMPLATE = (
-    "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' }}"
-    "{%- if message['content'] is string %}{{- message['content'] }}"
-    "{%- else %}{%- for part in message['content'] %}"
-    "{%- if part['type'] == 'text' %}{{- part['text'] }}{%- endif %}"
-    "{%- endfor %}{%- endif %}"
-    "{{- '<|im_end|>\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
-)
 
 
 def corpus() -> list[str]:
@@ -89,37 +96,7 @@ def build(out: Path, max_len: int) -> Any:
     out.mkdir(parents=True, exist_ok=True)
     tok.save(str(out / "tokenizer.json"), pretty=True)
     check(tok)
-    added = {
-        str(tok.token_to_id(t)): {
-            "content": t,
-            "lstrip": False,
-            "normalized": False,
-            "rstrip": False,
-            "single_word": False,
-            "special": True,
-        }
-        for t in SPECIAL_TOKENS
-    }
-    config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "added_tokens_decoder": added,
-        "additional_special_tokens": [IM_START, IM_END],
-        "bos_token": None,
-        "eos_token": IM_END,
-        "pad_token": PAD,
-        "unk_token": None,
-        "add_bos_token": False,
-        "add_eos_token": False,
-        "add_prefix_space": False,
-        "clean_up_tokenization_spaces": False,
-        "model_max_length": max_len,
-        "chat_template": CHAT_TEMPLATE,
-    }
-    _dump(out / "tokenizer_config.json", config)
-    _dump(
-        out / "special_tokens_map.json",
-        {"additional_special_tokens": [IM_START, IM_END], "eos_token": IM_END, "pad_token": PAD},
-    )
+    _CHATML.write_tokenizer_files(tok, out, max_len)
     return tok
 
 
@@ -139,10 +116,6 @@ def check(tok: Any) -> None:
     assert tok.decode(tok.encode(sample).ids) == sample
     answer = json.dumps({"value_000": 938639, "end_value": 100200})
     assert tok.decode(tok.encode(answer).ids) == answer
-
-
-def _dump(path: Path, data: Any) -> None:
-    path.write_text(json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
 
 
 def main() -> None:

@@ -94,6 +94,15 @@ def build_tokenizer(p: dict[str, Any], out: Path) -> Any:
     tok.train_from_iterator(corpus(int(p["seed"]), int(p["corpus_words"])), trainer=trainer)
     tok.save(str(out / "tokenizer.json"), pretty=True)
 
+    write_tokenizer_files(tok, out, int(p["max_position_embeddings"]))
+    return tok
+
+
+def write_tokenizer_files(tok: Any, out: Path, model_max_length: int) -> None:
+    """tokenizer_config.json (ChatML template, specials) and special_tokens_map.json beside tok's file.
+
+    The needle model's tokenizer writes its files with this too.
+    """
     added = {
         str(tok.token_to_id(t)): {
             "content": t,
@@ -117,7 +126,7 @@ def build_tokenizer(p: dict[str, Any], out: Path) -> Any:
         "add_eos_token": False,
         "add_prefix_space": False,
         "clean_up_tokenization_spaces": False,
-        "model_max_length": int(p["max_position_embeddings"]),
+        "model_max_length": model_max_length,
         "chat_template": CHAT_TEMPLATE,
     }
     _dump(out / "tokenizer_config.json", config)
@@ -125,7 +134,6 @@ def build_tokenizer(p: dict[str, Any], out: Path) -> Any:
         out / "special_tokens_map.json",
         {"additional_special_tokens": [IM_START, IM_END], "eos_token": IM_END, "pad_token": PAD},
     )
-    return tok
 
 
 def build_model(p: dict[str, Any], tok: Any, out: Path) -> int:
