@@ -1,21 +1,33 @@
-"""Append throughput into SQLite, against raw ``executemany`` (the limit) and eventsourcing (the peer).
+"""Append throughput into SQLite and PostgreSQL, against raw inserts (the limit) and eventsourcing (the peer).
 
-All three store the same 200,000 events (about 300 bytes of data each) in
-batches of the same size, one committed transaction per batch, on a file in
-WAL mode. The ledger's figure covers validation, canonical JSON, digests,
-chaining and the insert; the events themselves (ids, timestamps) are made by
-the producer beforehand, as in real use.
+Every contender stores the same 200,000 events (about 300 bytes of data each)
+in batches of the same size, one committed transaction per batch; SQLite on a
+file in WAL mode. The ledger's figure covers validation, canonical JSON,
+digests, chaining and the insert; the events themselves (ids, timestamps) are
+made by the producer beforehand, as in real use. The ledger is measured with
+native sealing (ledger/_cseal.c) and with the Python reference, side by side.
+
+The fair limit is a raw insert of the very rows the ledger stored into a table
+with the ledger's indexes (UNIQUE id, run_id, kind): idempotency needs the
+UNIQUE id. On PostgreSQL the raw contenders are psycopg ``executemany`` and
+``COPY``; the server is ``$KVLEDGER_BENCH_PG_URL`` (default: the test server),
+where a database of its own is made and dropped.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sqlite3
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from sqlalchemy.engine import make_url
 
 from ledger import NewEvent, open_ledger
 
@@ -32,9 +44,22 @@ _INDEXES = (
 )
 
 
-def bench_ledger(directory: Path, events: list[NewEvent], batch: int) -> tuple[float, list[tuple[Any, ...]]]:
+PG_URL = os.environ.get("KVLEDGER_BENCH_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
+_PG_PLAIN = (
+    "CREATE TABLE plain (seq BIGINT PRIMARY KEY, id VARCHAR(36) NOT NULL UNIQUE, ts VARCHAR(32) NOT NULL, "
+    "kind VARCHAR(64) NOT NULL, run_id VARCHAR(64), block_id VARCHAR(64), data TEXT NOT NULL, "
+    "digest VARCHAR(64) NOT NULL, chain VARCHAR(64) NOT NULL)"
+)
+_PG_INDEXES = ("CREATE INDEX plain_run ON plain (run_id)", "CREATE INDEX plain_kind ON plain (kind)")
+_COLUMNS = "seq, id, ts, kind, run_id, block_id, data, digest, chain"
+
+
+def bench_ledger(
+    url: str, events: list[NewEvent], batch: int, sealer: str = "native"
+) -> tuple[float, list[tuple[Any, ...]]]:
     """Seconds to append ``events``; also the stored rows, for the other contenders."""
-    ledger = open_ledger(f"sqlite:///{directory / 'ledger.db'}")
+    ledger = open_ledger(url, sealer=sealer)
+    assert ledger.native == (sealer == "native"), "the native sealer is not built (see setup.py)"
     with timed() as t:
         for start in range(0, len(events), batch):
             ledger.append_many(events[start : start + batch])
@@ -137,43 +162,143 @@ def bench_eventsourcing_mapped(directory: Path, events: list[NewEvent], batch: i
     return t[0]
 
 
+@contextmanager
+def pg_database() -> Iterator[str]:
+    """A fresh PostgreSQL database on the benchmark server, dropped afterwards; yields its URL."""
+    import psycopg
+
+    base = make_url(PG_URL)
+    name = f"kvledger_bench_{uuid.uuid4().hex[:12]}"
+    admin = psycopg.connect(
+        host=base.host or "127.0.0.1",
+        port=base.port or 5432,
+        user=base.username or "postgres",
+        password=base.password,
+        dbname="postgres",
+        autocommit=True,
+    )
+    try:
+        admin.execute(f'CREATE DATABASE "{name}"')
+        yield base.set(drivername="postgresql+psycopg", database=name).render_as_string(hide_password=False)
+    finally:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.close()
+
+
+def bench_pg_raw(url: str, rows: list[tuple[Any, ...]], batch: int, method: str) -> float:
+    """psycopg ``executemany`` or ``COPY`` of the ledger's rows into a table with its indexes."""
+    import psycopg
+
+    parsed = make_url(url)
+    con = psycopg.connect(
+        host=parsed.host,
+        port=parsed.port,
+        user=parsed.username,
+        password=parsed.password,
+        dbname=parsed.database,
+    )
+    con.execute("DROP TABLE IF EXISTS plain")
+    con.execute(_PG_PLAIN)
+    for statement in _PG_INDEXES:
+        con.execute(statement)
+    con.commit()
+    cursor = con.cursor()
+    with timed() as t:
+        for start in range(0, len(rows), batch):
+            if method == "copy":
+                with cursor.copy(f"COPY plain ({_COLUMNS}) FROM STDIN") as copy:
+                    for row in rows[start : start + batch]:
+                        copy.write_row(row)
+            else:
+                cursor.executemany(
+                    "INSERT INTO plain VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                    rows[start : start + batch],
+                )
+            con.commit()
+    con.close()
+    return t[0]
+
+
+def bench_postgres(events: list[NewEvent], batch: int) -> dict[str, float]:
+    """Seconds for the ledger (both sealers) and the two raw inserts, each in a fresh database."""
+    seconds: dict[str, float] = {}
+    with pg_database() as url:
+        seconds["ledger"], rows = bench_ledger(url, events, batch)
+    with pg_database() as url:
+        seconds["ledger_python"], _ = bench_ledger(url, events, batch, sealer="python")
+    for method in ("executemany", "copy"):
+        with pg_database() as url:
+            seconds[method] = bench_pg_raw(url, rows, batch, method)
+    return seconds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks append")
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--batch", type=int, default=1_000)
+    parser.add_argument("--no-postgres", action="store_true", help="SQLite only (no server at hand).")
     args = parser.parse_args()
     with timed() as made:
         events = make_events(args.events)
     with tempfile.TemporaryDirectory(prefix="kvledger-bench-") as tmp:
         directory = Path(tmp)
-        ledger_s, rows = bench_ledger(directory, events, args.batch)
+        ledger_s, rows = bench_ledger(f"sqlite:///{directory / 'ledger.db'}", events, args.batch)
+        python_s, _ = bench_ledger(f"sqlite:///{directory / 'python.db'}", events, args.batch, "python")
         raw_s = bench_raw(directory, rows, args.batch)
         indexed_s = bench_raw(directory, rows, args.batch, indexed=True)
         es_s = bench_eventsourcing(directory, rows, args.batch)
         es_mapped_s = bench_eventsourcing_mapped(directory, events, args.batch)
+    pg = {} if args.no_postgres else bench_postgres(events, args.batch)
     n = args.events
     size = sum(len(r[6]) for r in rows) / n
-    print(f"{n:,} events, {size:.0f} bytes of data each, batches of {args.batch:,}")
+    print(
+        f"{n:,} events, {size:.0f} bytes of data each, batches of {args.batch:,}; "
+        f"load {os.getloadavg()[0]:.1f}"
+    )
     print(f"  producer: NewEvent creation (ids, timestamps)  {n / made[0]:>12,.0f} events/s (not counted)")
-    print(f"  ledger:   validated, chained, committed         {n / ledger_s:>12,.0f} events/s")
-    print(f"  raw:      sqlite3 executemany, plain table      {n / raw_s:>12,.0f} events/s (the limit)")
-    print(f"  raw:      same, with the ledger's three indexes {n / indexed_s:>12,.0f} events/s (context)")
+    print("SQLite")
+    print(f"  ledger:   native sealing, chained, committed    {n / ledger_s:>12,.0f} events/s")
+    print(f"  ledger:   the same, sealed in Python            {n / python_s:>12,.0f} events/s (reference)")
+    print(f"  raw:      sqlite3 executemany, plain table      {n / raw_s:>12,.0f} events/s")
+    print(f"  raw:      same, with the ledger's three indexes {n / indexed_s:>12,.0f} events/s (the limit)")
     print(f"  eventsourcing 9: Mapper(JSON) + SQLite recorder {n / es_mapped_s:>12,.0f} events/s (the peer)")
     print(f"  eventsourcing 9: recorder alone, bytes given    {n / es_s:>12,.0f} events/s (context)")
     print("  ratio_to_eventsourcing compares the same work: event objects in, committed rows out;")
     print("  the ledger also validates, digests and chains, which the peer does not.")
-    emit(
-        {
-            "benchmark": "append",
-            "events": n,
-            "events_per_s": round(n / ledger_s),
-            "raw_events_per_s": round(n / raw_s),
-            "eventsourcing_events_per_s": round(n / es_mapped_s),
-            "eventsourcing_recorder_only_events_per_s": round(n / es_s),
-            "raw_indexed_events_per_s": round(n / indexed_s),
-            "ratio_to_raw": round(raw_s / ledger_s, 3),
-            "ratio_to_eventsourcing": round(es_mapped_s / ledger_s, 3),
-            "ratio_to_eventsourcing_recorder_only": round(es_s / ledger_s, 3),
-            "unix_time": int(time.time()),
+    figures: dict[str, Any] = {
+        "benchmark": "append",
+        "events": n,
+        "events_per_s": round(n / ledger_s),
+        "python_sealer_events_per_s": round(n / python_s),
+        "raw_events_per_s": round(n / raw_s),
+        "eventsourcing_events_per_s": round(n / es_mapped_s),
+        "eventsourcing_recorder_only_events_per_s": round(n / es_s),
+        "raw_indexed_events_per_s": round(n / indexed_s),
+        "ratio_to_raw": round(raw_s / ledger_s, 3),
+        "ratio_to_raw_indexed": round(indexed_s / ledger_s, 3),
+        "ratio_to_eventsourcing": round(es_mapped_s / ledger_s, 3),
+        "ratio_to_eventsourcing_recorder_only": round(es_s / ledger_s, 3),
+        "ratio_native_to_python_sealer": round(python_s / ledger_s, 3),
+        "load_1m": round(os.getloadavg()[0], 2),
+        "unix_time": int(time.time()),
+    }
+    if pg:
+        print("PostgreSQL")
+        print(f"  ledger:   native sealing, chained, committed    {n / pg['ledger']:>12,.0f} events/s")
+        print(f"  ledger:   the same, sealed in Python            {n / pg['ledger_python']:>12,.0f} events/s")
+        print(
+            f"  raw:      psycopg executemany, same indexes     {n / pg['executemany']:>12,.0f} events/s "
+            "(the limit)"
+        )
+        print(
+            f"  raw:      psycopg COPY, same indexes            {n / pg['copy']:>12,.0f} events/s (context)"
+        )
+        figures |= {
+            "postgres_events_per_s": round(n / pg["ledger"]),
+            "postgres_python_sealer_events_per_s": round(n / pg["ledger_python"]),
+            "postgres_raw_indexed_events_per_s": round(n / pg["executemany"]),
+            "postgres_copy_indexed_events_per_s": round(n / pg["copy"]),
+            "postgres_ratio_to_raw_indexed": round(pg["executemany"] / pg["ledger"], 3),
+            "postgres_ratio_to_copy_indexed": round(pg["copy"] / pg["ledger"], 3),
         }
-    )
+    emit(figures)

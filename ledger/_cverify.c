@@ -17,46 +17,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "_native.h"
+
 /* Outcomes; ledger/_verify.py owns the messages. */
 enum { SCAN_OK = 0, SCAN_DELETED = 1, SCAN_EDITED = 2, SCAN_RELINKED = 3 };
 
-#define HEX_LEN 64
-
-typedef struct {
-    unsigned char *p;
-    size_t len, cap;
-} Buffer;
-
-static int reserve(Buffer *b, size_t more) {
-    if (b->len + more <= b->cap) return 0;
-    size_t cap = b->cap ? b->cap : 4096;
-    while (cap < b->len + more) cap *= 2;
-    unsigned char *p = realloc(b->p, cap);
-    if (p == NULL) return -1;
-    b->p = p;
-    b->cap = cap;
-    return 0;
-}
-
-static int put(Buffer *b, const void *s, size_t n) {
-    if (n == 0) return 0; /* SQLite gives NULL for an empty value */
-    if (reserve(b, n) < 0) return -1;
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    return 0;
-}
-
-#define PUT_LITERAL(b, s) put((b), (s), sizeof(s) - 1)
-
-static const char HEX_DIGITS[] = "0123456789abcdef";
-
 /* A column's bytes; NULL only where the envelope allows it. */
-typedef struct {
-    const unsigned char *p;
-    size_t n;
-    int is_null;
-} Text;
-
 static int text_of(sqlite3_stmt *st, int col, int nullable, Text *t) {
     int type = sqlite3_column_type(st, col);
     t->is_null = type == SQLITE_NULL;
@@ -65,49 +31,6 @@ static int text_of(sqlite3_stmt *st, int col, int nullable, Text *t) {
     t->p = sqlite3_column_blob(st, col); /* text or blob bytes, unconverted */
     t->n = (size_t)sqlite3_column_bytes(st, col);
     return 0;
-}
-
-/* Bytes a JSON string must escape (orjson: controls, '"', '\\'); set at module init. */
-static unsigned char ESCAPED[256];
-
-/* A JSON string with orjson's escaping, or null. Runs of plain bytes are copied whole. */
-static int put_string(Buffer *b, const Text *t) {
-    if (t->is_null) return PUT_LITERAL(b, "null");
-    if (reserve(b, 6 * t->n + 2) < 0) return -1; /* worst case: every byte as \u00xx */
-    const unsigned char *s = t->p, *end = t->p + t->n;
-    unsigned char *out = b->p + b->len;
-    *out++ = '"';
-    while (s < end) {
-        const unsigned char *plain = s;
-        while (s < end && !ESCAPED[*s]) s++;
-        memcpy(out, plain, (size_t)(s - plain));
-        out += s - plain;
-        if (s == end) break;
-        unsigned char c = *s++;
-        *out++ = '\\';
-        switch (c) {
-            case '"': *out++ = '"'; break;
-            case '\\': *out++ = '\\'; break;
-            case '\b': *out++ = 'b'; break;
-            case '\t': *out++ = 't'; break;
-            case '\n': *out++ = 'n'; break;
-            case '\f': *out++ = 'f'; break;
-            case '\r': *out++ = 'r'; break;
-            default:
-                *out++ = 'u'; *out++ = '0'; *out++ = '0';
-                *out++ = (unsigned char)HEX_DIGITS[c >> 4]; *out++ = (unsigned char)HEX_DIGITS[c & 15];
-        }
-    }
-    *out++ = '"';
-    b->len = (size_t)(out - b->p);
-    return 0;
-}
-
-static void to_hex(const unsigned char *md, char *out) {
-    for (int i = 0; i < 32; i++) {
-        out[2 * i] = HEX_DIGITS[md[i] >> 4];
-        out[2 * i + 1] = HEX_DIGITS[md[i] & 15];
-    }
 }
 
 /* ``sha`` is fetched once per scan: OpenSSL 3 looks the algorithm up on every EVP_sha256() init. */
@@ -272,8 +195,7 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__cverify(void) {
-    for (int c = 0; c < 0x20; c++) ESCAPED[c] = 1;
-    ESCAPED['"'] = ESCAPED['\\'] = 1;
+    init_escapes();
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     if (PyModule_AddIntConstant(m, "OK", SCAN_OK) || PyModule_AddIntConstant(m, "DELETED", SCAN_DELETED)

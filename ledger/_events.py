@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any, NamedTuple
 
 import orjson
@@ -11,7 +14,13 @@ import orjson
 from ._canonical import canonical_and_parsed, parse_json, sha256_hex
 from ._errors import EventError
 from ._ids import RFC3339_PATTERN, UUID_PATTERN, is_rfc3339, is_uuid, new_id, utc_now
-from ._vocabulary import validate
+from ._vocabulary import native_spec, validate
+
+_cseal: ModuleType | None
+try:
+    from . import _cseal
+except ImportError:  # installed without a C compiler or headers: the Python path serves
+    _cseal = None
 
 GENESIS = "0" * 64
 
@@ -183,6 +192,43 @@ def seal(event: NewEvent) -> Sealed:
     return Sealed(id_, ts, kind, run_id, block_id, data_json, digest, parsed)
 
 
+def native_sealing(sealer: str | None = None) -> bool:
+    """Whether append seals and chains natively (``ledger/_cseal.c``).
+
+    ``sealer``: ``python`` forces the Python path (the reference); anything else
+    uses the native one where it is built. Default: ``$KVLEDGER_SEALER``.
+    """
+    return _cseal is not None and (sealer or os.environ.get("KVLEDGER_SEALER", "auto")) != "python"
+
+
+def seal_many(events: Sequence[NewEvent], native: bool = True) -> list[Sealed]:
+    """:func:`seal` for each event, natively where ``native`` and built (same results, same errors)."""
+    if native and _cseal is not None:
+        return _cseal.seal_many(events)
+    return [seal(e) for e in events]
+
+
+Row = tuple[int, str, str, str, str | None, str | None, str, str, str]
+
+
+def link(
+    sealed: list[Sealed], seq: int, chain: str, native: bool = True
+) -> tuple[list[Row], list[Event], str]:
+    """Number and chain ``sealed`` after ``seq``/``chain``: the rows, the recorded events, the new chain."""
+    if native and _cseal is not None:
+        return _cseal.link(sealed, seq, chain)
+    rows: list[Row] = []
+    for s in sealed:
+        seq += 1
+        chain = _sha256((chain + s.digest).encode()).hexdigest()  # next_chain, inlined
+        rows.append((seq, s.id, s.ts, s.kind, s.run_id, s.block_id, s.data_json, s.digest, chain))
+    events = [
+        recorded(row, parse_json(row[6]) if s.data is None else s.data)
+        for row, s in zip(rows, sealed, strict=True)
+    ]
+    return rows, events, chain
+
+
 _new = object.__new__
 
 
@@ -212,3 +258,7 @@ def recorded(row: tuple[Any, ...], data: dict[str, Any]) -> Event:
 def event_from_row(row: tuple[Any, ...]) -> Event:
     """Build an :class:`Event` from ``(seq, id, ts, kind, run_id, block_id, data, digest, chain)``."""
     return recorded(row, parse_json(row[6]))
+
+
+if _cseal is not None:
+    _cseal.configure(Sealed, Event, seal, parse_json, native_spec())

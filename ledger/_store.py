@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -11,9 +10,8 @@ from sqlalchemy.engine import URL, Engine
 
 from . import _migrate
 from ._backends import Dialect, make_engine, normalise_url
-from ._canonical import parse_json
 from ._errors import ConflictError, EventError, SchemaError
-from ._events import GENESIS, Event, Head, NewEvent, Sealed, event_from_row, recorded, seal
+from ._events import GENESIS, Event, Head, NewEvent, Sealed, event_from_row, link, native_sealing, seal_many
 from ._ids import utc_now
 from ._schema import events as events_table
 
@@ -25,9 +23,12 @@ class Ledger:
 
     :param url: a SQLAlchemy URL (``sqlite:///ledger.db``, ``postgresql://...``).
     :param create: upgrade the schema to head if needed (``ledger init``).
+    :param sealer: ``python`` seals and chains in Python; default: natively where built
+        (``$KVLEDGER_SEALER``; the results are byte-identical).
     """
 
-    def __init__(self, url: str | URL, *, create: bool = True) -> None:
+    def __init__(self, url: str | URL, *, create: bool = True, sealer: str | None = None) -> None:
+        self.native = native_sealing(sealer)
         self.url = normalise_url(url)
         self.engine: Engine = make_engine(self.url)
         self.dialect = Dialect(self.engine.dialect.name)
@@ -58,7 +59,7 @@ class Ledger:
         Re-appending an id with the same content is a no-op; with other
         content it raises :class:`ConflictError` naming the id.
         """
-        sealed = _dedupe([seal(e) for e in events])
+        sealed = _dedupe(seal_many(events, self.native))
         if not sealed:
             return []
         connection = self.engine.raw_connection()
@@ -124,18 +125,10 @@ class Ledger:
         cursor.execute("SELECT seq, chain FROM events ORDER BY seq DESC LIMIT 1")
         row = cursor.fetchone()
         seq, chain = (int(row[0]), row[1]) if row else (0, GENESIS)
-        rows = []
-        sha256 = hashlib.sha256
-        for s in fresh:
-            seq += 1
-            chain = sha256((chain + s.digest).encode()).hexdigest()  # next_chain, inlined
-            rows.append((seq, s.id, s.ts, s.kind, s.run_id, s.block_id, s.data_json, s.digest, chain))
+        rows, recorded, chain = link(fresh, seq, chain, self.native)
         cursor.executemany(self.dialect.insert_event, rows)
-        cursor.execute(self.dialect.insert_head, (seq, chain, utc_now()))
-        return [
-            recorded(row, parse_json(row[6]) if s.data is None else s.data)
-            for row, s in zip(rows, fresh, strict=True)
-        ]
+        cursor.execute(self.dialect.insert_head, (seq + len(rows), chain, utc_now()))
+        return recorded
 
     # -- read -------------------------------------------------------------------
 
@@ -224,9 +217,12 @@ def _dedupe(sealed: list[Sealed]) -> list[Sealed]:
     return list(seen.values())
 
 
-def open_ledger(url: str | URL, *, create: bool = True) -> Ledger:
-    """Open the ledger at ``url``; with ``create`` the schema is upgraded to head."""
-    return Ledger(url, create=create)
+def open_ledger(url: str | URL, *, create: bool = True, sealer: str | None = None) -> Ledger:
+    """Open the ledger at ``url``; with ``create`` the schema is upgraded to head.
+
+    ``sealer``: see :class:`Ledger`.
+    """
+    return Ledger(url, create=create, sealer=sealer)
 
 
 __all__ = ["EventError", "Ledger", "open_ledger"]

@@ -264,6 +264,24 @@ def check_data(kind: str, data: Mapping[str, Any]) -> tuple[str | None, str] | N
     return None
 
 
+# What the native sealer (ledger/_cseal.c) reads: per kind, its required fields as
+# (name, types accepted by identity, allowed values or None), its optional enums and
+# its one-of alternatives. It only ever accepts; anything else it hands to check_data.
+NativeSpec = dict[str, tuple[tuple[tuple[str, frozenset[type], frozenset[str] | None], ...], Any, Any]]
+
+
+def native_spec() -> NativeSpec:
+    """The vocabulary in the form ledger/_cseal.c reads (see :data:`NativeSpec`)."""
+    return {
+        kind: (
+            tuple((name, exact, allowed) for name, _, exact, allowed in fields),
+            OPTIONAL_ENUMS.get(kind, ()),
+            _ONE_OF.get(kind, ()),
+        )
+        for kind, fields in _COMPILED.items()
+    }
+
+
 def validate(kind: str, data: Mapping[str, Any]) -> None:
     """Raise :class:`EventError` naming the field if ``data`` violates ``kind``."""
     problem = check_data(kind, data)

@@ -576,6 +576,13 @@ class TestSQLite(LedgerContract):
         assert _verify._cverify is not None, "ledger/_cverify.c was not built at install"
         assert _verify.native_path(led) is not None
 
+    def test_native_sealer_is_built(self, led: Ledger) -> None:
+        """Likewise for append: sealing and chaining run natively unless told otherwise."""
+        from ledger import _events
+
+        assert _events._cseal is not None, "ledger/_cseal.c was not built at install"
+        assert led.native is True
+
     # Each tampering scenario, on ranges split so that some damage falls on a boundary.
     SCENARIOS: ClassVar[dict[str, list[str]]] = {
         "clean": [],
@@ -641,3 +648,31 @@ class TestPostgreSQL(LedgerContract):
     @pytest.fixture
     def url(self, pg_url: str) -> str:
         return pg_url
+
+
+class TestSQLitePythonSealer(LedgerContract):
+    """The whole contract again on SQLite with append sealing and chaining in Python (the reference)."""
+
+    tamper_with = staticmethod(tamper_sqlite)
+    KILL_TRIALS = 8
+
+    @pytest.fixture
+    def url(self, sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> str:
+        monkeypatch.setenv("KVLEDGER_SEALER", "python")  # writer processes inherit it
+        return sqlite_url
+
+    def test_python_sealer_in_use(self, led: Ledger) -> None:
+        assert led.native is False
+
+
+@pytest.mark.postgres
+class TestPostgreSQLPythonSealer(TestPostgreSQL):
+    """The whole contract again on PostgreSQL with append sealing and chaining in Python."""
+
+    @pytest.fixture
+    def url(self, pg_url: str, monkeypatch: pytest.MonkeyPatch) -> str:
+        monkeypatch.setenv("KVLEDGER_SEALER", "python")
+        return pg_url
+
+    def test_python_sealer_in_use(self, led: Ledger) -> None:
+        assert led.native is False

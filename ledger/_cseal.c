@@ -1,0 +1,646 @@
+/* Native sealing for append: the same envelope, digest and chain as ledger/_events.seal and
+ * ledger/_store's chaining, without a Python object per step.
+ *
+ * Why C: in Python a sealed event costs about 15-20 us (envelope regexes, vocabulary check,
+ * orjson encode, the parse back for the recorded event, SHA-256, chain); the insert with the
+ * ledger's indexes costs about 11. Here one pass over the data writes its canonical JSON
+ * straight into the envelope buffer and copies the value for the recorded event (what the
+ * parse back gave), so sealing drops to a few microseconds.
+ *
+ * The canonical form is orjson's with OPT_SORT_KEYS: keys sorted by their UTF-8 bytes, no
+ * white space, strings escaped as ledger/_native.h does, integers in 64 bits, floats in the
+ * shortest round-trip digits (Python's repr and orjson's Ryu agree on the digits; only the
+ * layout differs, see put_float).
+ *
+ * Anything this path is not sure of (a subclass, a tuple, a non-string key, NaN, an integer
+ * past 64 bits, deep nesting, a field the vocabulary refuses, an id or ts off its pattern) is
+ * handed to the Python seal for that one event: it raises the same error or returns the same
+ * result, so the Python path stays the reference and tests/ledger/test_seal_parity.py holds
+ * the two byte for byte.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <openssl/evp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "_native.h"
+
+/* Nesting past this is left to orjson (which refuses it at 255). */
+#define MAX_DEPTH 128
+
+/* Result of a fast step: done, or hand this event to the Python seal. */
+enum { FAST_OK = 0, FAST_FALLBACK = 1, FAST_ERROR = -1 };
+
+/* Set by configure(): the types built, the Python seal, the vocabulary and field names. */
+static PyObject *SealedType, *EventType, *python_seal, *parse_json, *vocabulary;
+static PyObject *name_kind, *name_data, *name_run_id, *name_block_id, *name_id, *name_ts;
+static PyObject *event_fields[9]; /* seq id ts kind run_id block_id data digest chain */
+static EVP_MD_CTX *sha_ctx;
+static EVP_MD *sha_md;
+
+static int sha256_hex(const void *data, size_t n, char *out) {
+    unsigned char md[32];
+    unsigned int len = 0;
+    if (!EVP_DigestInit_ex2(sha_ctx, sha_md, NULL) || !EVP_DigestUpdate(sha_ctx, data, n)
+        || !EVP_DigestFinal_ex(sha_ctx, md, &len)) {
+        PyErr_SetString(PyExc_RuntimeError, "OpenSSL: SHA-256 failed");
+        return -1;
+    }
+    to_hex(md, out);
+    return 0;
+}
+
+/* -- canonical JSON of the data, with a copy of it ------------------------------------- */
+
+/* Decimal digits of ``value`` ending at ``end``; returns where they start. */
+static char *format_unsigned(unsigned long long value, char *end) {
+    do {
+        *--end = (char)('0' + value % 10);
+        value /= 10;
+    } while (value);
+    return end;
+}
+
+static int put_int(Buffer *b, PyObject *v) {
+    int overflow = 0;
+    char text[24], *end = text + sizeof text, *start;
+    long long signed_value = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (signed_value == -1 && PyErr_Occurred()) return FAST_ERROR;
+    if (overflow == 0) {
+        unsigned long long magnitude = signed_value < 0 ? 0ULL - (unsigned long long)signed_value
+                                                        : (unsigned long long)signed_value;
+        start = format_unsigned(magnitude, end);
+        if (signed_value < 0) *--start = '-';
+    } else if (overflow > 0) {
+        /* orjson takes up to 2**64 - 1; past that it refuses (the Python path names it). */
+        unsigned long long unsigned_value = PyLong_AsUnsignedLongLong(v);
+        if (unsigned_value == (unsigned long long)-1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            return FAST_FALLBACK;
+        }
+        start = format_unsigned(unsigned_value, end);
+    } else {
+        return FAST_FALLBACK;
+    }
+    return put(b, start, (size_t)(end - start)) ? FAST_ERROR : FAST_OK;
+}
+
+static const double POW10[] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9,
+                               1e10, 1e11, 1e12, 1e13, 1e14, 1e15, 1e16, 1e17};
+
+/* The shortest round-trip text of ``value`` without dtoa, for the common case of a
+ * magnitude in [1e-4, 1e15) with few decimals (a measurement rounded to some places);
+ * 0 when the case does not apply (then Python's repr serves).
+ *
+ * The fewest decimals k such that some integer m has m / 10**k == value (IEEE division
+ * is correctly rounded, as parsing is) give the shortest digits; the candidate nearest
+ * value * 10**k is checked with its neighbours, so a rounding in that product cannot
+ * skip one. While 10**-k exceeds the value's ulp, the interval that rounds to the value
+ * holds at most one candidate of k decimals, so it is also the closest one, as repr's. */
+static size_t short_float(double value, char *out) {
+    double magnitude = fabs(value);
+    if (!(magnitude >= 1e-4 && magnitude < 1e15)) return 0;
+    double ulp = nextafter(magnitude, INFINITY) - magnitude;
+    for (int k = 0; k < (int)(sizeof POW10 / sizeof POW10[0]); k++) {
+        double scale = POW10[k];
+        if (!(ulp * scale < 1.0)) return 0;
+        double scaled = magnitude * scale;
+        if (scaled >= 9007199254740992.0) return 0; /* 2**53: m must be exact */
+        long long nearest = llround(scaled);
+        for (long long m = nearest - 1; m <= nearest + 1; m++) {
+            if (m <= 0 || (double)m / scale != magnitude) continue;
+            char digits[24], *end = digits + sizeof digits;
+            char *start = format_unsigned((unsigned long long)m, end);
+            size_t count = (size_t)(end - start), n = 0;
+            if (value < 0) out[n++] = '-';
+            if (k == 0) {
+                memcpy(out + n, start, count);
+                n += count;
+                memcpy(out + n, ".0", 2);
+                return n + 2;
+            }
+            if (count <= (size_t)k) { /* 0.000ddd */
+                out[n++] = '0';
+                out[n++] = '.';
+                memset(out + n, '0', (size_t)k - count);
+                n += (size_t)k - count;
+                memcpy(out + n, start, count);
+                return n + count;
+            }
+            memcpy(out + n, start, count - (size_t)k);
+            n += count - (size_t)k;
+            out[n++] = '.';
+            memcpy(out + n, end - k, (size_t)k);
+            return n + (size_t)k;
+        }
+    }
+    return 0;
+}
+
+/* Python's repr digits in orjson's layout: orjson writes exponent -5 as a plain decimal
+ * (0.00001 where repr says 1e-05) and negative exponents without a leading zero (1e-7). */
+static int put_float(Buffer *b, PyObject *v) {
+    double value = PyFloat_AS_DOUBLE(v);
+    if (!isfinite(value)) return FAST_FALLBACK; /* the Python path names the field */
+    char quick[48];
+    size_t quick_len = short_float(value, quick);
+    if (quick_len) return put(b, quick, quick_len) ? FAST_ERROR : FAST_OK;
+    char *text = PyOS_double_to_string(value, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
+    if (text == NULL) return FAST_ERROR;
+    int rc = 0;
+    char *e = strchr(text, 'e');
+    if (e == NULL) {
+        rc = put(b, text, strlen(text));
+    } else if (e[1] == '-' && e[2] == '0' && e[3] == '5' && e[4] == '\0') {
+        const char *s = text;
+        if (*s == '-') rc |= PUT_LITERAL(b, "-"), s++;
+        rc |= PUT_LITERAL(b, "0.0000");
+        for (; s < e; s++)
+            if (*s != '.') rc |= put(b, s, 1);
+    } else if (e[1] == '-' && e[2] == '0') {
+        rc = put(b, text, (size_t)(e - text)) || PUT_LITERAL(b, "e-") || put(b, e + 3, strlen(e + 3));
+    } else {
+        rc = put(b, text, strlen(text));
+    }
+    PyMem_Free(text);
+    return rc ? FAST_ERROR : FAST_OK;
+}
+
+typedef struct {
+    PyObject *key, *value;
+    const char *utf8;
+    Py_ssize_t len;
+} Item;
+
+static int compare_items(const void *a, const void *b) {
+    const Item *x = a, *y = b;
+    Py_ssize_t n = x->len < y->len ? x->len : y->len;
+    int c = memcmp(x->utf8, y->utf8, (size_t)n);
+    if (c) return c;
+    return (x->len > y->len) - (x->len < y->len);
+}
+
+static int encode(Buffer *b, PyObject *v, int depth, PyObject **copy);
+
+static int encode_dict(Buffer *b, PyObject *v, int depth, PyObject **copy) {
+    Py_ssize_t n = PyDict_GET_SIZE(v), pos = 0, i = 0;
+    Item small[32];
+    Item *items = n <= 32 ? small : PyMem_Malloc(sizeof(Item) * (size_t)n);
+    if (items == NULL) return PyErr_NoMemory(), FAST_ERROR;
+    int rc = FAST_OK;
+    PyObject *key, *value;
+    while (PyDict_Next(v, &pos, &key, &value)) {
+        if (!PyUnicode_CheckExact(key)) {
+            rc = FAST_FALLBACK;
+            goto done;
+        }
+        items[i].utf8 = PyUnicode_AsUTF8AndSize(key, &items[i].len);
+        if (items[i].utf8 == NULL) { /* a lone surrogate: orjson refuses it */
+            PyErr_Clear();
+            rc = FAST_FALLBACK;
+            goto done;
+        }
+        items[i].key = key;
+        items[i].value = value;
+        i++;
+    }
+    if (n > 1) qsort(items, (size_t)n, sizeof(Item), compare_items);
+    PyObject *out = PyDict_New();
+    if (out == NULL) {
+        rc = FAST_ERROR;
+        goto done;
+    }
+    if (PUT_LITERAL(b, "{")) rc = FAST_ERROR;
+    for (i = 0; i < n && rc == FAST_OK; i++) {
+        PyObject *item_copy = NULL;
+        Text key_text = {(const unsigned char *)items[i].utf8, (size_t)items[i].len, 0};
+        if ((i && PUT_LITERAL(b, ",")) || put_string(b, &key_text) || PUT_LITERAL(b, ":")) {
+            rc = FAST_ERROR;
+            break;
+        }
+        rc = encode(b, items[i].value, depth + 1, &item_copy);
+        if (rc == FAST_OK) {
+            if (PyDict_SetItem(out, items[i].key, item_copy) < 0) rc = FAST_ERROR;
+            Py_DECREF(item_copy);
+        }
+    }
+    if (rc == FAST_OK && PUT_LITERAL(b, "}")) rc = FAST_ERROR;
+    if (rc == FAST_OK)
+        *copy = out;
+    else
+        Py_DECREF(out);
+done:
+    if (items != small) PyMem_Free(items);
+    return rc;
+}
+
+static int encode_list(Buffer *b, PyObject *v, int depth, PyObject **copy) {
+    Py_ssize_t n = PyList_GET_SIZE(v);
+    PyObject *out = PyList_New(n);
+    if (out == NULL || PUT_LITERAL(b, "[")) {
+        Py_XDECREF(out);
+        return FAST_ERROR;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item_copy = NULL;
+        /* The list cannot change under us: no Python code runs while encoding. */
+        int rc = (i && PUT_LITERAL(b, ",")) ? FAST_ERROR : encode(b, PyList_GET_ITEM(v, i), depth + 1, &item_copy);
+        if (rc != FAST_OK) {
+            Py_DECREF(out);
+            return rc;
+        }
+        PyList_SET_ITEM(out, i, item_copy);
+    }
+    if (PUT_LITERAL(b, "]")) {
+        Py_DECREF(out);
+        return FAST_ERROR;
+    }
+    *copy = out;
+    return FAST_OK;
+}
+
+/* Append the canonical JSON of ``v``; ``*copy`` gets what orjson.loads would give back
+ * (new containers, the same immutable scalars). */
+static int encode(Buffer *b, PyObject *v, int depth, PyObject **copy) {
+    int rc;
+    if (depth > MAX_DEPTH) return FAST_FALLBACK;
+    PyTypeObject *type = Py_TYPE(v);
+    if (type == &PyUnicode_Type) {
+        Py_ssize_t n;
+        const char *utf8 = PyUnicode_AsUTF8AndSize(v, &n);
+        if (utf8 == NULL) {
+            PyErr_Clear();
+            return FAST_FALLBACK;
+        }
+        Text text = {(const unsigned char *)utf8, (size_t)n, 0};
+        rc = put_string(b, &text) ? FAST_ERROR : FAST_OK;
+    } else if (type == &PyLong_Type) {
+        rc = put_int(b, v);
+    } else if (type == &PyFloat_Type) {
+        rc = put_float(b, v);
+    } else if (v == Py_None) {
+        rc = PUT_LITERAL(b, "null") ? FAST_ERROR : FAST_OK;
+    } else if (v == Py_True) {
+        rc = PUT_LITERAL(b, "true") ? FAST_ERROR : FAST_OK;
+    } else if (v == Py_False) {
+        rc = PUT_LITERAL(b, "false") ? FAST_ERROR : FAST_OK;
+    } else if (type == &PyDict_Type) {
+        return encode_dict(b, v, depth, copy);
+    } else if (type == &PyList_Type) {
+        return encode_list(b, v, depth, copy);
+    } else {
+        return FAST_FALLBACK; /* tuples, subclasses, other types: orjson's rules, via Python */
+    }
+    if (rc == FAST_OK) *copy = Py_NewRef(v);
+    return rc;
+}
+
+/* -- the envelope and the vocabulary --------------------------------------------------- */
+
+static int is_hex_lower(unsigned char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); }
+static int is_digit(unsigned char c) { return c >= '0' && c <= '9'; }
+
+/* ASCII only; a Unicode digit that Python's \d accepts goes to the Python path. */
+static int matches(PyObject *v, const char *pattern, Py_ssize_t length) {
+    if (!PyUnicode_CheckExact(v) || !PyUnicode_IS_ASCII(v) || PyUnicode_GET_LENGTH(v) != length) return 0;
+    const unsigned char *s = PyUnicode_1BYTE_DATA(v);
+    for (Py_ssize_t i = 0; i < length; i++) {
+        char p = pattern[i];
+        if (p == 'x' ? !is_hex_lower(s[i]) : p == 'd' ? !is_digit(s[i]) : s[i] != (unsigned char)p) return 0;
+    }
+    return 1;
+}
+
+static const char UUID_SHAPE[] = "xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx";
+static const char TS_SHAPE[] = "dddd-dd-ddTdd:dd:dd.ddddddZ";
+
+static int optional_name(PyObject *v) {
+    return v == Py_None || (PyUnicode_CheckExact(v) && PyUnicode_GET_LENGTH(v) > 0);
+}
+
+/* ``value`` is in a frozenset; an unhashable value is left to the Python path. */
+static int member(PyObject *set, PyObject *value) {
+    int found = PySet_Contains(set, value);
+    if (found < 0) PyErr_Clear();
+    return found > 0;
+}
+
+/* 1: the vocabulary accepts ``data`` for ``kind`` on the fast reading; 0: ask Python; -1: error.
+ * The spec is ledger/_vocabulary.native_spec(): (fields, optional_enums, one_of), each field
+ * (name, exact types, allowed values or None). */
+static int vocabulary_accepts(PyObject *kind, PyObject *data) {
+    PyObject *spec = PyDict_GetItemWithError(vocabulary, kind);
+    if (spec == NULL) return PyErr_Occurred() ? -1 : 0;
+    PyObject *fields = PyTuple_GET_ITEM(spec, 0), *optional = PyTuple_GET_ITEM(spec, 1),
+             *one_of = PyTuple_GET_ITEM(spec, 2);
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(fields); i++) {
+        PyObject *field = PyTuple_GET_ITEM(fields, i);
+        PyObject *value = PyDict_GetItemWithError(data, PyTuple_GET_ITEM(field, 0));
+        if (value == NULL) return PyErr_Occurred() ? -1 : 0;
+        int ok = member(PyTuple_GET_ITEM(field, 1), (PyObject *)Py_TYPE(value));
+        if (ok <= 0) return ok;
+        PyObject *allowed = PyTuple_GET_ITEM(field, 2);
+        if (allowed != Py_None && (ok = member(allowed, value)) <= 0) return ok;
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(optional); i++) {
+        PyObject *pair = PyTuple_GET_ITEM(optional, i);
+        PyObject *value = PyDict_GetItemWithError(data, PyTuple_GET_ITEM(pair, 0));
+        if (value == NULL && PyErr_Occurred()) return -1;
+        if (value == NULL || value == Py_None) continue;
+        int ok = member(PyTuple_GET_ITEM(pair, 1), value);
+        if (ok <= 0) return ok;
+    }
+    if (PyTuple_GET_SIZE(one_of) == 0) return 1;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(one_of); i++) {
+        PyObject *value = PyDict_GetItemWithError(data, PyTuple_GET_ITEM(one_of, i));
+        if (value == NULL && PyErr_Occurred()) return -1;
+        if (value != NULL && value != Py_None) return 1;
+    }
+    return 0;
+}
+
+static int put_optional_name(Buffer *b, PyObject *v) {
+    if (v == Py_None) return PUT_LITERAL(b, "null");
+    Py_ssize_t n;
+    const char *utf8 = PyUnicode_AsUTF8AndSize(v, &n);
+    if (utf8 == NULL) return -1;
+    Text text = {(const unsigned char *)utf8, (size_t)n, 0};
+    return put_string(b, &text);
+}
+
+static int put_ascii(Buffer *b, PyObject *v) {
+    return put(b, PyUnicode_1BYTE_DATA(v), (size_t)PyUnicode_GET_LENGTH(v));
+}
+
+/* A Sealed named tuple from its eight fields (steals the references). */
+static PyObject *make_sealed(PyObject **fields) {
+    PyObject *items = PyTuple_New(8);
+    if (items == NULL) {
+        for (int i = 0; i < 8; i++) Py_DECREF(fields[i]);
+        return NULL;
+    }
+    for (int i = 0; i < 8; i++) PyTuple_SET_ITEM(items, i, fields[i]);
+    PyObject *args = PyTuple_Pack(1, items);
+    Py_DECREF(items);
+    if (args == NULL) return NULL;
+    /* tuple.__new__(Sealed, items): what the named tuple's own __new__ does, less the call. */
+    PyObject *sealed = PyTuple_Type.tp_new((PyTypeObject *)SealedType, args, NULL);
+    Py_DECREF(args);
+    return sealed;
+}
+
+static PyObject *get(PyObject *event, PyObject *name) { return PyObject_GetAttr(event, name); }
+
+/* One event on the fast path: a Sealed, Py_None to ask Python, or NULL on an error. */
+static PyObject *seal_fast(Buffer *b, PyObject *event) {
+    PyObject *id = get(event, name_id), *ts = get(event, name_ts), *kind = get(event, name_kind),
+             *run_id = get(event, name_run_id), *block_id = get(event, name_block_id),
+             *data = get(event, name_data), *copy = NULL, *result = NULL;
+    if (!id || !ts || !kind || !run_id || !block_id || !data) goto done;
+    if (!matches(id, UUID_SHAPE, 36) || !matches(ts, TS_SHAPE, 27) || !optional_name(run_id)
+        || !optional_name(block_id) || !PyDict_CheckExact(data) || !PyUnicode_CheckExact(kind)
+        || !PyUnicode_IS_ASCII(kind)) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    int accepted = vocabulary_accepts(kind, data);
+    if (accepted <= 0) {
+        if (accepted == 0) result = Py_NewRef(Py_None);
+        goto done;
+    }
+    b->len = 0;
+    if (PUT_LITERAL(b, "{\"block_id\":") || put_optional_name(b, block_id) || PUT_LITERAL(b, ",\"data\":")) {
+        if (!PyErr_Occurred()) PyErr_NoMemory();
+        goto done;
+    }
+    size_t data_start = b->len;
+    int rc = encode(b, data, 0, &copy);
+    if (rc != FAST_OK) {
+        if (rc == FAST_FALLBACK) result = Py_NewRef(Py_None);
+        else if (!PyErr_Occurred()) PyErr_NoMemory();
+        goto done;
+    }
+    size_t data_end = b->len;
+    if (PUT_LITERAL(b, ",\"id\":\"") || put_ascii(b, id) || PUT_LITERAL(b, "\",\"kind\":\"")
+        || put_ascii(b, kind) || PUT_LITERAL(b, "\",\"run_id\":") || put_optional_name(b, run_id)
+        || PUT_LITERAL(b, ",\"ts\":\"") || put_ascii(b, ts) || PUT_LITERAL(b, "\"}")) {
+        if (!PyErr_Occurred()) PyErr_NoMemory();
+        goto done;
+    }
+    char digest[HEX_LEN];
+    if (sha256_hex(b->p, b->len, digest) < 0) goto done;
+    PyObject *data_json = PyUnicode_DecodeUTF8((const char *)b->p + data_start, (Py_ssize_t)(data_end - data_start), NULL);
+    if (data_json == NULL) goto done;
+    PyObject *digest_text = PyUnicode_FromStringAndSize(digest, HEX_LEN);
+    if (digest_text == NULL) {
+        Py_DECREF(data_json);
+        goto done;
+    }
+    PyObject *fields[8] = {id, ts, kind, run_id, block_id, data_json, digest_text, copy};
+    id = ts = kind = run_id = block_id = copy = NULL; /* make_sealed takes them */
+    result = make_sealed(fields);
+done:
+    Py_XDECREF(id);
+    Py_XDECREF(ts);
+    Py_XDECREF(kind);
+    Py_XDECREF(run_id);
+    Py_XDECREF(block_id);
+    Py_XDECREF(data);
+    Py_XDECREF(copy);
+    return result;
+}
+
+static int configured(void) {
+    if (SealedType == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "ledger._cseal is not configured (ledger._events does that)");
+        return 0;
+    }
+    return 1;
+}
+
+static PyObject *seal_many(PyObject *Py_UNUSED(self), PyObject *events) {
+    if (!configured()) return NULL;
+    PyObject *sequence = PySequence_Fast(events, "events must be a sequence");
+    if (sequence == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(sequence);
+    PyObject *out = PyList_New(n);
+    Buffer b = {NULL, 0, 0};
+    if (out == NULL) goto fail;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *event = PySequence_Fast_GET_ITEM(sequence, i);
+        PyObject *sealed = seal_fast(&b, event);
+        if (sealed == Py_None) {
+            Py_DECREF(sealed);
+            sealed = PyObject_CallOneArg(python_seal, event);
+        }
+        if (sealed == NULL) goto fail;
+        PyList_SET_ITEM(out, i, sealed);
+    }
+    free(b.p);
+    Py_DECREF(sequence);
+    return out;
+fail:
+    free(b.p);
+    Py_XDECREF(out);
+    Py_DECREF(sequence);
+    return NULL;
+}
+
+/* -- the chain, the rows and the recorded events --------------------------------------- */
+
+/* An Event with its __dict__ filled directly, as ledger/_events.recorded does. */
+static PyObject *make_event(PyObject **values) {
+    PyObject *event = ((PyTypeObject *)EventType)->tp_alloc((PyTypeObject *)EventType, 0);
+    if (event == NULL) return NULL;
+    PyObject *fields = PyObject_GenericGetDict(event, NULL);
+    if (fields == NULL) {
+        Py_DECREF(event);
+        return NULL;
+    }
+    for (int i = 0; i < 9; i++) {
+        if (PyDict_SetItem(fields, event_fields[i], values[i]) < 0) {
+            Py_DECREF(fields);
+            Py_DECREF(event);
+            return NULL;
+        }
+    }
+    Py_DECREF(fields);
+    return event;
+}
+
+static PyObject *link_rows(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *sealed_list;
+    long long seq;
+    const char *chain_in;
+    Py_ssize_t chain_len;
+    if (!PyArg_ParseTuple(args, "O!Ls#", &PyList_Type, &sealed_list, &seq, &chain_in, &chain_len)) return NULL;
+    if (!configured()) return NULL;
+    if (chain_len != HEX_LEN) {
+        PyErr_SetString(PyExc_ValueError, "the previous chain must be 64 hex characters");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(sealed_list);
+    PyObject *rows = PyList_New(n), *events = PyList_New(n), *chain_text = NULL;
+    Buffer link_text = {NULL, 0, 0};
+    char chain[HEX_LEN];
+    memcpy(chain, chain_in, HEX_LEN);
+    if (rows == NULL || events == NULL) goto fail;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *s = PyList_GET_ITEM(sealed_list, i);
+        if (!PyTuple_Check(s) || PyTuple_GET_SIZE(s) != 8) {
+            PyErr_SetString(PyExc_TypeError, "link() takes a list of Sealed");
+            goto fail;
+        }
+        Py_ssize_t digest_len;
+        const char *digest = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(s, 6), &digest_len);
+        if (digest == NULL) goto fail;
+        link_text.len = 0;
+        if (put(&link_text, chain, HEX_LEN) || put(&link_text, digest, (size_t)digest_len)) {
+            PyErr_NoMemory();
+            goto fail;
+        }
+        if (sha256_hex(link_text.p, link_text.len, chain) < 0) goto fail;
+        seq++;
+        PyObject *seq_value = PyLong_FromLongLong(seq);
+        chain_text = PyUnicode_FromStringAndSize(chain, HEX_LEN);
+        PyObject *data = PyTuple_GET_ITEM(s, 7);
+        data = data == Py_None ? PyObject_CallOneArg(parse_json, PyTuple_GET_ITEM(s, 5)) : Py_NewRef(data);
+        if (seq_value == NULL || chain_text == NULL || data == NULL) {
+            Py_XDECREF(seq_value);
+            Py_XDECREF(data);
+            goto fail;
+        }
+        PyObject *values[9] = {seq_value,
+                               PyTuple_GET_ITEM(s, 0),
+                               PyTuple_GET_ITEM(s, 1),
+                               PyTuple_GET_ITEM(s, 2),
+                               PyTuple_GET_ITEM(s, 3),
+                               PyTuple_GET_ITEM(s, 4),
+                               data,
+                               PyTuple_GET_ITEM(s, 6),
+                               chain_text};
+        PyObject *event = make_event(values);
+        values[6] = PyTuple_GET_ITEM(s, 5); /* the row holds the data's canonical text */
+        PyObject *row = PyTuple_New(9);
+        if (event == NULL || row == NULL) {
+            Py_XDECREF(event);
+            Py_XDECREF(row);
+            Py_DECREF(seq_value);
+            Py_DECREF(data);
+            goto fail;
+        }
+        for (int k = 0; k < 9; k++) PyTuple_SET_ITEM(row, k, Py_NewRef(values[k]));
+        PyObject_GC_UnTrack(row); /* strings, ints and None only: no cycle for the collector to find */
+        Py_DECREF(seq_value);
+        Py_DECREF(data);
+        Py_CLEAR(chain_text);
+        PyList_SET_ITEM(rows, i, row);
+        PyList_SET_ITEM(events, i, event);
+    }
+    free(link_text.p);
+    link_text.p = NULL;
+    chain_text = PyUnicode_FromStringAndSize(chain, HEX_LEN);
+    if (chain_text == NULL) goto fail;
+    return Py_BuildValue("NNN", rows, events, chain_text);
+fail:
+    free(link_text.p);
+    Py_XDECREF(chain_text);
+    Py_XDECREF(rows);
+    Py_XDECREF(events);
+    return NULL;
+}
+
+static PyObject *configure(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *sealed_type, *event_type, *seal_function, *parse, *spec;
+    if (!PyArg_ParseTuple(args, "O!O!OOO!", &PyType_Type, &sealed_type, &PyType_Type, &event_type,
+                          &seal_function, &parse, &PyDict_Type, &spec))
+        return NULL;
+    Py_XSETREF(SealedType, Py_NewRef(sealed_type));
+    Py_XSETREF(EventType, Py_NewRef(event_type));
+    Py_XSETREF(python_seal, Py_NewRef(seal_function));
+    Py_XSETREF(parse_json, Py_NewRef(parse));
+    Py_XSETREF(vocabulary, Py_NewRef(spec));
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"configure", configure, METH_VARARGS,
+     "configure(Sealed, Event, seal, parse_json, vocabulary_spec)\n\n"
+     "Name the types to build, the Python seal to fall back on and the vocabulary (done by\n"
+     "ledger._events at import)."},
+    {"seal_many", seal_many, METH_O,
+     "seal_many(events) -> list[Sealed]\n\n"
+     "Seal each NewEvent as ledger._events.seal does (the events it cannot take, it hands to it)."},
+    {"link", link_rows, METH_VARARGS,
+     "link(sealed, last_seq, last_chain) -> (rows, events, chain)\n\n"
+     "Number and chain ``sealed`` after ``last_seq``/``last_chain``: the rows to insert, the\n"
+     "recorded Events and the new head's chain."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, .m_name = "_cseal",
+    .m_doc = "Native sealing and chaining for append.", .m_size = -1, .m_methods = methods,
+};
+
+PyMODINIT_FUNC PyInit__cseal(void) {
+    init_escapes();
+    sha_ctx = EVP_MD_CTX_new();
+    sha_md = EVP_MD_fetch(NULL, "SHA256", NULL);
+    if (sha_ctx == NULL || sha_md == NULL) {
+        PyErr_SetString(PyExc_ImportError, "OpenSSL: no SHA-256");
+        return NULL;
+    }
+    static const char *names[9] = {"seq", "id", "ts", "kind", "run_id", "block_id", "data", "digest", "chain"};
+    for (int i = 0; i < 9; i++)
+        if ((event_fields[i] = PyUnicode_InternFromString(names[i])) == NULL) return NULL;
+    name_kind = event_fields[3];
+    name_run_id = event_fields[4];
+    name_block_id = event_fields[5];
+    name_data = event_fields[6];
+    name_id = event_fields[1];
+    name_ts = event_fields[2];
+    return PyModule_Create(&module);
+}

@@ -1,0 +1,14 @@
+# Types of the native sealer (ledger/_cseal.c).
+from collections.abc import Callable, Sequence
+from typing import Any
+
+def configure(
+    sealed_type: type,
+    event_type: type,
+    seal: Callable[[Any], Any],
+    parse_json: Callable[[str], Any],
+    vocabulary: dict[str, Any],
+    /,
+) -> None: ...
+def seal_many(events: Sequence[Any], /) -> list[Any]: ...
+def link(sealed: list[Any], last_seq: int, last_chain: str, /) -> tuple[list[Any], list[Any], str]: ...
