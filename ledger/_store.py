@@ -126,7 +126,7 @@ class Ledger:
         row = cursor.fetchone()
         seq, chain = (int(row[0]), row[1]) if row else (0, GENESIS)
         rows, recorded, chain = link(fresh, seq, chain, self.native)
-        cursor.executemany(self.dialect.insert_event, rows)
+        self.dialect.insert_events(cursor, rows)
         cursor.execute(self.dialect.insert_head, (seq + len(rows), chain, utc_now()))
         return recorded
 
