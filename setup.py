@@ -1,8 +1,9 @@
-"""Builds the optional native parts (ledger/_cverify.c, ledger/_cseal.c); the rest is in pyproject.toml.
+"""Builds the optional native parts (ledger/_cverify.c, ledger/_cseal.c, ledger/_carrow.c).
 
-Both extensions are optional: without a C compiler or the SQLite and OpenSSL
-headers the install still succeeds, ``ledger verify`` uses its Python path and
-append seals in Python.
+The rest is in pyproject.toml. Every extension is optional: without a C compiler
+or the SQLite and OpenSSL headers the install still succeeds, ``ledger verify``
+uses its Python path, append seals in Python and the snapshot reads rows
+through Python's sqlite3.
 """
 
 from setuptools import Extension, setup
@@ -27,4 +28,13 @@ NATIVE_SEALER = Extension(
     extra_compile_args=COMPILE_ARGS,
 )
 
-setup(ext_modules=[NATIVE_VERIFIER, NATIVE_SEALER])
+# Reads a SQLite ledger's rows into Arrow buffers for the Parquet snapshot (ledger/_rows.py).
+NATIVE_ARROW_READER = Extension(
+    "ledger._carrow",
+    sources=["ledger/_carrow.c"],
+    libraries=["sqlite3"],
+    optional=True,
+    extra_compile_args=COMPILE_ARGS,
+)
+
+setup(ext_modules=[NATIVE_VERIFIER, NATIVE_SEALER, NATIVE_ARROW_READER])

@@ -8,7 +8,10 @@ data fields as typed columns. Only reading statements are accepted.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +19,12 @@ import duckdb
 import pyarrow as pa
 
 from ._errors import QueryError
-from ._snapshot import Proof, Snapshot, sql_literal
+from ._rows import read_rows, rows_to_table
+from ._snapshot import Proof, Snapshot, _seqs_follow, sql_literal
 from ._store import Ledger
 
+# Rows read from the database at a time when projections are derived from them.
+_CHUNK = 250_000
 _ENVELOPE_COLUMNS = ("seq", "id", "ts", "kind", "run_id", "block_id")
 _READING = {
     duckdb.StatementType.SELECT,
@@ -74,13 +80,17 @@ def _kind_view_sql(kind: str, fields: dict[str, str]) -> str:
     )
 
 
-def connect(segments: list[Path], fields: dict[str, dict[str, list[str]]]) -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB with the ``events`` view and one view per kind.
+def connect(
+    segments: list[Path],
+    fields: dict[str, dict[str, list[str]]],
+    con: duckdb.DuckDBPyConnection | None = None,
+) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB (``con``, or a new one) with the ``events`` view and one view per kind.
 
     ``fields`` (kind → field → JSON types) comes from the snapshot, which
     records them as it writes each segment, so no scan of the data finds them.
     """
-    con = duckdb.connect(":memory:")
+    con = con or duckdb.connect(":memory:")
     if segments:
         con.execute(f"CREATE VIEW events AS {_read_parquet(segments)}")
     else:
@@ -121,12 +131,72 @@ def check_read_only(statement: str) -> None:
             check_read_only(inner.group(1))
 
 
+@dataclass
+class Derived:
+    """Projections derived from the database's rows: how many rows, up to which, at what cost."""
+
+    rows: int = 0
+    head_seq: int = 0
+    head_chain: str | None = None
+    seconds: float = 0.0
+    read_seconds: float = 0.0
+
+
+def derive_from_rows(
+    con: duckdb.DuckDBPyConnection, ledger: Ledger, projections: Mapping[str, str], until_seq: int
+) -> Derived:
+    """Create each projection (name → SQL over ``events``) as a table of ``con``, derived from
+    the database's rows 1..``until_seq``, read natively in chunks (ledger/_rows.py) while the
+    previous chunk is parsed, so memory holds one chunk of raw rows at a time."""
+    derived = Derived()
+    started = time.perf_counter()
+    bounds = [(a, min(a + _CHUNK, until_seq)) for a in range(0, until_seq, _CHUNK)]
+    with ThreadPoolExecutor(1, thread_name_prefix="kvledger-read-rows") as reader:
+        pending = reader.submit(_timed_read, ledger, *bounds[0]) if bounds else None
+        for index, (after, stop) in enumerate(bounds or [(0, 0)]):
+            if pending is None:
+                table, took = rows_to_table([]), 0.0
+            else:
+                table, took = pending.result()
+            derived.read_seconds += took
+            pending = (
+                reader.submit(_timed_read, ledger, *bounds[index + 1]) if index + 1 < len(bounds) else None
+            )
+            if table.num_rows != stop - after or not _seqs_follow(table, after + 1):
+                raise QueryError(
+                    f"the database's rows {after + 1}..{stop} are not all there: run `ledger verify`"
+                )
+            con.register("kv_rows_chunk", table)
+            con.execute("CREATE OR REPLACE TEMP VIEW events AS SELECT * FROM kv_rows_chunk")
+            for name, sql in projections.items():
+                verb = f"CREATE TABLE {_quote(name)} AS" if index == 0 else f"INSERT INTO {_quote(name)}"
+                con.execute(f"{verb} {sql}")
+            con.execute("DROP VIEW events")
+            con.unregister("kv_rows_chunk")
+            derived.rows += table.num_rows
+            if table.num_rows:
+                derived.head_seq = int(table.column("seq")[-1].as_py())
+                derived.head_chain = str(table.column("chain")[-1].as_py())
+    derived.seconds = time.perf_counter() - started
+    return derived
+
+
+def _timed_read(ledger: Ledger, after: int, stop: int) -> tuple[pa.Table, float]:
+    started = time.perf_counter()
+    return read_rows(ledger, after, stop, threads=1), time.perf_counter() - started
+
+
 class Analytics:
     """DuckDB queries over a ledger's Parquet snapshot (proven on open: ledger/_snapshot.py).
 
     ``projections`` (view name → SQL over ``events``, row by row) are kept per
     snapshot segment and served as views of those names: readers that parse
     the same JSON every time (reports) parse it once per event instead.
+    ``from_rows`` serves them instead as tables derived, when the connection opens,
+    from the database's own rows up to the snapshot's head (see :func:`derive_from_rows`):
+    what a verified reader (``ledger audit``, ``ledger attest``) publishes then never
+    depends on the cache's content, which anyone who can write its folder can forge
+    together with the digests kept beside it.
     """
 
     def __init__(
@@ -135,11 +205,14 @@ class Analytics:
         snapshot_root: Path | None = None,
         projections: Mapping[str, str] | None = None,
         up_to_seq: int | None = None,
+        from_rows: bool = False,
     ) -> None:
         self.ledger = ledger
         self.snapshot = Snapshot.for_ledger(ledger, snapshot_root)
         self.projections = dict(projections or {})
         self.up_to_seq = up_to_seq
+        self.from_rows = from_rows
+        self.derived: Derived | None = None
         self._con: duckdb.DuckDBPyConnection | None = None
 
     @property
@@ -152,8 +225,16 @@ class Analytics:
         served only from snapshot files proven against the ledger (rebuilt where they fail)."""
         if self._con is None:
             segments = self.snapshot.refresh(self.ledger, self.projections, self.up_to_seq)
-            self._con = connect(segments, self.snapshot.fields())
-            for name, sql in self.projections.items():
+            con = duckdb.connect(":memory:")
+            if self.from_rows:
+                # The projections are derived again from the database's rows, not read from the
+                # cache: the cache is proven as always (its mismatches are still reported), but
+                # nothing it holds reaches a number.
+                self.derived = derive_from_rows(
+                    con, self.ledger, self.projections, self.snapshot.proof.head_seq
+                )
+            self._con = connect(segments, self.snapshot.fields(), con)
+            for name, sql in self.projections.items() if not self.from_rows else ():
                 self._con.execute(
                     f"CREATE VIEW {_quote(name)} AS "
                     + (_read_parquet(self.snapshot.projection_files(sql)) if segments else sql)

@@ -46,9 +46,9 @@ import logging
 import mmap
 import os
 import re
-import shutil
 import time
 from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,38 +56,31 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ._events import GENESIS
+from ._rows import SCHEMA, read_rows, rows_to_table
 from ._store import Ledger
-from ._verify import scan_rows
+from ._verify import RangeResult, _native_range, native_path, scan_rows
 
-SCHEMA = pa.schema(
-    [
-        ("seq", pa.int64()),
-        ("id", pa.string()),
-        ("ts", pa.string()),
-        ("kind", pa.string()),
-        ("run_id", pa.string()),
-        ("block_id", pa.string()),
-        ("data", pa.string()),
-        ("digest", pa.string()),
-        ("chain", pa.string()),
-    ]
-)
+__all__ = [
+    "SCHEMA",
+    "Mismatch",
+    "Proof",
+    "Snapshot",
+    "file_sha256",
+    "rows_to_table",
+    "sql_literal",
+    "table_fields",
+]
+
 _MAX_SEGMENTS = 24
-_BATCH = 200_000
+# Rows per segment written: a segment is read into memory whole when it is written.
+_SEGMENT_ROWS = 500_000
 _VERSION = 2
 _META_KEY = b"kvledger.segment"
 _log = logging.getLogger(__name__)
-
-
-def rows_to_table(rows: list[tuple[Any, ...]]) -> pa.Table:
-    """Arrow table of stored rows (data kept as canonical JSON text)."""
-    columns = list(zip(*rows, strict=True)) if rows else [() for _ in SCHEMA]
-    return pa.Table.from_arrays(
-        [pa.array(c, type=f.type) for c, f in zip(columns, SCHEMA, strict=True)], schema=SCHEMA
-    )
 
 
 def sql_literal(path: Path) -> str:
@@ -99,22 +92,37 @@ def table_fields(table: pa.Table) -> dict[str, dict[str, list[str]]]:
     """Kind → data field → the JSON types its values have in ``table`` (a segment's rows).
 
     Kept in each segment's metadata so that opening the views does not rescan
-    every event's data.
+    every event's data. Per kind, its keys first, then the types of all of them
+    in one parse per row (``json_type`` over a list of paths).
     """
     con = duckdb.connect(":memory:")
     try:
         con.register("segment", table)
-        rows = con.execute(
-            "WITH k AS (SELECT kind, unnest(json_keys(data)) AS field, data FROM segment) "
-            "SELECT kind, field, list(DISTINCT json_type(data, '$.' || '\"' || field || '\"')) "
-            "FROM k GROUP BY kind, field"
+        keys = con.execute(
+            "SELECT kind, list(DISTINCT field ORDER BY field) "
+            "FROM (SELECT kind, unnest(json_keys(data)) AS field FROM segment) GROUP BY kind"
         ).fetchall()
+        fields: dict[str, dict[str, list[str]]] = {}
+        for kind, names in keys:
+            paths = ", ".join("'$." + _quote_key(name) + "'" for name in names)
+            found = con.execute(
+                f"SELECT DISTINCT i, t FROM (SELECT unnest(range({len(names)})) AS i, "
+                f"unnest(json_type(data, [{paths}])) AS t FROM segment WHERE kind = $kind) "
+                "WHERE t IS NOT NULL",
+                {"kind": kind},
+            ).fetchall()
+            types: dict[str, set[str]] = {}
+            for index, json_type in found:
+                types.setdefault(names[index], set()).add(json_type)
+            fields[kind] = {name: sorted(types[name]) for name in names if name in types}
     finally:
         con.close()
-    fields: dict[str, dict[str, list[str]]] = {}
-    for kind, name, types in rows:
-        fields.setdefault(kind, {})[name] = sorted(types)
     return fields
+
+
+def _quote_key(name: str) -> str:
+    """A top-level key as a JSON path step inside an SQL string literal."""
+    return ('"' + name.replace('"', '\\"') + '"').replace("'", "''")
 
 
 def _merge_fields(into: dict[str, dict[str, list[str]]], new: dict[str, dict[str, list[str]]]) -> None:
@@ -287,9 +295,9 @@ class Snapshot:
             head = ledger.head()
             until = 0 if head is None else head.seq if up_to_seq is None else min(head.seq, up_to_seq)
             if until > (kept[-1].last if kept else 0):
-                kept += self._append_segments(ledger, kept, until)
+                kept += self._append_segments(ledger, kept, until, projections or {}, state)
             if len(kept) > _MAX_SEGMENTS and all(s.proven for s in kept):
-                kept = [self._compact(kept, state)]
+                kept = self._compact(kept, state)
             state["segments"] = [{"name": s.path.name, "sha256": s.sha256} for s in kept]
             self._segments = kept
             for sql in (projections or {}).values():
@@ -469,10 +477,7 @@ class Snapshot:
             for segment in missing:
                 source = sql_literal(segment.path)
                 con.execute(f"CREATE OR REPLACE VIEW events AS FROM read_parquet({source})")
-                tmp = folder / f"{segment.path.name}.{os.getpid()}.tmp"
-                con.execute(f"COPY ({sql}) TO {sql_literal(tmp)} (FORMAT parquet, COMPRESSION zstd)")
-                digest = file_sha256(tmp)
-                os.replace(tmp, folder / segment.path.name)
+                digest = _copy_parquet(con, sql, folder / segment.path.name)
                 entry["files"][segment.path.name] = {"sha256": digest, "from": segment.sha256}
         finally:
             con.close()
@@ -495,42 +500,122 @@ class Snapshot:
         os.replace(tmp, self.directory / name)
         return Segment(self.directory / name, digest, first, last, chain, fields, proven)
 
-    def _append_segments(self, ledger: Ledger, kept: list[Segment], until: int) -> list[Segment]:
+    def _append_segments(
+        self,
+        ledger: Ledger,
+        kept: list[Segment],
+        until: int,
+        derive: Mapping[str, str],
+        state: dict[str, Any],
+    ) -> list[Segment]:
+        """Segments of the rows after the last kept one, up to ``until``, each projected (``derive``:
+        SQL over ``events``) from its rows while they are in memory."""
         start = kept[-1].last if kept else 0
         previous = kept[-1].chain if kept else GENESIS
         written = []
-        while start < until:
-            stop = min(start + _BATCH * 5, until)
-            rows = list(ledger.raw_rows(after_seq=start, until_seq=stop))
-            if not rows:
-                break
-            # The rows are checked as they are written: a segment holds only rows whose digests
-            # and links it has recomputed, or says that it does not.
-            wall = time.perf_counter()
-            checked = scan_rows(rows, start + 1, previous)
-            self.proof.write_check_seconds += time.perf_counter() - wall
-            self.proof.rows_checked += len(rows)
-            last = int(rows[-1][0])
-            proven = checked.bad_seq is None and checked.last_seq == last
-            table = rows_to_table(rows)
-            written.append(self._write(table, start + 1, last, str(rows[-1][8]), proven, table_fields(table)))
-            previous, start = str(rows[-1][8]), last
-            if not proven:
-                break  # the next refresh reads from here again
+        native = native_path(ledger)
+        with ThreadPoolExecutor(1, thread_name_prefix="kvledger-snapshot-check") as checker:
+            while start < until:
+                stop = min(start + _SEGMENT_ROWS, until)
+                # The rows are checked as they are written: a segment holds only rows whose digests
+                # and links were recomputed, or says that it does not. Natively, the database's rows
+                # of the range are verified beside the read (off the GIL), and the rows read must
+                # be those rows: the same seqs, ending on the chain the verification ended on.
+                check = checker.submit(_native_range, native, start + 1, stop) if native else None
+                table = read_rows(ledger, start, stop)
+                if table.num_rows == 0:
+                    break
+                wall = time.perf_counter()
+                checked = check.result() if check else _scan_table(table, start + 1, previous)
+                self.proof.write_check_seconds += time.perf_counter() - wall
+                self.proof.rows_checked += table.num_rows
+                last = int(table.column("seq")[-1].as_py())
+                chain = str(table.column("chain")[-1].as_py())
+                proven = (
+                    checked.bad_seq is None
+                    and checked.last_seq == last == start + table.num_rows
+                    and checked.last_chain == chain
+                    and _seqs_follow(table, start + 1)
+                )
+                segment = self._write(table, start + 1, last, chain, proven, table_fields(table))
+                self._derive(segment, table, derive, state)
+                written.append(segment)
+                previous, start = chain, last
+                if not proven:
+                    break  # the next refresh reads from here again
         return written
 
-    def _compact(self, segments: list[Segment], state: dict[str, Any]) -> Segment:
-        # Projections of the old segments go too; the next reader projects the merged one.
-        for folder in self.directory.glob("projection-*"):
-            shutil.rmtree(folder)
-        state["projections"] = {}
-        table = pa.concat_tables(pq.read_table(s.path).replace_schema_metadata(None) for s in segments)
-        fields: dict[str, dict[str, list[str]]] = {}
+    def _derive(
+        self, segment: Segment, table: pa.Table, derive: Mapping[str, str], state: dict[str, Any]
+    ) -> None:
+        """Each projection of ``derive`` for a segment just written, from its rows in memory."""
+        if not derive:
+            return
+        con = duckdb.connect(":memory:")
+        try:
+            con.register("events", table)
+            for sql in derive.values():
+                folder = self._projection_dir(sql)
+                folder.mkdir(exist_ok=True)
+                entry = state["projections"].get(self._sql_digest(sql))
+                if (
+                    not isinstance(entry, dict)
+                    or entry.get("sql") != sql
+                    or not isinstance(entry.get("files"), dict)
+                ):
+                    entry = state["projections"][self._sql_digest(sql)] = {"sql": sql, "files": {}}
+                entry["files"][segment.path.name] = {
+                    "sha256": _copy_parquet(con, sql, folder / segment.path.name),
+                    "from": segment.sha256,
+                }
+        finally:
+            con.close()
+
+    def _compact(self, segments: list[Segment], state: dict[str, Any]) -> list[Segment]:
+        """Merge runs of consecutive small segments into segments of at most _SEGMENT_ROWS rows.
+        Projection files of the merged segments go; the next reader projects the new ones."""
+        groups: list[list[Segment]] = []
         for segment in segments:
-            _merge_fields(fields, segment.fields)
-        last = segments[-1]
-        merged = self._write(table, 1, last.last, last.chain, True, fields)
-        for segment in segments:
-            if segment.path != merged.path:
-                segment.path.unlink(missing_ok=True)
-        return merged
+            if groups and segment.last - groups[-1][0].first + 1 <= _SEGMENT_ROWS:
+                groups[-1].append(segment)
+            else:
+                groups.append([segment])
+        out = []
+        for group in groups:
+            if len(group) == 1:
+                out.append(group[0])
+                continue
+            table = pa.concat_tables(pq.read_table(s.path).replace_schema_metadata(None) for s in group)
+            fields: dict[str, dict[str, list[str]]] = {}
+            for segment in group:
+                _merge_fields(fields, segment.fields)
+            merged = self._write(table, group[0].first, group[-1].last, group[-1].chain, True, fields)
+            for segment in group:
+                for folder in self.directory.glob("projection-*"):
+                    (folder / segment.path.name).unlink(missing_ok=True)
+                if segment.path != merged.path:
+                    segment.path.unlink(missing_ok=True)
+            out.append(merged)
+        return out
+
+
+def _copy_parquet(con: duckdb.DuckDBPyConnection, sql: str, path: Path) -> str:
+    """Write the rows of ``sql`` to ``path`` (atomically); returns the file's SHA-256."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    con.execute(f"COPY ({sql}) TO {sql_literal(tmp)} (FORMAT parquet, COMPRESSION zstd)")
+    digest = file_sha256(tmp)
+    os.replace(tmp, path)
+    return digest
+
+
+def _seqs_follow(table: pa.Table, first: int) -> bool:
+    """``table``'s seqs are first, first + 1, ... with no gap."""
+    seqs = table.column("seq")
+    expected = pa.array(range(first, first + table.num_rows), type=pa.int64())
+    return bool(pc.all(pc.equal(seqs, expected)).as_py()) if table.num_rows else True
+
+
+def _scan_table(table: pa.Table, first: int, previous: str) -> RangeResult:
+    """:func:`scan_rows` over a table's rows (where the native verifier does not serve)."""
+    rows = zip(*(column.to_pylist() for column in table.columns), strict=True)
+    return scan_rows(rows, first, previous)

@@ -10,8 +10,11 @@ The snapshot is proven against the database when the source opens (every file
 re-hashed, every segment's last chain compared with the stored one); files
 that fail are rebuilt and listed in :attr:`Source.snapshot_mismatches`, which
 the audit reports as ``snapshot-mismatch``. With ``verify``, the snapshot
-stops at the head read before the verification started, so every row a report
-reads is one that the same command verifies, and the audit's re-derivations are
+stops at the head read before the verification started, and the report's
+tables are derived from the database's rows up to that head (read natively
+beside the verification), not from the cache's projection files: a cache file
+forged together with its recorded digest cannot reach a number that ``ledger
+audit --publish`` or ``ledger attest`` publishes. The audit's re-derivations are
 built on a second cursor while the report is derived (DuckDB works off the GIL).
 """
 
@@ -153,11 +156,17 @@ def open_source(
         head_now = ledger.head()
         verified_from = head_now.seq if head_now else 0
         started = _verify_in_background(ledger)
-    analytics = Analytics(ledger, snapshot_root, projections(), up_to_seq=verified_from)
+    # Verified sources derive their tables from the database's rows, never from the cache's
+    # projection files: those are proven only against digests kept beside them.
+    analytics = Analytics(ledger, snapshot_root, projections(), up_to_seq=verified_from, from_rows=verify)
     con = analytics.connection()
     create_views(con, until_seq)
-    bound = "" if until_seq is None else f"WHERE seq <= {int(until_seq)}"
-    row = con.execute(f"SELECT seq, chain FROM events {bound} ORDER BY seq DESC LIMIT 1").fetchone()
-    head = Head(int(row[0]), str(row[1])) if row else None
+    derived = analytics.derived
+    if derived is not None and until_seq is None:
+        head = Head(derived.head_seq, derived.head_chain) if derived.head_chain is not None else None
+    else:
+        bound = "" if until_seq is None else f"WHERE seq <= {int(until_seq)}"
+        row = con.execute(f"SELECT seq, chain FROM events {bound} ORDER BY seq DESC LIMIT 1").fetchone()
+        head = Head(int(row[0]), str(row[1])) if row else None
     rederivation = _rederive_in_background(con) if verify else None
     return Source(ledger, analytics, con, head, _verification=started, _rederivation=rederivation)

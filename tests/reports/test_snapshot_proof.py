@@ -339,3 +339,68 @@ def test_state_naming_a_file_outside_the_snapshot_is_a_mismatch_and_touches_noth
     report, findings, _ = _derive(ledger, root)
     assert report == clean and [f["target"] for f in _mismatches(findings)] == ["../keep.parquet"]
     assert outside.read_bytes() == b"not a segment"
+
+
+def _forge_with_digests(folder: Path) -> tuple[Path, Path]:
+    """Halve ``ttft_s`` in the first raw segment and in its response projection, and record the
+    forged files' digests in state.json: the forgery that no digest kept in the cache can show."""
+    state = _state(folder)
+    raw = folder / state["segments"][0]["name"]
+    (projection,) = [
+        p
+        for p in folder.glob("projection-*/*.parquet")
+        if p.name == raw.name and "ttft_s" in pq.read_schema(p).names
+    ]
+    _halve_ttft_in_raw(raw)
+    _halve(projection, "ttft_s")
+    state["segments"][0]["sha256"] = file_sha256(raw)
+    state["projections"][projection.parent.name.removeprefix("projection-")]["files"][raw.name].update(
+        sha256=file_sha256(projection), **{"from": state["segments"][0]["sha256"]}
+    )
+    _write_state(folder, state)
+    return raw, projection
+
+
+def test_a_cache_forged_with_its_digests_never_reaches_a_published_number(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    """A raw segment and its TTFT projection halved, their digests rewritten in state.json: a plain
+    read serves the forgery (the cache is trusted as far as its folder is), but `ledger audit
+    --publish` and `ledger attest` derive their tables from the database's rows, so what they
+    publish is the ledger's report, byte for byte."""
+    events, _ = generate()
+    led = open_ledger(sqlite_url)
+    half = len(events) // 2
+    led.append_sealed(read_jsonl(iter(orjson.dumps(e) for e in events[:half])))
+    src = open_source(led)  # the default cache, as the CLI finds it: a first segment
+    folder = src.analytics.snapshot.directory
+    src.close()
+    led.append_sealed(read_jsonl(iter(orjson.dumps(e) for e in events[half:])))
+    run_id = open_source(led).tuples("SELECT run_id FROM kv_runs WHERE experiment = 'screening' LIMIT 1")[0][
+        0
+    ]
+    clean_plain = ledger_cli("report", "--db", sqlite_url, "--json").stdout
+    clean = tmp_path / "clean"
+    made = ledger_cli("attest", "--db", sqlite_url, "--run", run_id, "--out", str(clean / "s.json"))
+    assert made.exit_code == 0, made.output
+    _forge_with_digests(folder)
+    # The plain read is fooled: its TTFT figures are the forger's.
+    assert ledger_cli("report", "--db", sqlite_url, "--json").stdout != clean_plain
+    # The publish gate is not: the same report as the clean ledger's, and nothing blocks it,
+    # since the cache's proof passes and no number came from the cache.
+    published = ledger_cli("audit", "--db", sqlite_url, "--publish", "--json")
+    assert published.exit_code == 0, published.stdout
+    assert not _mismatches(json.loads(published.stdout)["findings"])
+    src = open_source(led, verify=True)
+    try:
+        assert json.loads(to_json(derive_report(src))) == json.loads(clean_plain)
+        assert src.analytics.derived is not None and src.analytics.derived.rows == led.head().seq  # type: ignore[union-attr]
+    finally:
+        src.close()
+    forged = tmp_path / "forged"
+    made = ledger_cli("attest", "--db", sqlite_url, "--run", run_id, "--out", str(forged / "s.json"))
+    assert made.exit_code == 0, made.output
+    for name in ("report.json", "report.md"):
+        assert (forged / name).read_bytes() == (clean / name).read_bytes()
+    assert ledger_cli("attest", "--db", sqlite_url, "--verify", str(clean / "s.json")).exit_code == 0
+    led.close()
