@@ -13,8 +13,8 @@ import pytest
 from ledger import Analytics, Ledger, NewEvent, open_ledger, read_jsonl
 from ledger._rows import native_reader, read_rows, rows_to_table
 from ledger._snapshot import Snapshot, table_fields
-from reports._synthetic import generate
 from reports._views import projections
+from tests._synthetic import generate
 
 
 @pytest.fixture
