@@ -385,10 +385,9 @@ async def _via_raw(
             on_head=lambda r: setattr(ex, "status", r.status),
             stamps=stamps,
         )
-    except _http.HTTPError as exc:
-        ex.status = exc.status
-        if exc.status is not None and exc.status != 200:
-            ex.error = _http_error(exc.status, error_body)
+    except httpx.TransportError as exc:
+        if ex.status is not None and ex.status != 200:  # on_head saw the status
+            ex.error = _http_error(ex.status, error_body)
         else:
             _transport_error(ex, type(exc).__name__, str(exc))
         return
@@ -445,7 +444,7 @@ async def send_request(
                 await _via_httpx(client, url, payload, headers, st, ex, timeout_s)
     except TimeoutError:
         ex.error = "timeout"
-    except (httpx.HTTPError, _http.HTTPError) as exc:  # e.g. an invalid URL
+    except httpx.HTTPError as exc:  # e.g. an invalid URL
         ex.error = f"client error: {type(exc).__name__}: {exc}"
     t_end = time.perf_counter()
     return _finish(spec, sink, st, ex, wants_usage, t0, t_end, sent_wall)

@@ -27,8 +27,10 @@ connection (no pipelining), no redirects, no proxies, no compression
 uses it for the ``kernel-stamp`` and ``socket-read`` methods, chosen by the
 caller; it sends only the request's own headers.
 
-Exceptions mirror httpx's names, so recorded errors read the same:
-:class:`ConnectError`, :class:`ReadError`, :class:`WriteError`, :class:`RemoteProtocolError`.
+Failures raise httpx's own transport errors (``httpx.ConnectError``,
+``ReadError``, ``WriteError``, ``RemoteProtocolError``, ``UnsupportedProtocol``),
+so the client handles both transports' failures alike and recorded errors read
+the same; the response's status, when its head was in, reached ``on_head``.
 """
 
 from __future__ import annotations
@@ -43,16 +45,16 @@ from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-__all__ = [
-    "ConnectError",
-    "HTTPError",
-    "Pool",
-    "ReadError",
-    "RemoteProtocolError",
-    "Response",
-    "WriteError",
-    "pool_for",
-]
+from httpx import (
+    ConnectError,
+    ReadError,
+    RemoteProtocolError,
+    TransportError,
+    UnsupportedProtocol,
+    WriteError,
+)
+
+__all__ = ["Pool", "Response", "pool_for"]
 
 KEEPALIVE_EXPIRY_S = 4.0
 """Idle connections older than this are closed, not reused (uvicorn closes at 5 s)."""
@@ -62,28 +64,6 @@ _MAX_ERROR_BODY = 64 * 1024
 BodySink = Callable[["Response", bytes, float, int], bool]
 """``sink(response, body_bytes, perf_counter_at_read, wall_ns_at_read)`` for each read with body bytes;
 True stops the response there (the connection is dropped, the request ends normally)."""
-
-
-class HTTPError(Exception):
-    """Base of this transport's errors; ``status`` is the response's when its head was in."""
-
-    status: int | None = None
-
-
-class ConnectError(HTTPError):
-    """The TCP connection could not be opened."""
-
-
-class ReadError(HTTPError):
-    """The connection failed while the response was being read."""
-
-
-class RemoteProtocolError(HTTPError):
-    """The peer broke HTTP/1.1 (bad framing, closed mid-message)."""
-
-
-class WriteError(HTTPError):
-    """The request could not be written (the peer reset the connection)."""
 
 
 class Response:
@@ -425,8 +405,6 @@ class _Connection:
         self.close()
         if resp is None:
             return
-        if isinstance(exc, HTTPError):
-            exc.status = resp.status
         if not resp.head_done.done():
             resp.head_done.set_exception(exc)
             resp.done.cancel()  # never awaited: no "exception never retrieved"
@@ -444,7 +422,7 @@ class _Connection:
             self._complete(resp)
             return
         if exc is not None:
-            err: HTTPError = ReadError(f"{type(exc).__name__}: {exc}")
+            err: TransportError = ReadError(f"{type(exc).__name__}: {exc}")
         elif resp.status is None:
             err = RemoteProtocolError("Server disconnected without sending a response.")
         else:
@@ -547,7 +525,7 @@ class Pool:
         """
         parts = urlsplit(url)
         if parts.scheme != "http" or not parts.hostname:
-            raise HTTPError(f"unsupported URL for this transport: {url!r}")
+            raise UnsupportedProtocol(f"unsupported URL for this transport: {url!r}")
         key = (parts.hostname, parts.port or 80)
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         host = parts.netloc.rsplit("@", 1)[-1]

@@ -20,14 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ledger import ExperimentError
+
 __all__ = ["BUILTIN_DIR", "Experiment", "ExperimentError", "builtin_names", "load", "load_source"]
 
 BUILTIN_DIR = Path(__file__).resolve().parent
 _NOT_EXPERIMENTS = frozenset({"commands", "fixtures", "runner", "replay", "__init__", "__main__"})
-
-
-class ExperimentError(ValueError):
-    """No such experiment, or a file not of the experiment form (exit status 2)."""
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 from collectors import DEFAULT_TTFT_METHOD
+from ledger import ParamError
 
 __all__ = ["CLIENT_PARAMS", "TARGET_PARAMS", "ParamError", "check_params", "parse_param", "parse_params"]
 
@@ -48,10 +49,6 @@ content chunk (``kernel-stamp``, ``socket-read`` or ``httpx-read``; see
 collectors.TTFT_METHODS). The resolved value is in ``run.started.params``, and
 every ``response.received`` records the method that actually dated it.
 """
-
-
-class ParamError(ValueError):
-    """A bad ``--param``: unknown name, unparsable text or wrong type (exit status 2)."""
 
 
 def parse_param(text: str) -> tuple[str, Any]:

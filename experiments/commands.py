@@ -12,19 +12,14 @@ from typing import Any
 
 import click
 
+from ledger import EXIT_CHECK_FAILED, EXIT_OK, LedgerError, ParamError, TargetError
 from ledger.cli_options import db_option
 
-from ._loader import ExperimentError, load
-from ._params import ParamError, parse_params
-from .targets._base import TargetError
+from ._loader import load
+from ._params import parse_params
 from .targets._registry import TARGETS
 
 __all__ = ["replay_command", "run_command"]
-
-
-def _usage(message: str) -> None:
-    click.echo(f"Error: {message}", err=True)
-    sys.exit(2)
 
 
 def _summary(result: Any) -> None:
@@ -87,8 +82,10 @@ def run_command(
     try:
         exp = load(experiment)
         resolved = prepare_params(exp, target, parse_params(params))
-    except (ExperimentError, ParamError, ValueError) as exc:
-        _usage(str(exc))
+    except LedgerError:
+        raise
+    except ValueError as exc:  # an experiment's own check of its params
+        raise ParamError(str(exc)) from exc
     ledger = open_ledger(db_url)
     try:
         result = run_sync(
@@ -100,7 +97,7 @@ def run_command(
             progress=not no_progress and sys.stderr.isatty(),
         )
     except TargetError as exc:  # the target could not be made (engines, model): nothing was recorded
-        _usage(f"target {target}: {exc}")
+        raise TargetError(f"target {target}: {exc}") from exc
     finally:
         ledger.close()
     _summary(result)
@@ -130,17 +127,12 @@ def replay_command(run_id: str, target: str | None, no_progress: bool, db_url: s
     """
     from ledger import open_ledger
 
-    from .replay import ReplayError, print_comparison, replay
+    from .replay import print_comparison, replay
 
     ledger = open_ledger(db_url)
     try:
-        try:
-            comparison = replay(
-                ledger, run_id, target=target, progress=not no_progress and sys.stderr.isatty()
-            )
-        except (ReplayError, ExperimentError, ParamError) as exc:
-            _usage(str(exc))
+        comparison = replay(ledger, run_id, target=target, progress=not no_progress and sys.stderr.isatty())
     finally:
         ledger.close()
     print_comparison(comparison)
-    sys.exit(0 if comparison.all_matched else 1)
+    sys.exit(EXIT_OK if comparison.all_matched else EXIT_CHECK_FAILED)

@@ -14,17 +14,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ledger import Ledger, NewEvent
+from ledger import Ledger, NewEvent, ReplayError
 
 from ._loader import load_source
 from .runner import DERIVED_PARAMS, RunResult, prepare_params, run_sync
 from .targets._registry import target_defaults
 
 __all__ = ["Comparison", "ReplayError", "compare_runs", "print_comparison", "replay"]
-
-
-class ReplayError(ValueError):
-    """The run to replay does not exist or lacks what a replay needs (exit status 2)."""
 
 
 @dataclass

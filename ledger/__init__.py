@@ -14,12 +14,19 @@ from ._analytics import Analytics, check_read_only, to_format, view_name
 from ._backends import DEFAULT_URL, redact_url
 from ._canonical import canonical_json, sha256_hex
 from ._errors import (
+    EXIT_BAD_INPUT,
+    EXIT_CHECK_FAILED,
+    EXIT_OK,
     ConflictError,
     EventError,
+    ExperimentError,
     ImportFileError,
     LedgerError,
+    ParamError,
     QueryError,
+    ReplayError,
     SchemaError,
+    TargetError,
 )
 from ._events import GENESIS, Event, Head, NewEvent, event_digest, next_chain
 from ._ids import new_id, utc_now
@@ -57,19 +64,26 @@ def query(
 
 __all__ = [
     "DEFAULT_URL",
+    "EXIT_BAD_INPUT",
+    "EXIT_CHECK_FAILED",
+    "EXIT_OK",
     "GENESIS",
     "KINDS",
     "Analytics",
     "ConflictError",
     "Event",
     "EventError",
+    "ExperimentError",
     "Head",
     "ImportFileError",
     "Ledger",
     "LedgerError",
     "NewEvent",
+    "ParamError",
     "QueryError",
+    "ReplayError",
     "SchemaError",
+    "TargetError",
     "Verification",
     "canonical_json",
     "check_read_only",

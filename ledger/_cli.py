@@ -14,7 +14,7 @@ from typing import Any
 import click
 from sqlalchemy.exc import DBAPIError
 
-from ._errors import LedgerError
+from ._errors import EXIT_BAD_INPUT, LedgerError
 from .cli_options import ROOT_DB_KEY
 
 _CREDENTIALS = re.compile(r"(://[^:/@\s]*:)[^@\s]+@")
@@ -67,14 +67,14 @@ class LazyGroup(click.Group):
         try:
             return super().invoke(ctx)
         except LedgerError as exc:
-            # Bad input or a refused operation: exit 2 with the reason, never a traceback.
+            # Every error a command raises on purpose: its reason and its own exit status, no traceback.
             click.echo(f"Error: {_redact(str(exc))}", err=True)
-            sys.exit(2)
+            sys.exit(exc.exit_status)
         except DBAPIError as exc:
             # An unreachable or wrong database is bad input too (exit 1 means a check failed).
             reason = str(exc.orig or exc).strip().splitlines()[0]
             click.echo(f"Error: cannot use the ledger database: {_redact(reason)}", err=True)
-            sys.exit(2)
+            sys.exit(EXIT_BAD_INPUT)
 
 
 def _redact(message: str) -> str:

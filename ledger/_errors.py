@@ -1,18 +1,42 @@
-"""The exception hierarchy of the ledger.
+"""The exception tree: every error a ``ledger`` command shows derives from LedgerError.
 
-LedgerError
- ├── EventError          an event is malformed (unknown kind, missing/mistyped field)
- ├── ConflictError       an id already holds different content
- ├── ImportFileError     an import file is malformed; names line and field
- ├── QueryError          an analytics statement was refused or failed
- └── SchemaError         the database schema is missing or not at head
+Each class carries the exit status its command ends with (``exit_status``);
+the root command (``ledger/_cli.py``) prints the message and exits with it,
+in that one place. Exit statuses: 0 done and every check passed, 1 a check
+failed (an assertion, the audit's gate, a replay mismatch), 2 bad input or a
+refused operation, with nothing written.
+
+LedgerError                 exit 2
+ ├── EventError             an event is malformed (unknown kind, missing/mistyped field)
+ ├── ConflictError          an id already holds different content
+ ├── ImportFileError        an import file is malformed; names line and field
+ ├── QueryError             an analytics statement was refused or failed
+ ├── SchemaError            the database schema is missing or not at head
+ ├── ParamError             a --param or target option is bad (experiments)
+ ├── ExperimentError        no such experiment, or a file not of the experiment form
+ ├── ReplayError            the run to replay is missing or lacks what a replay needs
+ └── TargetError            the deployment could not be made, started or stopped
+
+Two errors stay outside the tree on purpose: ``EngineError`` (an engine
+environment or the tiny model could not be built) and ``StartupError`` (a
+served process exited or did not answer in time) come from standard-library-
+only modules (``python -m experiments.targets.vllm.engines ensure`` answers
+well under a second, with none of the project's dependencies imported). The
+vllm target turns each into a TargetError naming the environment or process,
+so a command never shows them bare.
 """
 
 from __future__ import annotations
 
+EXIT_OK = 0
+EXIT_CHECK_FAILED = 1
+EXIT_BAD_INPUT = 2
+
 
 class LedgerError(Exception):
-    """Base class of every error the ledger raises on purpose."""
+    """Root of every error a ``ledger`` command shows; ``exit_status`` is the command's."""
+
+    exit_status: int = EXIT_BAD_INPUT
 
 
 class EventError(LedgerError, ValueError):
@@ -48,3 +72,19 @@ class QueryError(LedgerError, ValueError):
 
 class SchemaError(LedgerError):
     """The database has no ledger schema, or not the current one."""
+
+
+class ParamError(LedgerError, ValueError):
+    """A bad ``--param``: unknown name, unparsable text or wrong type; or a bad target option."""
+
+
+class ExperimentError(LedgerError, ValueError):
+    """No such experiment, or a file not of the experiment form."""
+
+
+class ReplayError(LedgerError, ValueError):
+    """The run to replay does not exist or lacks what a replay needs."""
+
+
+class TargetError(LedgerError):
+    """The target could not start, restart or stop its deployment; nothing of the run was recorded."""

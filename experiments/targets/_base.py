@@ -16,11 +16,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from ledger import TargetError
+
 __all__ = ["Launch", "LaunchRecord", "Replica", "Target", "TargetError"]
-
-
-class TargetError(Exception):
-    """The target could not start, restart or stop its deployment."""
 
 
 @dataclass(frozen=True)
