@@ -239,13 +239,12 @@ class RunContext:
     @property
     def answers_meaningful(self) -> bool:
         """False for a random-weight model: exact values are then not checked (not applicable)."""
-        return bool(getattr(self.target, "answers_meaningful", True))
+        return self.target.answers_meaningful
 
     @property
     def meaningful_up_to_tokens(self) -> int | None:
         """The largest prompt whose answers mean something (a model card's limit); None: any."""
-        limit = getattr(self.target, "meaningful_up_to_tokens", None)
-        return None if limit is None else int(limit)
+        return self.target.meaningful_up_to_tokens
 
     def answers_meaningful_at(self, prompt_tokens: int | None) -> bool:
         """Whether an exact-value check applies to a prompt of this size."""
@@ -257,7 +256,7 @@ class RunContext:
     @property
     def restarts_blocks(self) -> bool:
         """Whether every block runs on a freshly restarted deployment (attach mode: no)."""
-        return bool(getattr(self.target, "restarts_blocks", True))
+        return self.target.restarts_blocks
 
     @property
     def warmup_every_replica(self) -> bool:
@@ -266,7 +265,7 @@ class RunContext:
         A fresh vLLM replica whose first request was a cross-replica hit was seen to
         die on this stack (experiments/targets/vllm/NOTES.md); the sim has no such failure.
         """
-        return bool(getattr(self.target, "warmup_every_replica", False))
+        return self.target.warmup_every_replica
 
     # --- naming and inputs ---------------------------------------------------
 
@@ -520,7 +519,7 @@ class Block:
         (a dying engine can end the stream before its server reports it)."""
         if not await self.ctx.target.healthy(replica.index):
             return False
-        settle = float(getattr(self.ctx.target, "health_settle_s", 0.0))
+        settle = self.ctx.target.health_settle_s
         if settle <= 0:
             return True
         await asyncio.sleep(settle)

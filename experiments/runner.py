@@ -191,10 +191,8 @@ async def _prepare(ctx: RunContext, run_id: str) -> None:
     """The target's run-level records before any block: which checkpoint the run uses
     (``checkpoint.audited``), and a note when exact-value checks do not apply."""
     sink = ctx.sink
-    prepare = getattr(ctx.target, "prepare_run", None)
-    if prepare is not None:
-        for record in await prepare(run_id):
-            sink.emit_run(record.kind, record.data)
+    for record in await ctx.target.prepare_run(run_id):
+        sink.emit_run(record.kind, record.data)
     if not ctx.answers_meaningful:
         sink.emit_run(
             "note.added",
@@ -206,7 +204,7 @@ async def _prepare(ctx: RunContext, run_id: str) -> None:
             },
         )
     elif ctx.meaningful_up_to_tokens is not None:
-        card = getattr(ctx.target, "model_card", None) or {}
+        card = ctx.target.model_card or {}
         below = ", ".join(f"{n}: {a:.1%}" for n, a in card.get("unserved", {}).items())
         sink.emit_run(
             "note.added",

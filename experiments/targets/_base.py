@@ -55,6 +55,36 @@ class Target(Protocol):
     name: str
     """``sim`` or ``vllm``: recorded as ``run.started.params.target``."""
 
+    restarts_blocks: bool
+    """Every block runs on a freshly restarted deployment (attached endpoints: no)."""
+
+    warmup_every_replica: bool
+    """Every replica gets a warmup before any measured request, even with warmups=0 (real
+    engines: a fresh vLLM replica whose first request was a cross-replica hit was seen to die)."""
+
+    health_settle_s: float
+    """After a failed request, a second health look this much later (0: none); a dying
+    engine can end the stream before its server reports it."""
+
+    @property
+    def answers_meaningful(self) -> bool:
+        """False for a random-weight model: exact values are then not checked (not applicable)."""
+        ...
+
+    @property
+    def meaningful_up_to_tokens(self) -> int | None:
+        """The largest prompt whose answers mean something (a model card's limit); None: any."""
+        ...
+
+    @property
+    def model_card(self) -> dict[str, Any] | None:
+        """The served model's card summary (``unserved``: size → accuracy), when it has one."""
+        ...
+
+    async def prepare_run(self, run_id: str) -> tuple[LaunchRecord, ...]:
+        """Bind the run (its id names logs) and return run-level records (``checkpoint.audited``)."""
+        ...
+
     def config_sha256(self, arm: str) -> str:
         """Digest of the correctness-relevant configuration of an arm, before any start.
 

@@ -40,7 +40,7 @@ def target_defaults(name: str) -> dict[str, Any]:
 def make_target(name: str, params: Mapping[str, Any]) -> Target:
     """The target ``name`` configured from the run's resolved params."""
     if name == "sim":
-        from .sim_target import SimTarget
+        from .sim.target import SimTarget
 
         try:
             return SimTarget(

@@ -1,4 +1,4 @@
-"""The ``sim`` target: a thin adapter over ``experiments.targets.sim``.
+"""The ``sim`` target: a thin adapter over the simulated deployment of this package.
 
 The simulated deployment runs as a subprocess (``python -m
 experiments.targets.sim``), so on a small machine the server's tokenizing and
@@ -23,13 +23,14 @@ import httpx
 
 from ledger import canonical_json, sha256_hex
 
-from ._base import Launch, LaunchRecord, Replica, TargetError
-from ._children import die_with_parent
-from .sim import VLLM_VERSION, FaultSet, SimConfig
+from .._base import Launch, LaunchRecord, Replica, TargetError
+from .._children import die_with_parent
+from ._config import VLLM_VERSION, SimConfig
+from ._faults import FaultSet
 
 __all__ = ["SimTarget"]
 
-_REPO_ROOT = Path(__file__).resolve().parents[2]
+_REPO_ROOT = Path(__file__).resolve().parents[3]
 _START_TIMEOUT_S = 60.0
 _CONNECTOR = "SimLMCacheConnector"
 _SERVICE = "sim-lmcache"
@@ -39,6 +40,13 @@ class SimTarget:
     """Simulated replicas plus a shared tier, restarted for every block."""
 
     name = "sim"
+    restarts_blocks = True
+    warmup_every_replica = False
+    health_settle_s = 0.0
+    answers_meaningful = True
+    """The sim answers by its planted assignment: exact values are checked at every size."""
+    meaningful_up_to_tokens: int | None = None
+    model_card: dict[str, Any] | None = None
 
     def __init__(
         self,
@@ -91,6 +99,10 @@ class SimTarget:
     @property
     def chunk_size(self) -> int:
         return self.config.chunk_size
+
+    async def prepare_run(self, run_id: str) -> tuple[LaunchRecord, ...]:
+        """No checkpoint to audit and nothing bound to the run."""
+        return ()
 
     @property
     def model_name(self) -> str:
