@@ -556,22 +556,20 @@ class Block:
         ``full_prefix_hit`` (ON) or ``no_external_hits_off`` (OFF) on ``cross``
         steps; ``counters_match`` for every complete response.
         """
-        limit = max_tokens or int(self.ctx.params.get("max_tokens", 64))
+        limit = max_tokens or self._default_max_tokens()
         rep = self.replica(replica)
-        body = self.ctx.body(messages, namespace, max_tokens=limit, ignore_eos=ignore_eos)
-        spec = self._spec(
+        spec = self._request_spec(
+            messages,
             rep,
-            body,
-            {
-                "workload": workload,
-                "step": step,
-                "warmup": warmup,
-                "request_key": key,
-                "nominal_tokens": fixture.nominal_tokens if fixture else None,
-                "fixture_id": fixture.fixture_id if fixture else None,
-                "prompt_tokens_expected": prompt_tokens,
-                **meta,
-            },
+            namespace=namespace,
+            limit=limit,
+            ignore_eos=ignore_eos,
+            workload=workload,
+            step=step,
+            key=key,
+            fixture=fixture,
+            prompt_tokens=prompt_tokens,
+            meta={"warmup": warmup, **meta},
         )
         rid = spec.request_id
         before = await self.scraper.scrape(rep.index, rep.endpoint, "before", request_id=rid)
@@ -583,29 +581,65 @@ class Block:
         record_hits(self.sink, rep.index, delta, request_id=rid, prompt_tokens=outcome.prompt_tokens)
         t1 = time.perf_counter()
         if not warmup:
-            if not self.ctx.answers_meaningful_at(prompt_tokens):
-                expected = None  # beyond what the served model answers meaningfully: not applicable
-            self._checks(outcome, delta, step, limit, ignore_eos, expected, independent)
+            self._answer_checks(outcome, expected, independent, prompt_tokens)
+            self._checks(outcome, delta, step, limit, ignore_eos)
         seconds = (t_sent - t0) + (time.perf_counter() - t1)
         await self._after(outcome, rep, warmup)
         return Result(outcome, delta, seconds)
 
-    def _checks(
+    def _default_max_tokens(self) -> int:
+        return int(self.ctx.params.get("max_tokens", 64))
+
+    def _request_spec(
         self,
-        outcome: Outcome,
-        delta: HitDelta,
-        step: str,
+        messages: Messages,
+        rep: Replica,
+        *,
+        namespace: str,
         limit: int,
         ignore_eos: bool,
+        workload: str,
+        step: str,
+        key: str,
+        fixture: Fixture | None,
+        prompt_tokens: int | None,
+        meta: Mapping[str, Any],
+    ) -> RequestSpec:
+        """The request's body and its ``request.sent`` fields: one builder for every path."""
+        body = self.ctx.body(messages, namespace, max_tokens=limit, ignore_eos=ignore_eos)
+        return self._spec(
+            rep,
+            body,
+            {
+                "workload": workload,
+                "step": step,
+                "request_key": key,
+                "nominal_tokens": fixture.nominal_tokens if fixture else None,
+                "fixture_id": fixture.fixture_id if fixture else None,
+                "prompt_tokens_expected": prompt_tokens,
+                **meta,
+            },
+        )
+
+    def _answer_checks(
+        self,
+        outcome: Outcome,
         expected: Mapping[str, Any] | None,
         independent: bool,
+        prompt_tokens: int | None,
     ) -> None:
-        sink, cfg, rid = self.sink, self.config_sha256, outcome.request_id
+        """What the answer itself shows: a complete stream, and the planted values where they apply."""
+        sink, cfg = self.sink, self.config_sha256
         self.count_check(check_stream_complete(sink, outcome, config_sha256=cfg))
-        if expected is not None:
+        # Beyond what the served model answers meaningfully, exact values are not applicable.
+        if expected is not None and self.ctx.answers_meaningful_at(prompt_tokens):
             self.count_check(
                 check_exact_values(sink, outcome, expected, independent=independent, config_sha256=cfg)
             )
+
+    def _checks(self, outcome: Outcome, delta: HitDelta, step: str, limit: int, ignore_eos: bool) -> None:
+        """What the request's own counter window shows (a single-request window only)."""
+        sink, cfg, rid = self.sink, self.config_sha256, outcome.request_id
         if ignore_eos:
             self.count_check(check_output_length(sink, outcome, limit, config_sha256=cfg))
         if step == "cold":
@@ -745,38 +779,32 @@ class Block:
         return outcomes
 
     async def _window_session(self, plan: SessionPlan, window: str, workload: str) -> list[Outcome]:
+        """One session of a window: the single-request path's steps, counters read by the window."""
         fx = plan.history.fixture
         outcomes = []
         for turn in plan.history.turns:
             rep = self.replica(plan.replicas[turn.index % len(plan.replicas)])
-            body = self.ctx.body(
-                turn.messages, plan.namespace, max_tokens=int(self.ctx.params.get("max_tokens", 64))
-            )
-            spec = self._spec(
+            meta = {
+                "session": plan.session,
+                "window": window,
+                "turn": turn.index,
+                "placement": plan.placement,
+            }
+            spec = self._request_spec(
+                turn.messages,
                 rep,
-                body,
-                {
-                    "workload": workload,
-                    "step": "turn",
-                    "session": plan.session,
-                    "window": window,
-                    "turn": turn.index,
-                    "placement": plan.placement,
-                    "request_key": f"{plan.key}/t{turn.index}",
-                    "nominal_tokens": fx.nominal_tokens,
-                    "fixture_id": fx.fixture_id,
-                    "prompt_tokens_expected": turn.prompt_tokens,
-                },
+                namespace=plan.namespace,
+                limit=self._default_max_tokens(),
+                ignore_eos=False,
+                workload=workload,
+                step="turn",
+                key=f"{plan.key}/t{turn.index}",
+                fixture=fx,
+                prompt_tokens=turn.prompt_tokens,
+                meta=meta,
             )
             outcome = await self.ctx.send(spec, self.sink)
-            cfg = self.config_sha256
-            self.count_check(check_stream_complete(self.sink, outcome, config_sha256=cfg))
-            if self.ctx.answers_meaningful_at(turn.prompt_tokens):
-                self.count_check(
-                    check_exact_values(
-                        self.sink, outcome, fx.expected, independent=turn.index == 0, config_sha256=cfg
-                    )
-                )
+            self._answer_checks(outcome, fx.expected, turn.index == 0, turn.prompt_tokens)
             outcomes.append(outcome)
             await self._after(outcome, rep, False)
         return outcomes
