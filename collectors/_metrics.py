@@ -9,7 +9,7 @@ keys read exactly as the exposition text (``vllm:prefix_cache_hits_total``).
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
@@ -324,16 +324,22 @@ class Scraper:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         *,
         method: str = DEFAULT_TTFT_METHOD,
+        send: Callable[[RequestSpec], Awaitable[Outcome]] | None = None,
     ) -> tuple[Outcome, HitDelta]:
         """Scrape, send ``spec``, scrape again; emit ``hits.observed`` with the deltas.
 
         Meant for single-request windows: nothing else may run against the
         replica (or the tier) meanwhile, or the deltas are not this request's.
+        ``send`` sends it (a run's own sender, its connection limit and TTFT
+        method); by default :func:`send_request` with ``timeout_s`` and ``method``.
         """
         rid = spec.request_id
         before = await self.scrape(replica, spec.base_url, "before", request_id=rid)
         tier_before = await self._tier("before", rid, None)
-        outcome = await send_request(self.client, spec, self.sink, timeout_s, method=method)
+        if send is None:
+            outcome = await send_request(self.client, spec, self.sink, timeout_s, method=method)
+        else:
+            outcome = await send(spec)
         after = await self.scrape(replica, spec.base_url, "after", request_id=rid)
         tier_after = await self._tier("after", rid, None)
         delta = self._delta(before, after, tier_before, tier_after, self.tier_url is not None)

@@ -32,8 +32,6 @@ from collectors import (
     check_output_length,
     check_stream_complete,
     check_zero_hits,
-    hits_between,
-    record_hits,
     send_request,
 )
 from ledger import Ledger, NewEvent, new_id, utc_now
@@ -56,13 +54,6 @@ __all__ = [
 _REQUEST_TIMEOUT_S = 600.0
 _MAX_CONNECTIONS = 64
 _PATH = "/v1/chat/completions"
-
-
-def _delta(before: dict[str, float] | None, after: dict[str, float] | None) -> HitDelta:
-    """Hit deltas of a window; all None when a scrape failed (the failure is recorded)."""
-    if before is None or after is None:
-        return HitDelta(None, None, None, None)
-    return hits_between(before, after)
 
 
 def _first(group: BaseExceptionGroup[Any]) -> BaseException:
@@ -571,19 +562,22 @@ class Block:
             prompt_tokens=prompt_tokens,
             meta={"warmup": warmup, **meta},
         )
-        rid = spec.request_id
-        before = await self.scraper.scrape(rep.index, rep.endpoint, "before", request_id=rid)
-        t0 = time.perf_counter()
-        outcome = await self.ctx.send(spec, self.sink)
-        t_sent = time.perf_counter()
-        after = await self.scraper.scrape(rep.index, rep.endpoint, "after", request_id=rid)
-        delta = _delta(before, after)
-        record_hits(self.sink, rep.index, delta, request_id=rid, prompt_tokens=outcome.prompt_tokens)
+        sending = 0.0  # the request's own seconds: the scrapes around it are not the session's time
+
+        async def send(s: RequestSpec) -> Outcome:
+            nonlocal sending
+            t0 = time.perf_counter()
+            try:
+                return await self.ctx.send(s, self.sink)
+            finally:
+                sending = time.perf_counter() - t0
+
+        outcome, delta = await self.scraper.single(spec, rep.index, send=send)
         t1 = time.perf_counter()
         if not warmup:
             self._answer_checks(outcome, expected, independent, prompt_tokens)
             self._checks(outcome, delta, step, limit, ignore_eos)
-        seconds = (t_sent - t0) + (time.perf_counter() - t1)
+        seconds = sending + (time.perf_counter() - t1)
         await self._after(outcome, rep, warmup)
         return Result(outcome, delta, seconds)
 
