@@ -22,10 +22,10 @@ import pytest
 from collectors._host import session_id
 from experiments._params import ParamError
 from experiments.targets._base import TargetError
-from experiments.targets.vllm._engine import Resolved, installed_versions
 from experiments.targets.vllm._lmcache import Generation, choose_mode, version_tuple
 from experiments.targets.vllm._managed import VllmTarget, engine_gpus
 from experiments.targets.vllm._process import StartupError, start, wait_tcp
+from experiments.targets.vllm._resolve import Resolved, installed_versions
 from experiments.targets.vllm._settings import PARAMS, Settings, check
 
 

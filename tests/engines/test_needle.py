@@ -136,7 +136,7 @@ def test_a_planted_wrong_state_fails_the_exact_value_checks(planted: RecordedRun
 
 def test_model_tiny_still_serves_the_random_weight_model(engines: Any) -> None:
     # The engines' tiny model stays available by name; its answers are not meaningful.
-    from experiments.targets.vllm._engine import resolve
+    from experiments.targets.vllm._resolve import resolve
     from experiments.targets.vllm._settings import PARAMS, Settings
 
     r = resolve(Settings({**PARAMS, "model": "tiny"}))

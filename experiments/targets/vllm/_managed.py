@@ -31,11 +31,11 @@ from ledger import canonical_json, new_id, sha256_hex
 
 from .._base import Launch, LaunchRecord, Replica, TargetError
 from . import _commands as cmds
-from ._engine import Resolved
 from ._lmcache import Generation, choose_mode
 from ._observe import Observed, observe
 from ._process import Process, StartupError, start, wait_tcp
 from ._records import stopped_data
+from ._resolve import Resolved
 from ._settings import Settings
 
 __all__ = ["VllmTarget"]

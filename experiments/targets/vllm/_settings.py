@@ -157,7 +157,7 @@ def parse_hash_seed(value: Any) -> int | str | None:
 
 @dataclass(frozen=True)
 class Settings:
-    """Resolved options of one run (paths still unresolved: see ``_engine.resolve``)."""
+    """Resolved options of one run (paths still unresolved: see ``_resolve.resolve``)."""
 
     params: dict[str, Any]
 

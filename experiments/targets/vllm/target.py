@@ -37,9 +37,9 @@ from ledger import canonical_json, sha256_hex
 
 from ..._params import ParamError
 from .._base import Launch, LaunchRecord, Replica, Target, TargetError
-from ._engine import TINY, resolve
 from ._managed import VllmTarget, gpu_facts
 from ._observe import Observed, observe, observed_config
+from ._resolve import TINY, resolve
 from ._settings import PARAMS, Settings, check, parse_hash_seed
 
 __all__ = ["PARAMS", "AttachedTarget", "VllmTarget", "check_params", "make_target"]
