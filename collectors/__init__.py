@@ -52,6 +52,7 @@ if TYPE_CHECKING:
         send_request,
     )
     from ._host import GpuSampler, code_version, gpu_inventory, host_inventory, package_versions
+    from ._imports import RESULT_TOOLS, ResultFileError, result_events
     from ._metrics import (
         HitDelta,
         MetricsError,
@@ -75,7 +76,9 @@ _EXPORTS: dict[str, str] = {
     "HitDelta": "._metrics",
     "MetricsError": "._metrics",
     "Outcome": "._client",
+    "RESULT_TOOLS": "._imports",
     "RequestSpec": "._client",
+    "ResultFileError": "._imports",
     "Scraper": "._metrics",
     "assertion_event": "._assertions",
     "check_counters_match": "._assertions",
@@ -98,6 +101,7 @@ _EXPORTS: dict[str, str] = {
     "record_hits": "._metrics",
     "record_scrape": "._metrics",
     "request_params": "._client",
+    "result_events": "._imports",
     "response_data": "._client",
     "run_concurrently": "._client",
     "sample_key": "._metrics",
@@ -118,6 +122,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "DEFAULT_TTFT_METHOD",
+    "RESULT_TOOLS",
     "TTFT_METHODS",
     "EventSink",
     "GpuSampler",
@@ -125,6 +130,7 @@ __all__ = [
     "MetricsError",
     "Outcome",
     "RequestSpec",
+    "ResultFileError",
     "Scraper",
     "assertion_event",
     "check_counters_match",
@@ -148,6 +154,7 @@ __all__ = [
     "record_scrape",
     "request_params",
     "response_data",
+    "result_events",
     "run_concurrently",
     "sample_key",
     "scrape_metrics",

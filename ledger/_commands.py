@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 from pathlib import Path
@@ -53,25 +54,69 @@ def init_command(db_url: str) -> None:
     console.print(f"ledger at {redact_url(db_url)} is at schema revision {revision}")
 
 
+# Other tools' result files: read by the collectors, named here as strings and imported only when
+# used (as the root names every package's commands), so the store imports nothing above it.
+RESULT_TOOLS: dict[str, str] = {
+    "vllm-bench": "collectors:result_events",
+    "guidellm": "collectors:result_events",
+}
+
+
 @click.command("import")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option(
+    "--from",
+    "tool",
+    type=click.Choice(sorted(RESULT_TOOLS)),
+    default=None,
+    help="FILE is this tool's result file (not JSON Lines envelopes): record it as a run of its own.",
+)
 @db_option
-def import_command(file: Path, db_url: str) -> None:
+def import_command(file: Path, tool: str | None, db_url: str) -> None:
     """Import a JSON Lines file of envelopes, atomically: all lines land, or none.
 
     Each line is validated (known kind, required fields and types, a given
     digest); an error names the line and field and nothing is written.
 
-    Example:
+    With --from, FILE is another tool's result file (`vllm bench serve
+    --save-result --save-detailed`, GuideLLM's JSON report): recorded as
+    `import.recorded` (tool, version, the file's SHA-256, the tool's summary)
+    and one `import.request` per request, in a run of its own; the audit says
+    what such results lack. A file that is not that tool's is refused and
+    nothing is written.
 
-        ledger import probes.jsonl
+    \b
+    Example:
+      ledger import probes.jsonl
+      ledger import --from vllm-bench results.json
+      ledger import --from guidellm benchmarks.json
     """
+    if tool is not None:
+        _import_results(tool, file, db_url)
+        return
     ledger = open_ledger(db_url, create=True)
     with _progress() as progress:
         task = progress.add_task(f"importing {file.name}", total=None)
         count = import_jsonl(ledger, file, lambda n: progress.advance(task, n))
     head = ledger.head()
     console.print(f"imported {count:,} events; head seq {head.seq if head else 0}")
+
+
+def _import_results(tool: str, file: Path, db_url: str) -> None:
+    module_name, attribute = RESULT_TOOLS[tool].split(":")
+    events = getattr(importlib.import_module(module_name), attribute)(tool, file)  # refused: nothing made
+    ledger = open_ledger(db_url, create=True)
+    try:
+        ledger.append_many(events)
+        head = ledger.head()
+    finally:
+        ledger.close()
+    run_id, requests = events[0].run_id, len(events) - 1
+    console.print(
+        f"recorded {tool} results {file.name} ({requests} requests) as run {run_id}; "
+        f"head seq {head.seq if head else 0}\n"
+        f"`ledger audit --run {run_id}` says what they lack: pairing, hit counters, validation"
+    )
 
 
 @click.command("export")

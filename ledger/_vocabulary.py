@@ -185,6 +185,30 @@ KINDS: dict[str, dict[str, Types]] = {
     },
     "exclusion.declared": {"scope": STR, "target": STR, "reason": STR},
     "note.added": {"text": STR},
+    # Another tool's result file (ledger import --from TOOL), a run of its own: what the file
+    # says and where it came from; its figures compare nothing (no arms) and check nothing.
+    "import.recorded": {
+        "tool": STR,
+        "tool_version": _opt(STR),
+        "file_name": STR,
+        "file_sha256": STR,
+        "file_bytes": INT,
+        "requests": INT,
+        "model": _opt(STR),
+        "target": _opt(STR),
+        "summary": OBJ,
+    },
+    "import.request": {
+        "index": INT,
+        "tool": STR,
+        "ttft_s": _opt(NUM),
+        "e2e_s": _opt(NUM),
+        "prompt_tokens": _opt(INT),
+        "output_tokens": _opt(INT),
+        "itl_s": _opt(LIST),
+        "cached_tokens": _opt(INT),
+        "error": _opt(STR),
+    },
 }
 
 # Fields where one of several alternatives is required.
@@ -199,6 +223,8 @@ ENUMS: dict[tuple[str, str], frozenset[str]] = {
     ("probe.helper", "direction"): frozenset({"d2h", "h2d"}),
     ("probe.helper", "ops_requested"): frozenset({"present", "masked"}),
     ("probe.pinned", "ops_requested"): frozenset({"present", "masked"}),
+    ("import.recorded", "tool"): frozenset({"vllm-bench", "guidellm"}),
+    ("import.request", "tool"): frozenset({"vllm-bench", "guidellm"}),
 }
 
 # Fields checked only where present: ledgers recorded before they existed lack them.

@@ -45,6 +45,9 @@ SEVERITY: dict[str, str] = {
     "hash-seed-unset": BLOCKING,
     "ttft-method-mixed": WARNING,
     "declared-exclusion": INFO,
+    "import-unpaired": BLOCKING,
+    "import-no-hit-counters": BLOCKING,
+    "import-unvalidated": BLOCKING,
 }
 _RANK = {BLOCKING: 0, WARNING: 1, INFO: 2}
 SCOPE = "($run IS NULL OR run_id = $run)"
@@ -783,6 +786,44 @@ def declared_exclusion(src: Source, run: str | None) -> list[Finding]:
     ]
 
 
+def imported_results(src: Source, run: str | None) -> list[Finding]:
+    """What another tool's result file (ledger import --from) lacks that a kvledger run records."""
+    rows = src.rows(f"SELECT * FROM kv_imports WHERE {SCOPE} ORDER BY seq", {"run": run})
+    out = []
+    for r in rows:
+        version = r["tool_version"] or "(version not recorded)"
+        what = f"{r['tool']} {version} results {r['file_name']} ({r['recorded_requests']} requests)"
+        out.append(
+            finding(
+                "import-unpaired",
+                r,
+                r["file_name"],
+                f"{what}: no ON/OFF blocks, so no request has a partner with sharing off; "
+                "its figures compare nothing",
+            )
+        )
+        if not r["with_cached_tokens"]:
+            out.append(
+                finding(
+                    "import-no-hit-counters",
+                    r,
+                    r["file_name"],
+                    f"{what}: no hit counters or cached-token counts; whether any prefix was reused, "
+                    "locally or across replicas, is unknown",
+                )
+            )
+        out.append(
+            finding(
+                "import-unvalidated",
+                r,
+                r["file_name"],
+                f"{what}: no answer checked against expected values and no validation layer; "
+                "a fast but wrong cache looks the same as a right one",
+            )
+        )
+    return out
+
+
 CHECKS: tuple[Check, ...] = (
     chain_broken,
     snapshot_mismatch,
@@ -808,6 +849,7 @@ CHECKS: tuple[Check, ...] = (
     hash_seed_unset,
     ttft_method_mixed,
     declared_exclusion,
+    imported_results,
 )
 
 

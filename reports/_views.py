@@ -529,6 +529,35 @@ SELECT DISTINCT b.run_id, l.config_sha256, coalesce(l.transfer_path, 'unknown') 
        l.lmcache_version, l.lmcache_allocator, l.lmcache_ops
 FROM kv_blocks b JOIN kv_launches l ON l.block_id = b.block_id WHERE b.arm = 'ON'""",
     ),
+    # Other tools' result files (ledger import --from TOOL), one row per file: its provenance and
+    # what its requests recorded; the audit reads what such results lack from here.
+    (
+        "kv_imports",
+        f"""
+SELECT i.seq, i.run_id, i.tool, i.tool_version, i.file_name, i.file_sha256, i.requests,
+       count(q.request_index) AS recorded_requests, count(q.ttft_s) AS with_ttft,
+       count(q.cached_tokens) AS with_cached_tokens, count(q.error) AS errors
+FROM ({
+            _extract(
+                "import.recorded",
+                {
+                    "tool": "VARCHAR",
+                    "tool_version": "VARCHAR",
+                    "file_name": "VARCHAR",
+                    "file_sha256": "VARCHAR",
+                    "requests": "BIGINT",
+                },
+            )
+        }) i
+LEFT JOIN (SELECT run_id, "index" AS request_index, ttft_s, cached_tokens, error
+           FROM ({
+            _extract(
+                "import.request",
+                {"index": "BIGINT", "ttft_s": "DOUBLE", "cached_tokens": "BIGINT", "error": "VARCHAR"},
+            )
+        })) q USING (run_id)
+GROUP BY ALL""",
+    ),
 ]
 
 # The counters behind hit deltas (collectors/_metrics.py's names): a window's delta is summed

@@ -20,7 +20,11 @@ from ._source import Source, open_source
 
 def _open(db_url: str, run_id: str | None, verify: bool = False) -> Source:
     src = open_source(open_ledger(db_url, create=False), verify=verify)
-    if run_id is not None and not src.scalar("SELECT count(*) FROM kv_runs WHERE run_id = $r", {"r": run_id}):
+    # A run of the ledger's own, or another tool's imported results (a run of its own too).
+    known = "SELECT run_id FROM kv_runs UNION ALL SELECT run_id FROM kv_imports"
+    if run_id is not None and not src.scalar(
+        f"SELECT count(*) FROM ({known}) WHERE run_id = $r", {"r": run_id}
+    ):
         src.close()
         raise click.BadParameter(f"no run {run_id!r} in the ledger", param_hint="--run")
     return src
