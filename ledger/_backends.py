@@ -1,4 +1,4 @@
-"""What differs between SQLite and PostgreSQL: engines, write locks, placeholders."""
+"""What differs between SQLite and PostgreSQL: connection pools, write locks, placeholders."""
 
 from __future__ import annotations
 
@@ -39,12 +39,12 @@ def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
     cursor.close()
 
 
-def make_engine(url: URL) -> Engine:
-    """A SQLAlchemy engine configured for ledger work on ``url``'s backend."""
+def open_database(url: URL) -> Engine:
+    """A SQLAlchemy connection pool (an ``Engine``) configured for ledger work on ``url``'s backend."""
     if url.get_backend_name() == "sqlite":
-        engine = create_engine(url, connect_args={"timeout": 120, "check_same_thread": False})
-        event.listen(engine, "connect", _sqlite_on_connect)
-        return engine
+        database = create_engine(url, connect_args={"timeout": 120, "check_same_thread": False})
+        event.listen(database, "connect", _sqlite_on_connect)
+        return database
     if url.get_backend_name() == "postgresql":
         return create_engine(url, pool_pre_ping=True)
     raise ValueError(f"unsupported database backend {url.get_backend_name()!r}: use sqlite or postgresql")

@@ -50,7 +50,7 @@ def init_command(db_url: str) -> None:
         ledger init --db sqlite:///study.db
     """
     ledger = open_ledger(db_url, create=True)
-    revision = _migrate.current_revision(ledger.engine)
+    revision = _migrate.current_revision(ledger.database)
     console.print(f"ledger at {redact_url(db_url)} is at schema revision {revision}")
 
 

@@ -29,9 +29,9 @@ def head_revision() -> str | None:
     return ScriptDirectory.from_config(alembic_config()).get_current_head()
 
 
-def current_revision(engine: Engine) -> str | None:
+def current_revision(database: Engine) -> str | None:
     """The revision the database is at, or None for an empty database."""
-    with engine.connect() as connection:
+    with database.connect() as connection:
         return MigrationContext.configure(connection).get_current_revision()
 
 
@@ -39,7 +39,7 @@ def current_revision(engine: Engine) -> str | None:
 CONCURRENT_UPGRADE_S = 30.0
 
 
-def upgrade(engine: Engine) -> str | None:
+def upgrade(database: Engine) -> str | None:
     """Upgrade the database to the head revision; returns the revision now current.
 
     Two processes that open the same new database at once (a run and a reader
@@ -54,17 +54,17 @@ def upgrade(engine: Engine) -> str | None:
     delay = 0.02
     while True:
         try:
-            with engine.begin() as connection:
+            with database.begin() as connection:
                 command.upgrade(alembic_config(connection), "head")
             break
         except DBAPIError as error:
             if not _created_concurrently(error) or time.monotonic() > deadline:
                 raise
-            if current_revision(engine) == head:
+            if current_revision(database) == head:
                 break
             time.sleep(delay)
             delay = min(delay * 2, 0.5)
-    return current_revision(engine)
+    return current_revision(database)
 
 
 def _created_concurrently(error: DBAPIError) -> bool:

@@ -431,7 +431,7 @@ class Snapshot:
         if not seqs:
             return {}
         listed = ", ".join(str(int(s)) for s in seqs)
-        with ledger.engine.connect() as conn:
+        with ledger.database.connect() as conn:
             rows = conn.exec_driver_sql(f"SELECT seq, chain FROM events WHERE seq IN ({listed})").all()
         return {int(seq): str(chain) for seq, chain in rows}
 

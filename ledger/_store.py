@@ -1,4 +1,4 @@
-"""The Ledger: append, read and head over one SQLAlchemy engine."""
+"""The Ledger: append, read and head over one SQLAlchemy connection pool (``Ledger.database``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from sqlalchemy import select
 from sqlalchemy.engine import URL, Engine
 
 from . import _migrate
-from ._backends import Dialect, make_engine, normalise_url
+from ._backends import Dialect, normalise_url, open_database
 from ._errors import ConflictError, EventError, SchemaError
 from ._events import GENESIS, Event, Head, NewEvent, Sealed, event_from_row, link, native_sealing, seal_many
 from ._ids import utc_now
@@ -30,16 +30,16 @@ class Ledger:
     def __init__(self, url: str | URL, *, create: bool = True, sealer: str | None = None) -> None:
         self.native = native_sealing(sealer)
         self.url = normalise_url(url)
-        self.engine: Engine = make_engine(self.url)
-        self.dialect = Dialect(self.engine.dialect.name)
+        self.database: Engine = open_database(self.url)
+        self.dialect = Dialect(self.database.dialect.name)
         if create:
-            _migrate.upgrade(self.engine)
-        elif _migrate.current_revision(self.engine) != _migrate.head_revision():
+            _migrate.upgrade(self.database)
+        elif _migrate.current_revision(self.database) != _migrate.head_revision():
             raise SchemaError("the database has no current ledger schema: run `ledger init`")
 
     def close(self) -> None:
         """Release every connection."""
-        self.engine.dispose()
+        self.database.dispose()
 
     def __enter__(self) -> Ledger:
         return self
@@ -62,7 +62,7 @@ class Ledger:
         sealed = _dedupe(seal_many(events, self.native))
         if not sealed:
             return []
-        connection = self.engine.raw_connection()
+        connection = self.database.raw_connection()
         try:
             return self._append_sealed(connection, sealed)
         finally:
@@ -70,7 +70,7 @@ class Ledger:
 
     def append_sealed(self, sealed: Sequence[Sealed]) -> list[Event]:
         """Append events already validated by :func:`seal` (the import path)."""
-        connection = self.engine.raw_connection()
+        connection = self.database.raw_connection()
         try:
             return self._append_sealed(connection, _dedupe(list(sealed)))
         finally:
@@ -79,7 +79,7 @@ class Ledger:
     def _append_sealed(self, connection: Any, sealed: list[Sealed]) -> list[Event]:
         # Optimistic: most batches hold only new ids, so insert at once and let the
         # UNIQUE(id) constraint catch the rest; only then look the known ids up.
-        integrity_error = self.engine.dialect.dbapi.IntegrityError  # type: ignore[union-attr]
+        integrity_error = self.database.dialect.dbapi.IntegrityError  # type: ignore[union-attr]
         try:
             return self._write(connection, sealed, lookup=False)
         except integrity_error:
@@ -134,7 +134,7 @@ class Ledger:
 
     def head(self) -> Head | None:
         """The last event's seq and chain, or None for an empty ledger."""
-        with self.engine.connect() as conn:
+        with self.database.connect() as conn:
             row = conn.exec_driver_sql("SELECT seq, chain FROM events ORDER BY seq DESC LIMIT 1").first()
         return Head(int(row[0]), row[1]) if row else None
 
@@ -167,7 +167,7 @@ class Ledger:
         query = query.order_by(events_table.c.seq)
         if limit is not None:
             query = query.limit(limit)
-        with self.engine.connect() as conn:
+        with self.database.connect() as conn:
             result = conn.execution_options(stream_results=True, yield_per=5000).execute(query)
             for row in result:
                 yield event_from_row(tuple(row))
@@ -175,7 +175,7 @@ class Ledger:
     def get(self, event_id: str) -> Event | None:
         """The event recorded under ``event_id``, if any."""
         query = select(events_table).where(events_table.c.id == event_id)
-        with self.engine.connect() as conn:
+        with self.database.connect() as conn:
             row = conn.execute(query).first()
         return event_from_row(tuple(row)) if row else None
 
@@ -188,7 +188,7 @@ class Ledger:
         if until_seq is not None:
             sql += f" AND seq <= {int(until_seq)}"
         sql += " ORDER BY seq"
-        connection = self.engine.raw_connection()
+        connection = self.database.raw_connection()
         try:
             cursor = connection.cursor()
             cursor.execute(sql)
@@ -200,7 +200,7 @@ class Ledger:
 
     def recorded_heads(self) -> list[Head]:
         """Every head recorded at commit, in seq order."""
-        with self.engine.connect() as conn:
+        with self.database.connect() as conn:
             rows = conn.exec_driver_sql("SELECT seq, chain FROM heads ORDER BY seq").all()
         return [Head(int(r[0]), r[1]) for r in rows]
 

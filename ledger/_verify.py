@@ -216,17 +216,17 @@ def _scan_connection(connection: Any, first: int, last: int) -> RangeResult:
 
 def _verify_range(url: str, first: int, last: int) -> RangeResult:
     """Worker: check seq ``first..last`` over a connection of its own."""
-    from ._backends import make_engine, normalise_url
+    from ._backends import normalise_url, open_database
 
-    engine = make_engine(normalise_url(url))
+    database = open_database(normalise_url(url))
     try:
-        connection = engine.raw_connection()
+        connection = database.raw_connection()
         try:
             return _scan_connection(connection, first, last)
         finally:
             connection.close()
     finally:
-        engine.dispose()
+        database.dispose()
 
 
 def ranges(last: int, parts: int) -> list[tuple[int, int]]:
@@ -300,7 +300,7 @@ def verify_ledger(
     # Heads first: each is committed with its events, so all of them lie at or below
     # the last seq read next, even while writers append.
     heads = [(h.seq, h.chain) for h in ledger.recorded_heads()]
-    with ledger.engine.connect() as conn:
+    with ledger.database.connect() as conn:
         last = int(conn.exec_driver_sql("SELECT coalesce(max(seq), 0) FROM events").scalar_one())
         chains_at = dict(
             conn.exec_driver_sql("SELECT e.seq, e.chain FROM heads h JOIN events e ON e.seq = h.seq").all()
@@ -310,7 +310,7 @@ def verify_ledger(
         return conclude(_scan_native(path, last, workers), heads, chains_at, expected_head)
     count = workers or worker_count(last)
     if count <= 1 or last < 2:
-        connection = ledger.engine.raw_connection()
+        connection = ledger.database.raw_connection()
         try:
             scan = _scan_connection(connection, 1, last)
         finally:

@@ -32,7 +32,7 @@ def test_simultaneous_first_opens_all_succeed(tmp_path: Path) -> None:
             w.join(60)
         assert [w.exitcode for w in workers] == [0, 0, 0, 0], f"round {round_}"
         with open_ledger(url) as led:
-            assert current_revision(led.engine) == head_revision()
+            assert current_revision(led.database) == head_revision()
             notes = [e.data["worker"] for e in led.events(kind="note.added")]
             assert sorted(notes) == [0, 1, 2, 3]
             assert verify(led).ok

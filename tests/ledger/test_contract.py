@@ -284,7 +284,7 @@ class LedgerContract(VerifyContract):
             *self.extra_refused,
         ]
         for statement in statements:
-            with pytest.raises(DBAPIError, match="append-only"), led.engine.begin() as conn:
+            with pytest.raises(DBAPIError, match="append-only"), led.database.begin() as conn:
                 conn.execute(text(statement))
         assert led.count() == 3 and verify(led).ok
 
@@ -294,7 +294,7 @@ class LedgerContract(VerifyContract):
 
     def test_init_upgrades_to_head(self, url: str) -> None:
         ledger = open_ledger(url)
-        assert _migrate.current_revision(ledger.engine) == _migrate.head_revision()
+        assert _migrate.current_revision(ledger.database) == _migrate.head_revision()
         ledger.close()
         from click.testing import CliRunner
 
@@ -307,7 +307,7 @@ class LedgerContract(VerifyContract):
         assert str(_migrate.head_revision()) in again.output
 
     def test_metadata_and_migrations_agree(self, led: Ledger) -> None:
-        with led.engine.connect() as conn:
+        with led.database.connect() as conn:
             diffs = compare_metadata(MigrationContext.configure(conn), metadata)
         assert diffs == []
 

@@ -142,7 +142,7 @@ def test_declared_exclusion_acknowledges_findings_in_that_block(build: Any) -> N
 def test_chain_broken(build: Any, ledger_url: str) -> None:
     events, _ = generate()
     src = build(events)
-    with src.ledger.engine.connect() as conn:
+    with src.ledger.database.connect() as conn:
         first = "SELECT min(seq) FROM events WHERE kind = 'response.received'"
         seq = conn.exec_driver_sql(first).scalar_one()
     edit = f"UPDATE events SET data = replace(data, '\"status\":200', '\"status\":201') WHERE seq = {seq}"

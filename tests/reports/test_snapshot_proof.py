@@ -207,7 +207,7 @@ def test_rows_that_failed_their_check_when_written_are_read_again(
     when written, so it is never served again once the ledger is whole."""
     root = tmp_path / "snapshots"
     clean, _, folder = _derive(ledger, root)
-    with ledger.engine.connect() as conn:
+    with ledger.database.connect() as conn:
         seq, data = conn.exec_driver_sql(
             "SELECT seq, data FROM events WHERE kind = 'response.received' ORDER BY seq DESC LIMIT 1"
         ).one()
