@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from experiments.targets.vllm._commands import kv_transfer_config, with_connector
+from experiments.targets.vllm._argv_templates import kv_transfer_config, with_connector
 from experiments.targets.vllm._process import Process, running
 from experiments.targets.vllm.engines import Engines
 

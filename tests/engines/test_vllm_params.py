@@ -12,7 +12,7 @@ import pytest
 from collectors._secrets import REDACTED, redact_env
 from experiments import needle
 from experiments._params import ParamError
-from experiments.targets.vllm import _commands as cmds
+from experiments.targets.vllm import _argv_templates as cmds
 from experiments.targets.vllm._managed import VllmTarget
 from experiments.targets.vllm._resolve import Resolved, resolve
 from experiments.targets.vllm._settings import PARAMS, Settings, check, parse_attach, parse_gpus

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..._params import ParamError
-from . import _commands as cmds
+from . import _argv_templates as cmds
 
 __all__ = ["MODES", "MP_SINCE", "Generation", "choose_mode", "version_tuple"]
 

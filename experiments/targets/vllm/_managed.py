@@ -30,7 +30,7 @@ from collectors._secrets import redact_command, redact_env
 from ledger import canonical_json, new_id, sha256_hex
 
 from .._base import Launch, LaunchRecord, Replica, TargetError
-from . import _commands as cmds
+from . import _argv_templates as cmds
 from ._lmcache import Generation, choose_mode
 from ._observe import Observed, observe
 from ._process import Process, StartupError, start, wait_tcp

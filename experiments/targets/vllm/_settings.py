@@ -122,7 +122,7 @@ def check(params: Mapping[str, Any]) -> None:
     _check_env(params["env"], params["pass_env"])
     _check_template("replica_command", params["replica_command"])
     _check_template("service_command", params["service_command"])
-    from ._commands import REPLICA_FIELDS, SERVICE_FIELDS, render
+    from ._argv_templates import REPLICA_FIELDS, SERVICE_FIELDS, render
 
     # An unknown {placeholder} is a usage error now, not a failed block later.
     for name, fields in (("replica_command", REPLICA_FIELDS), ("service_command", SERVICE_FIELDS)):
