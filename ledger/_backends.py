@@ -7,6 +7,8 @@ from typing import Any
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import URL, Engine, make_url
 
+from ._errors import BackendError
+
 # Any constant will do: it names the lock that serialises appends on PostgreSQL.
 _PG_APPEND_LOCK = 0x6B766C6564676572  # "kvledger"
 
@@ -47,7 +49,7 @@ def open_database(url: URL) -> Engine:
         return database
     if url.get_backend_name() == "postgresql":
         return create_engine(url, pool_pre_ping=True)
-    raise ValueError(f"unsupported database backend {url.get_backend_name()!r}: use sqlite or postgresql")
+    raise BackendError(f"unsupported database backend {url.get_backend_name()!r}: use sqlite or postgresql")
 
 
 class Dialect:

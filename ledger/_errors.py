@@ -12,6 +12,7 @@ LedgerError                 exit 2
  ├── ImportFileError        an import file is malformed; names line and field
  ├── QueryError             an analytics statement was refused or failed
  ├── SchemaError            the database schema is missing or not at head
+ ├── BackendError           the database URL names a backend the ledger does not use
  ├── ParamError             a --param or target option is bad (experiments)
  ├── ExperimentError        no such experiment, or a file not of the experiment form
  ├── ReplayError            the run to replay is missing or lacks what a replay needs
@@ -72,6 +73,10 @@ class QueryError(LedgerError, ValueError):
 
 class SchemaError(LedgerError):
     """The database has no ledger schema, or not the current one."""
+
+
+class BackendError(LedgerError, ValueError):
+    """The database URL names a backend other than SQLite or PostgreSQL."""
 
 
 class ParamError(LedgerError, ValueError):
