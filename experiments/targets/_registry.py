@@ -33,7 +33,7 @@ def target_defaults(name: str) -> dict[str, Any]:
     if name == "sim":
         return {**CLIENT_PARAMS, **TARGET_PARAMS}
     if name == "vllm":
-        return {**CLIENT_PARAMS, **getattr(_vllm_module(), "PARAMS", {})}
+        return {**CLIENT_PARAMS, **_vllm_module().PARAMS}
     raise ParamError(f"unknown target {name!r}; known: {', '.join(TARGETS)}")
 
 
@@ -61,9 +61,7 @@ def check_target_params(name: str, params: Mapping[str, Any]) -> None:
     if method not in TTFT_METHODS:
         raise ParamError(f"ttft_method must be one of {', '.join(TTFT_METHODS)}, got {method!r}")
     if name != "sim":
-        checker = getattr(_vllm_module(), "check_params", None)
-        if checker is not None:
-            checker(dict(params))
+        _vllm_module().check_params(dict(params))
         return
     from .sim import FaultSet
 
