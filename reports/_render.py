@@ -6,6 +6,8 @@ same bytes; numbers are formatted with fixed places.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,14 +84,22 @@ def _observations(row: dict[str, Any], places: int = 3) -> str:
     return "; ".join(parts)
 
 
+def run_label(text: Any) -> str:
+    """A run id as the tables print it: its first 8 characters."""
+    return short(text, 8)
+
+
 def _paired_rows(
-    table: list[dict[str, Any]], dims: list[tuple[str, Any]], places: int = 3
+    table: list[dict[str, Any]],
+    dims: list[tuple[str, Any]],
+    places: int = 3,
+    label: Callable[[Any], str] = run_label,
 ) -> list[list[str]]:
     rows = []
     for r in table:
         rows.append(
             [
-                short(r["run_id"], 8),
+                label(r["run_id"]),
                 *(fn(r) for _, fn in dims),
                 num(r["arms"]["OFF"]["median"], places),
                 num(r["arms"]["ON"]["median"], places),
@@ -112,7 +122,7 @@ _PAIRED_HEAD = [
 ]
 
 
-def ttft_method_notes(rows: list[dict[str, Any]]) -> list[str]:
+def ttft_method_notes(rows: list[dict[str, Any]], label: Callable[[Any], str] = run_label) -> list[str]:
     """How the TTFT figures were dated, per run; a run with several methods is called mixed."""
     by_run: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
@@ -124,21 +134,21 @@ def ttft_method_notes(rows: list[dict[str, Any]]) -> list[str]:
         if len(methods) == 1:
             m = methods[0]
             notes.append(
-                f"run {short(run_id, 8)}: TTFT dated by {m['ttft_method']}, "
+                f"run {label(run_id)}: TTFT dated by {m['ttft_method']}, "
                 f"{TTFT_METHOD_LABELS.get(m['ttft_method'], m['ttft_method'])} "
                 f"({m['observations']} observations)"
             )
         else:
             counts = ", ".join(f"{m['ttft_method']} {m['observations']}" for m in methods)
             notes.append(
-                f"run {short(run_id, 8)}: TTFT dated by MIXED methods ({counts}); "
+                f"run {label(run_id)}: TTFT dated by MIXED methods ({counts}); "
                 "see the audit's ttft-method-mixed"
             )
     return notes
 
 
-def sections(report: dict[str, Any]) -> list[Section]:
-    """The report as titled tables, shared by every human-readable format."""
+def sections(report: dict[str, Any], label: Callable[[Any], str] = run_label) -> list[Section]:
+    """The report as titled tables, shared by every human-readable format (``label``: run ids)."""
     t = report["tables"]
     acc = report["accounting"]
     out = [
@@ -151,7 +161,7 @@ def sections(report: dict[str, Any]) -> list[Section]:
             "Exclusions (whole blocks, never single requests)",
             ["run", "block", "source", "reason"],
             [
-                [short(e["run_id"], 8), short(e["block_id"]), e["source"], e["reason"]]
+                [label(e["run_id"]), short(e["block_id"]), e["source"], e["reason"]]
                 for e in report["exclusions"]
             ],
         ),
@@ -171,8 +181,9 @@ def sections(report: dict[str, Any]) -> list[Section]:
             _paired_rows(
                 t["ttft"],
                 [("size", lambda r: size(r["nominal_tokens"])), ("locality", lambda r: r["locality_label"])],
+                label=label,
             ),
-            ttft_method_notes(report.get("measurement", {}).get("ttft_methods", [])),
+            ttft_method_notes(report.get("measurement", {}).get("ttft_methods", []), label),
         ),
         Section(
             "Table 4: session wall time (s) by size × routing",
@@ -181,6 +192,7 @@ def sections(report: dict[str, Any]) -> list[Section]:
                 t["sessions"],
                 [("size", lambda r: size(r["nominal_tokens"])), ("routing", lambda r: r["placement"])],
                 2,
+                label,
             ),
         ),
         Section(
@@ -194,6 +206,7 @@ def sections(report: dict[str, Any]) -> list[Section]:
                     ("output", lambda r: str(r["max_tokens"])),
                 ],
                 2,
+                label,
             ),
         ),
         Section(
@@ -203,6 +216,7 @@ def sections(report: dict[str, Any]) -> list[Section]:
                 t["windows"],
                 [("sessions", lambda r: str(r["sessions"])), ("placement", lambda r: r["placement"])],
                 2,
+                label,
             ),
         ),
         *validation_sections(t["validation"]),
@@ -308,21 +322,62 @@ def to_markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-# Below this width the terminal leaves out the per-observation column (it would wrap every row).
+# Below this width the terminal leaves out the per-observation column (it would wrap every row),
+# and the paired tables take their narrow form: short headers, the statistics in a few characters,
+# the run column only when the report holds more than one run.
 WIDE_TERMINAL = 160
+_NARROW_HEADERS = {
+    "OFF median": "OFF",
+    "ON median": "ON",
+    "mean 100×(ON/OFF−1)": "ON/OFF−1",
+    "matched units": "units",
+    "statistics": "stats",
+}
+NARROW_LEGEND = (
+    "OFF, ON: medians; ON/OFF−1: mean of 100×(ON/OFF−1) over matched units; stats: descr. = "
+    "descriptive only (fewer than 6 block pairs), else the Wilcoxon signed-rank p; n = block pairs"
+)
+_DESCRIPTIVE = re.compile(r"descriptive \((\d+) block pairs\)")
+_TESTED = re.compile(r"Wilcoxon p=([^,]+), sign p=[^ ]+ \((\d+) block pairs\)")
+
+
+def compact_statistics(text: str) -> str:
+    """A statistics cell in a few characters: ``descr. n=2`` or ``p=0.0312 n=8``."""
+    if m := _DESCRIPTIVE.fullmatch(text):
+        return f"descr. n={m.group(1)}"
+    if m := _TESTED.fullmatch(text):
+        return f"p={m.group(1)} n={m.group(2)}"
+    return text
+
+
+def terminal_run_label(run_ids: list[str]) -> Callable[[Any], str]:
+    """Run ids as the terminal prints them: 8 characters, or, where two runs share those (UUIDv7
+    ids of runs started within a minute do), the first 8 and the last 4."""
+    if len({str(r)[:8] for r in run_ids}) == len(run_ids):
+        return run_label
+    return lambda text: "–" if text is None else f"{str(text)[:8]}…{str(text)[-4:]}"
 
 
 def terminal_sections(report: dict[str, Any], width: int) -> list[Section]:
-    """The sections for a terminal ``width`` columns wide: the observations column only when it fits."""
-    out = sections(report)
+    """The sections for a terminal ``width`` columns wide: the observations column only when it fits,
+    and below that the narrow form of the paired tables."""
+    out = sections(report, terminal_run_label([r["run_id"] for r in report["runs"]]))
     if width >= WIDE_TERMINAL:
         return out
+    one_run = len(report["runs"]) <= 1
     for s in out:
         if s.headers and s.headers[-1] == "observations":
             s.headers = s.headers[:-1]
             s.rows = [row[:-1] for row in s.rows]
             if s.rows:
                 s.notes.insert(0, "every observation: ledger report --markdown, --json or --html")
+        if "statistics" in s.headers:
+            stats = s.headers.index("statistics")
+            s.rows = [[*row[:stats], compact_statistics(row[stats]), *row[stats + 1 :]] for row in s.rows]
+            s.headers = [_NARROW_HEADERS.get(h, h) for h in s.headers]
+        if one_run and s.headers and s.headers[0] == "run":
+            s.headers = s.headers[1:]
+            s.rows = [row[1:] for row in s.rows]
     return out
 
 
@@ -332,11 +387,29 @@ def print_terminal(report: dict[str, Any]) -> None:
 
     console = Console()
     head = report["head"] or {"seq": 0, "chain": None}
-    console.print(f"[bold]kvledger report[/bold] — ledger head seq {head['seq']} chain {head['chain']}")
+    console.print(
+        f"[bold]kvledger report[/bold] — ledger head seq {head['seq']} chain {short(head['chain'])}"
+    )
+    runs = report["runs"]
+    label = terminal_run_label([r["run_id"] for r in runs])
+    console.print(
+        "runs: " + (", ".join(f"{label(r['run_id'])} ({r['experiment']})" for r in runs) or "none"),
+        highlight=False,
+    )
+    narrow = console.width < WIDE_TERMINAL
+    if narrow:
+        console.print(f"[dim]{NARROW_LEGEND}[/dim]")
     for s in terminal_sections(report, console.width):
-        table = Table(*s.headers, title=s.title, title_justify="left", show_lines=False)
-        for row in s.rows:
-            table.add_row(*row)
-        console.print(table)
+        if not s.rows:
+            console.print(f"[bold]{s.title}[/bold]: none")
+        else:
+            table = Table(title=s.title, title_justify="left", show_lines=False)
+            for header in s.headers:
+                # The statistics and run ids never wrap: a wrapped p-value or id reads as two.
+                keep = header in ("stats", "statistics", "run")
+                table.add_column(header, no_wrap=keep, min_width=8 if header == "run" else None)
+            for row in s.rows:
+                table.add_row(*row)
+            console.print(table)
         for note in s.notes:
-            console.print(f"  • {note}")
+            console.print(f"  • {note}", highlight=False)

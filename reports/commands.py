@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import sys
+import textwrap
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -116,10 +118,14 @@ def _print_findings(findings: list[dict[str, object]], head: str | None) -> None
     console = Console()
     blocking = sum(f["severity"] == BLOCKING for f in findings)
     groups = grouped(findings)
-    console.print(
-        f"audit at head {head}: {len(findings)} finding(s) of {len(groups)} code(s), {blocking} blocking"
-    )
+    shown_head = head if console.width >= _render.WIDE_TERMINAL else _render.short(head)
+    counts = f"{len(findings)} finding(s) of {len(groups)} code(s), {blocking} blocking"
+    console.print(f"audit at head {shown_head}: {counts}")
     if not findings:
+        console.print("findings: none")
+        return
+    if console.width < _render.WIDE_TERMINAL:
+        _print_findings_narrow(console, groups)
         return
     table = Table("severity", "code", "run", "block", "target", "detail")
     for group in groups:
@@ -145,6 +151,39 @@ def _print_findings(findings: list[dict[str, object]], head: str | None) -> None
                 str(f["detail"]),
             )
     console.print(table)
+
+
+def _print_findings_narrow(console: Any, groups: list[dict[str, Any]]) -> None:
+    """The findings as a list that reads at 80 columns: a line per code, a line per instance
+    (short run and block ids, the target), its detail indented below, wrapped as prose."""
+    width = max(40, console.width)
+    label = _render.terminal_run_label(
+        sorted({str(f["run_id"]) for g in groups for f in g["examples"] if f["run_id"]})
+    )
+    for group in groups:
+        style = {"blocking": "red", "warning": "yellow"}.get(str(group["severity"]), "dim")
+        count = group["count"]
+        more = f" (the first {EXAMPLES} follow; --json lists all)" if count > EXAMPLES else ""
+        console.print(
+            f"[{style}]{group['severity']}[/{style}] [bold]{group['code']}[/bold] ×{count}{more}",
+            highlight=False,
+        )
+        for f in group["examples"]:
+            where = [
+                f"run {label(f['run_id'])}" if f["run_id"] else None,
+                f"block {str(f['block_id'])[:8]}" if f["block_id"] else None,
+                str(f["target"]) if f["target"] else None,
+            ]
+            console.print("  " + " · ".join(w for w in where if w), highlight=False, markup=False)
+            detail = textwrap.fill(
+                str(f["detail"]),
+                width=width,
+                initial_indent="    ",
+                subsequent_indent="    ",
+                break_on_hyphens=False,
+                break_long_words=False,
+            )
+            console.print(detail, highlight=False, markup=False, soft_wrap=True)
 
 
 @click.command("attest")
