@@ -13,28 +13,40 @@ on every report; changing the SQL starts a new projection.
 The proof. The snapshot lives outside the database, so nothing in it is
 trusted for being there:
 
-- When a segment is written, its rows (read from the database) are checked
-  link by link, each digest recomputed from the envelope, from the chain that
-  ends the segment before (GENESIS for the first). Its first and last seq,
-  the chain at its last seq and its data fields go into the file's own
-  Parquet metadata. A segment whose rows fail that check is served (the
-  report shows the database as it is; the audit's chain verification names
-  the row) but marked unproven, and read again from the database on every
-  refresh.
+- When a segment is written, its rows are read from the database natively
+  into Arrow (ledger/_rows.py) while the native verifier checks the same seq
+  range of the database link by link (each digest recomputed from the
+  envelope); the rows read must be that range, with no gap, ending on the
+  chain the check ended on (where the native parts are missing, the rows read
+  are checked in Python). Its first and last seq, the chain at its last seq
+  and its data fields go into the file's own Parquet metadata; the
+  projections are derived from the rows while they are in memory. A segment
+  whose rows fail that check is served (the report shows the database as it
+  is; the audit's chain verification names the row) but marked unproven, and
+  read again from the database on every refresh.
 - ``state.json`` lists the segments with the SHA-256 of each file, and for
   each projection file the SHA-256 of its bytes and of the segment it was
   derived from.
-- Every refresh re-hashes every file it will serve, checks that the segments
-  tile seq 1..S with no gap or overlap, and that the chain each segment ends
-  on is the chain the database stores at that seq (the chain the audit
-  verifies, link by link, in the same command). Rows chained from GENESIS to
-  the database's own chain value at S are the database's rows 1..S.
+- Every refresh checks each file it will serve against its recorded digest,
+  checks that the segments tile seq 1..S with no gap or overlap, and that the
+  chain each segment ends on is the chain the database stores at that seq.
+  A file is read and hashed again unless its inode, size and change time
+  (ctime: set by every write and rename, and not settable by a user) are
+  those recorded when it was last hashed, so a refresh of a large snapshot
+  costs a stat per file, not a read of every byte.
 
 A file that differs from its recorded digest (or does not tile) is a
 :class:`Mismatch`: it is rebuilt from the database, and the mismatch is
 reported (the audit's ``snapshot-mismatch``). Missing or stale files (an
 older format, a deleted file, a ledger replaced at the same path) are rebuilt
 without one: nothing served differed from the ledger.
+
+What that proves is bounded by the folder: whoever can rewrite a file can
+rewrite its digest in ``state.json``. So the snapshot serves plain reads
+(``ledger report``, ``ledger sql``, exports), and the commands that publish
+(``ledger audit``, ``ledger attest``) derive their tables from the database's
+own rows instead (ledger/_analytics.py ``from_rows``); ``ledger verify
+--snapshot`` (:meth:`Snapshot.check`) proves every file's content.
 """
 
 from __future__ import annotations
@@ -171,8 +183,8 @@ class Segment:
 class Proof:
     """What the last refresh checked and what it cost (wall and this thread's CPU seconds)."""
 
-    files: int = 0
-    bytes: int = 0
+    files: int = 0  # files proven against their recorded digests
+    bytes: int = 0  # bytes read and hashed to do so
     seconds: float = 0.0
     cpu_seconds: float = 0.0
     mismatches: list[Mismatch] = field(default_factory=list)
@@ -181,6 +193,10 @@ class Proof:
     stale: int = 0  # listed segments left to be read again (the ledger changed under them)
     rows_checked: int = 0  # rows verified as they were written into new segments
     write_check_seconds: float = 0.0
+    unchanged: int = 0  # files whose digest stood: same inode, size and ctime as when last hashed
+    # path → [inode, size, ctime_ns, sha256] of files hashed before; empty: hash every file.
+    known: dict[str, list[Any]] = field(default_factory=dict)
+    seen: dict[str, list[Any]] = field(default_factory=dict)
 
     @contextmanager
     def timed(self) -> Iterator[None]:
@@ -192,9 +208,20 @@ class Proof:
             self.cpu_seconds += time.thread_time() - cpu
 
     def hashed(self, path: Path) -> str:
+        """The file's SHA-256: read again unless its inode, size and change time (ctime, which
+        every write or rename sets and no user can set back) are those of its last hashing."""
+        status = path.stat()
+        stamp = [status.st_ino, status.st_size, status.st_ctime_ns]
+        known = self.known.get(str(path))
         self.files += 1
-        self.bytes += path.stat().st_size
-        return file_sha256(path)
+        if isinstance(known, list) and len(known) == 4 and known[:3] == stamp:
+            self.unchanged += 1
+            self.seen[str(path)] = known
+            return str(known[3])
+        self.bytes += status.st_size
+        digest = file_sha256(path)
+        self.seen[str(path)] = [*stamp, digest]
+        return digest
 
 
 def _is_segment_name(name: Any) -> bool:
@@ -287,6 +314,8 @@ class Snapshot:
         self.proof = Proof()
         with self._locked():
             state = self._state()
+            known = state.pop("hashed", None)
+            self.proof.known = known if isinstance(known, dict) else {}
             kept, dropped = self._prove(ledger, state)
             for entry in dropped:
                 if _is_segment_name(entry.get("name") if isinstance(entry, dict) else None):
@@ -302,6 +331,7 @@ class Snapshot:
             self._segments = kept
             for sql in (projections or {}).values():
                 self._project(sql, kept, state)
+            state["hashed"] = self.proof.seen
             self._save(state)
         if kept:
             self.proof.head_seq, self.proof.head_chain = kept[-1].last, kept[-1].chain

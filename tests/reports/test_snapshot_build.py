@@ -3,10 +3,12 @@ driver path it replaces, its incremental refresh, and projections derived from t
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import duckdb
 import orjson
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
@@ -132,3 +134,33 @@ def test_incremental_refresh_projects_only_the_new_rows(synthetic: Ledger, tmp_p
     fresh = Analytics(synthetic, root, projections(), from_rows=True)
     assert _contents(fresh) == after
     fresh.close()
+
+
+def test_unchanged_files_are_not_read_again_and_a_rewrite_is_found_with_its_times_set_back(
+    synthetic: Ledger, tmp_path: Path
+) -> None:
+    """A refresh hashes a file only when its inode, size or ctime moved: a rewrite whose access and
+    modification times are set back still moves its ctime, so it is hashed and found."""
+    root = tmp_path / "snapshots"
+    Analytics(synthetic, root, projections()).connection()  # the build
+    warm = Analytics(synthetic, root, projections())
+    warm.connection()
+    assert warm.proof.files > 2 and warm.proof.bytes > 0  # first read after the build: hashed once
+    warm.close()
+    again = Analytics(synthetic, root, projections())
+    again.connection()
+    assert again.proof.files == warm.proof.files and again.proof.unchanged == warm.proof.files
+    assert again.proof.bytes == 0
+    folder = again.snapshot.directory
+    again.close()
+    (path,) = [p for p in folder.glob("projection-*/*.parquet") if "ttft_s" in pq.read_schema(p).names]
+    times = path.stat()
+    table = pq.read_table(path)
+    column = table.schema.get_field_index("ttft_s")
+    halved = table.set_column(column, "ttft_s", pc.divide(table.column("ttft_s"), 2))
+    pq.write_table(halved, path, compression="zstd")
+    os.utime(path, ns=(times.st_atime_ns, times.st_mtime_ns))
+    found = Analytics(synthetic, root, projections())
+    found.connection()
+    assert [m.file for m in found.proof.mismatches] == [path]
+    found.close()

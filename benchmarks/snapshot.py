@@ -1,0 +1,105 @@
+"""The Parquet snapshot: its first build after a fresh import, and an incremental refresh.
+
+On the screening-shaped 1M-event ledger of ``python -m benchmarks report`` (kept
+outside the clone, built once per generator version), the report's Analytics
+builds the snapshot from scratch into an empty folder: every row read natively
+into Arrow (ledger/_carrow.c) and checked by the native verifier beside the
+read, each kind's fields typed, the raw segments written, and every projection
+the report reads derived from the rows in memory. Then ``--new`` events
+(default 10k, seed-shaped runs) are appended to a copy of that ledger and the
+refresh that brings the snapshot up to date is timed: proving the files already
+there, writing one new segment and projecting it. Goals at 1M: first build
+≤ 3 s, refresh of 10k ≤ 0.2 s. ``--reader python`` times the driver path
+(Python's sqlite3 and Python checking) for comparison.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from ledger import Analytics, open_ledger
+from reports._views import projections
+
+from ._common import emit, timed
+from .report import SIZES, _ledger, default_keep, envelopes, fill
+
+
+def _cpu() -> float:
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    return me.ru_utime + me.ru_stime
+
+
+def _build(ledger: Any, root: Path) -> tuple[float, float, Any]:
+    cpu = _cpu()
+    with timed() as wall:
+        analytics = Analytics(ledger, root, projections())
+        analytics.connection()
+        analytics.close()
+    return wall[0], _cpu() - cpu, analytics.proof
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks snapshot")
+    parser.add_argument("--size", default="1m", choices=sorted(SIZES), help="The ledger size.")
+    parser.add_argument("--new", type=int, default=10_000, help="Events appended before the refresh.")
+    parser.add_argument("--keep", type=Path, default=None, help="Where generated ledgers are kept.")
+    parser.add_argument("--reader", choices=("native", "python"), default="native")
+    args = parser.parse_args()
+    if args.reader == "python":
+        os.environ["KVLEDGER_READER"] = "python"
+        os.environ["KVLEDGER_VERIFIER"] = "python"
+    keep = args.keep or default_keep()
+    keep.mkdir(parents=True, exist_ok=True)
+    ledger, setup = _ledger(keep, args.size, SIZES[args.size])
+    head = ledger.head()
+    events = head.seq if head else 0
+    load = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory(prefix="kvledger-bench-snapshot-") as tmp:
+        # Built and refreshed on a copy of the kept ledger, which stays as generated.
+        source = Path(str(ledger.url.database))
+        ledger.close()
+        copy = Path(tmp) / "ledger.db"
+        shutil.copyfile(source, copy)
+        ledger = open_ledger(f"sqlite:///{copy}")
+        first_s, first_cpu, first = _build(ledger, Path(tmp) / "snapshots")
+        assert not first.mismatches and first.rows_checked == events
+        later: list[dict[str, Any]] = []
+        for run in envelopes(args.new, seed=2718):
+            later += run
+        appended = fill(ledger, iter([later[: args.new]]))
+        refresh_s, refresh_cpu, refresh = _build(ledger, Path(tmp) / "snapshots")
+        assert not refresh.mismatches and refresh.rows_checked == appended, (refresh, appended)
+        segments = len(list((Path(tmp) / "snapshots").glob("*/events-*.parquet")))
+        ledger.close()
+    print(
+        f"{events:,} events ({args.reader} reader): first build {first_s:.2f} s wall, {first_cpu:.2f} s CPU "
+        f"(rows checked as written {first.write_check_seconds:.2f} s); refresh after {appended:,} new "
+        f"events {refresh_s:.3f} s wall, {refresh_cpu:.3f} s CPU (proof of the files there: "
+        f"{refresh.seconds:.3f} s over {refresh.files} files, {refresh.bytes / 1e6:.0f} MB); "
+        f"{segments} segments; load {load:.1f} on {os.cpu_count()} CPUs"
+        + "".join(f"; {k.removesuffix('_s')} {v:.1f} s (not counted)" for k, v in setup.items())
+    )
+    figures: dict[str, Any] = {
+        "benchmark": "snapshot",
+        "reader": args.reader,
+        "events": events,
+        "first_build_seconds": round(first_s, 3),
+        "first_build_cpu_seconds": round(first_cpu, 3),
+        "goal_first_build_seconds_1m": 3.0,
+        "refresh_events": appended,
+        "refresh_seconds": round(refresh_s, 4),
+        "refresh_cpu_seconds": round(refresh_cpu, 4),
+        "refresh_proof_seconds": round(refresh.seconds, 4),
+        "goal_refresh_seconds_10k": 0.2,
+        "cpus": os.cpu_count(),
+        "load_1min": round(load, 2),
+        "unix_time": int(time.time()),
+    }
+    emit(figures)
