@@ -229,54 +229,206 @@ def _table_html(title: str, headers: list[str], rows: list[list[str]], notes: li
     return "\n".join(parts)
 
 
-def _figures(report: dict[str, Any]) -> list[str]:
+def _run_anchor(run_id: Any) -> str:
+    return "run-" + html.escape(str(run_id))
+
+
+def _run_sections(report: dict[str, Any]) -> list[str]:
+    """A section per run: what ran (experiment, target, block order, status), then its figures."""
     out = []
     sessions = _by_run(report["tables"]["sessions"])
     ttft = _by_run(report["tables"]["ttft"])
-    for run_id in sorted(set(ttft) | set(sessions)):
-        rows = ttft.get(run_id, [])
-        tag = html.escape(run_id[:13])
-        out.append(f"<h2>Figures for run {html.escape(run_id)}</h2>")
-        if rows:
-            out.append(
-                f"<figure class='fig' id='fig-ttft-{tag}'>"
-                + figure_ttft(rows)
-                + "<figcaption>Figure 3: TTFT by locality per nominal size (log scale); every observation "
-                "is a dot, the bar is the arm's median.</figcaption></figure>"
-            )
-        if run_id in sessions:
-            out.append(
-                f"<figure class='fig' id='fig-sessions-{tag}'>"
-                + figure_sessions(sessions[run_id])
-                + "<figcaption>Figure 4: session wall time by routing (fixed or alternating replica); "
-                "every session is a dot, the bar is the median; under each routing, the mean paired change "
-                "100 × (ON/OFF − 1).</figcaption></figure>"
-            )
-        if rows:
-            out.append(
-                f"<figure class='fig' id='fig-paired-{tag}'>"
-                + figure_paired(rows)
-                + "<figcaption>Per-block paired dot plot: each block pair's OFF and ON median TTFT "
-                "joined by a line; panel titles give the mean paired change over matched chains."
-                "</figcaption></figure>"
-            )
+    for run in report["runs"]:
+        run_id = str(run["run_id"])
+        order = "–".join(f"{b['arm']}" for b in run["blocks"])
+        statuses = sorted({str(b["status"]) for b in run["blocks"]})
+        out.append(
+            f"<section id='{_run_anchor(run_id)}'><h2>Run <code>{html.escape(run_id)}</code></h2>"
+            f"<p>{html.escape(str(run['experiment']))} on target {html.escape(str(run['target']))}, "
+            f"finished {html.escape(str(run['finish_status']))}; blocks {html.escape(order)} "
+            f"({html.escape(', '.join(statuses))}); "
+            f"code {html.escape(str(run['code_commit'] or 'unrecorded'))}</p>"
+        )
+        out += _figures(run_id, ttft.get(run_id, []), sessions.get(run_id))
+        out.append("</section>")
     return out
+
+
+def _figures(run_id: str, rows: list[dict[str, Any]], sessions: list[dict[str, Any]] | None) -> list[str]:
+    out = []
+    tag = html.escape(run_id[:13])
+    if rows:
+        out.append(
+            f"<figure class='fig' id='fig-ttft-{tag}'>"
+            + figure_ttft(rows)
+            + "<figcaption>Figure 3: TTFT by locality per nominal size (log scale); every observation "
+            "is a dot, the bar is the arm's median.</figcaption></figure>"
+        )
+    if sessions:
+        out.append(
+            f"<figure class='fig' id='fig-sessions-{tag}'>"
+            + figure_sessions(sessions)
+            + "<figcaption>Figure 4: session wall time by routing (fixed or alternating replica); "
+            "every session is a dot, the bar is the median; under each routing, the mean paired change "
+            "100 × (ON/OFF − 1).</figcaption></figure>"
+        )
+    if rows:
+        out.append(
+            f"<figure class='fig' id='fig-paired-{tag}'>"
+            + figure_paired(rows)
+            + "<figcaption>Per-block paired dot plot: each block pair's OFF and ON median TTFT "
+            "joined by a line; panel titles give the mean paired change over matched chains."
+            "</figcaption></figure>"
+        )
+    return out
+
+
+# A verdict lists at most this many blocking findings; the audit table below has every one.
+VERDICT_FINDINGS = 8
+
+
+def _verdict(report: dict[str, Any], audit: dict[str, Any] | None) -> str:
+    """The page's opening: the publish gate, the blocking findings (linked to their rows and runs),
+    the ledger head and the headline result."""
+    head = report["head"] or {"seq": 0, "chain": None}
+    parts = ["<section id='verdict'><h2>Verdict</h2>"]
+    if audit is None:
+        parts.append(
+            "<p class='gate'>Publish: <strong>not audited</strong> (run <code>ledger audit</code>)</p>"
+        )
+        blocking: list[tuple[int, dict[str, Any]]] = []
+    else:
+        findings = audit["findings"]
+        blocking = [(i, f) for i, f in enumerate(findings) if f["severity"] == "blocking"]
+        warnings = sum(f["severity"] == "warning" for f in findings)
+        if blocking:
+            codes = ", ".join(sorted({f["code"] for _, f in blocking}))
+            parts.append(
+                f"<p class='gate blocked'>Publish: <strong>NO</strong>, {len(blocking)} blocking "
+                f"finding(s): {html.escape(codes)}</p>"
+            )
+        else:
+            parts.append(
+                "<p class='gate clear'>Publish: <strong>yes</strong>, the audit found no blocking finding "
+                f"({warnings} warning(s))</p>"
+            )
+    if blocking:
+        items = []
+        for i, f in blocking[:VERDICT_FINDINGS]:
+            run = (
+                f" in run <a href='#{_run_anchor(f['run_id'])}'>{html.escape(str(f['run_id'])[:13])}</a>"
+                if f["run_id"] and any(r["run_id"] == f["run_id"] for r in report["runs"])
+                else ""
+            )
+            code, detail = html.escape(f["code"]), html.escape(f["detail"])
+            items.append(f"<li><a href='#finding-{i}'>{code}</a>{run}: {detail}</li>")
+        more = len(blocking) - VERDICT_FINDINGS
+        tail = f"<li><a href='#audit'>{more} more</a></li>" if more > 0 else ""
+        parts.append(f"<ul class='blocking'>{''.join(items)}{tail}</ul>")
+    parts.append(
+        f"<p>Ledger head: seq {head['seq']}, chain <code>{html.escape(str(head['chain']))}</code></p>"
+    )
+    parts.append(_headline(report))
+    parts.append("</section>")
+    return "\n".join(parts)
+
+
+def _headline(report: dict[str, Any]) -> str:
+    """The study's question: cross-replica reuse against local reuse (and cold), ON-arm medians."""
+    cells = report.get("headline", [])
+    if not cells:
+        return (
+            "<p class='headline'>Headline: no run measured a cold, a local and a cross-replica request.</p>"
+        )
+    rows = "".join(
+        f"<tr><td>{html.escape(str(c['run_id'])[:13])}</td><td>{size(c['nominal_tokens'])}</td>"
+        f"<td>{c['cold_s']:.3f}</td><td>{c['cross_s']:.3f}</td><td>{c['local_s']:.3f}</td>"
+        f"<td>{_ratio(c['cross_s'], c['local_s'], '{:.1f}×')}</td>"
+        f"<td>{_ratio(c['cold_s'] - c['cross_s'], c['cold_s'], '{:.0%}')}</td></tr>"
+        for c in cells
+    )
+    return (
+        "<p class='headline'>Headline: does a cross-replica reuse come close to a local one? Median TTFT "
+        "(s) of the ON arm:</p><table class='headline'><thead><tr><th>run</th><th>size</th><th>cold</th>"
+        "<th>cross-replica reuse</th><th>local reuse</th><th>cross / local</th><th>saved of cold</th></tr>"
+        f"</thead><tbody>{rows}</tbody></table>"
+    )
+
+
+def _ratio(a: float, b: float, form: str) -> str:
+    return form.format(a / b) if b > 0 else "–"
+
+
+def _findings_table(audit: dict[str, Any] | None, report: dict[str, Any]) -> str:
+    parts = ["<section id='audit'><h2>Audit findings</h2>"]
+    if audit is None:
+        parts.append("<p><em>not audited</em></p></section>")
+        return "".join(parts)
+    if not audit["findings"]:
+        parts.append("<p><em>none</em></p></section>")
+        return "".join(parts)
+    runs = {r["run_id"] for r in report["runs"]}
+    rows = []
+    for i, f in enumerate(audit["findings"]):
+        run = html.escape(str(f["run_id"] or "–")[:13])
+        if f["run_id"] in runs:
+            run = f"<a href='#{_run_anchor(f['run_id'])}'>{run}</a>"
+        cells = [
+            f"<td class='{html.escape(f['severity'])}'>{html.escape(f['severity'])}</td>",
+            f"<td>{html.escape(f['code'])}</td>",
+            f"<td>{run}</td>",
+            f"<td>{html.escape(str(f['block_id'] or '–')[:13])}</td>",
+            f"<td>{html.escape(str(f['target'] or '–'))}</td>",
+            f"<td>{html.escape(f['detail'])}</td>",
+        ]
+        rows.append(f"<tr id='finding-{i}'>{''.join(cells)}</tr>")
+    head = "".join(f"<th>{h}</th>" for h in ("severity", "code", "run", "block", "target", "detail"))
+    parts.append(f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table></section>")
+    return "".join(parts)
+
+
+def _slug(title: str) -> str:
+    return "t-" + "".join(ch if ch.isalnum() else "-" for ch in title.lower()).strip("-")
+
+
+def _contents(titles: list[tuple[str, str]]) -> str:
+    items = "".join(f"<li><a href='#{anchor}'>{html.escape(title)}</a></li>" for anchor, title in titles)
+    return f"<nav id='contents'><h2>Contents</h2><ol>{items}</ol></nav>"
 
 
 _STYLE = """body{font-family:sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}
 table{border-collapse:collapse;font-size:12px;margin:0.5em 0}td,th{border:1px solid #ccc;padding:2px 6px;
 text-align:left;vertical-align:top}th{background:#f3f3f3}.note{font-size:12px;color:#555}
-figure.fig svg{max-width:100%;height:auto}code{font-size:12px}"""
+figure.fig svg{max-width:100%;height:auto}code{font-size:12px}
+#verdict{border:2px solid #999;border-radius:6px;padding:0.2em 1em 0.8em;margin:1em 0}
+#verdict h2{margin-top:0.5em}.gate{font-size:18px}.gate.blocked{color:#b00020}.gate.clear{color:#1b7f3b}
+td.blocking{color:#b00020;font-weight:bold}td.warning{color:#a66300}nav ol{columns:2;font-size:14px}"""
 
 
-def to_html(report: dict[str, Any]) -> str:
-    head = report["head"] or {"seq": 0, "chain": None}
-    body = [
-        f"<h1>kvledger report</h1><p>Derived from ledger head seq {head['seq']}, chain "
-        f"<code>{html.escape(str(head['chain']))}</code>.</p>"
+def to_html(report: dict[str, Any], audit: dict[str, Any] | None = None) -> str:
+    """The report page: a verdict first (the publish gate from ``audit``, ``ledger audit --json``'s
+    object; the head; the headline), contents, the tables, a section per run, the audit's findings."""
+    tables = [(_slug(s.title), s) for s in sections(report)]
+    runs = [
+        (_run_anchor(r["run_id"]), f"Run {str(r['run_id'])[:13]} ({r['experiment']})") for r in report["runs"]
     ]
-    body += [_table_html(s.title, s.headers, s.rows, s.notes) for s in sections(report)]
-    body += _figures(report)
+    contents = [
+        ("verdict", "Verdict"),
+        *((a, s.title) for a, s in tables),
+        *runs,
+        ("audit", "Audit findings"),
+    ]
+    body = [
+        "<h1>kvledger report</h1>",
+        _verdict(report, audit),
+        _contents(contents),
+        *(
+            f"<section id='{anchor}'>{_table_html(s.title, s.headers, s.rows, s.notes)}</section>"
+            for anchor, s in tables
+        ),
+        *_run_sections(report),
+        _findings_table(audit, report),
+    ]
     return (
         "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>kvledger report</title>"
         f"<style>{_STYLE}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n"

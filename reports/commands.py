@@ -61,15 +61,17 @@ def report_command(
     """
     if as_json and as_markdown:
         raise click.UsageError("give at most one of --json and --markdown")
-    src = _open(db_url, run_id)
+    # The HTML page opens with the audit's verdict: its chain check runs beside the derivation.
+    src = _open(db_url, run_id, verify=html_path is not None)
     try:
         report = derive_report(src, run_id)
+        audit = audit_json(src, run_id) if html_path is not None else None
     finally:
         src.close()
     if html_path is not None:
         from ._html import to_html
 
-        html_path.write_text(to_html(report), encoding="utf-8")
+        html_path.write_text(to_html(report, audit), encoding="utf-8")
         click.echo(f"wrote {html_path}", err=True)
     if as_json:
         sys.stdout.write(_render.to_json(report))

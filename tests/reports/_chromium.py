@@ -50,7 +50,7 @@ def _port(profile: Path, proc: subprocess.Popen[bytes], timeout: float = 30.0) -
     raise TimeoutError("chromium did not open its DevTools port")
 
 
-async def _inspect(port: int, url: str, selector: str) -> dict[str, Any]:
+async def _inspect(port: int, url: str, selector: str, expression: str) -> dict[str, Any]:
     async with aiohttp.ClientSession() as http:
         async with http.get(f"http://127.0.0.1:{port}/json/list") as resp:
             pages = [p for p in await resp.json() if p.get("type") == "page"]
@@ -87,7 +87,7 @@ async def _inspect(port: int, url: str, selector: str) -> dict[str, Any]:
             await asyncio.wait_for(loaded, 60)
             found = f"[...document.querySelectorAll({json.dumps(selector)})]"
             expr = (
-                f"JSON.stringify({{title: document.title, sizes: {found}"
+                f"JSON.stringify({{title: document.title, value: ({expression}), sizes: {found}"
                 ".map(e => {const r = e.getBoundingClientRect(); return [r.width, r.height];})})"
             )
             result = await call("Runtime.evaluate", expression=expr, returnByValue=True)
@@ -96,8 +96,9 @@ async def _inspect(port: int, url: str, selector: str) -> dict[str, Any]:
             return {**json.loads(result["result"]["value"]), "errors": errors}
 
 
-def inspect_page(path: Path, selector: str) -> dict[str, Any]:
-    """Load ``path`` in headless chromium: its title, the sizes of ``selector`` matches, error logs."""
+def inspect_page(path: Path, selector: str, expression: str = "null") -> dict[str, Any]:
+    """Load ``path`` in headless chromium: its title, the sizes of ``selector`` matches, error logs,
+    and the value of the JavaScript ``expression`` evaluated in the page."""
     binary = chromium_binary()
     assert binary, "chromium is not installed (scripts/ensure-chromium.sh)"
     # Chromium's helper processes can still write to the profile just after the browser
@@ -111,7 +112,7 @@ def inspect_page(path: Path, selector: str) -> dict[str, Any]:
         )
         try:
             port = _port(Path(profile), proc)
-            return asyncio.run(_inspect(port, path.resolve().as_uri(), selector))
+            return asyncio.run(_inspect(port, path.resolve().as_uri(), selector, expression))
         finally:
             proc.terminate()
             try:
