@@ -187,16 +187,30 @@ def events_command(
         for event in events:
             sys.stdout.buffer.write(orjson.dumps(event.envelope()) + b"\n")
         return
-    table = Table("seq", "kind", "ts", "run", "block", "data", box=None)
-    for event in events:
+    # Readable at 80 columns: whole seconds, 8-character ids, the data cut at the edge (--json has all).
+    rows = list(events)
+    widths = {
+        "seq": max([3, *(len(str(e.seq)) for e in rows)]),
+        "kind": max([4, *(len(e.kind) for e in rows)]),
+        "ts": 19,
+        "run": 8,
+        "block": 8,
+    }
+    room = max(20, console.width - sum(widths.values()) - 2 * len(widths) - 1)
+    table = Table(box=None)
+    for name, width in widths.items():
+        table.add_column(name, no_wrap=True, min_width=width)
+    table.add_column("data", no_wrap=True)
+    for event in rows:
         data = json.dumps(event.data, separators=(",", ":"))
+        data = data if len(data) <= room else data[: room - 1] + "…"
         table.add_row(
             str(event.seq),
             event.kind,
-            event.ts,
-            (event.run_id or "")[:13],
-            (event.block_id or "")[:13],
-            data[:80] + ("…" if len(data) > 80 else ""),
+            event.ts[:19],
+            (event.run_id or "")[:8],
+            (event.block_id or "")[:8],
+            data,
         )
     console.print(table)
 

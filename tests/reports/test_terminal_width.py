@@ -83,3 +83,14 @@ def test_audit_of_an_empty_ledger_says_none(sqlite_url: str) -> None:
     assert _at_80("init", "--db", sqlite_url)
     shown = _at_80("audit", "--db", sqlite_url)
     assert "0 finding(s)" in shown and shown.splitlines()[-1] == "findings: none"
+
+
+def test_events_read_at_80_columns(sqlite_url: str) -> None:
+    assert _at_80("--db", sqlite_url, "import", "--from", "guidellm", str(IMPORTS / "guidellm.json"))
+    listed = json.loads("[" + ",".join(_at_80("events", "--db", sqlite_url, "--json").splitlines()) + "]")
+    lines = _at_80("events", "--db", sqlite_url).splitlines()
+    assert max(len(line) for line in lines) <= 80
+    # One line per event (after the header), each with its seq, kind and short run id whole.
+    assert len(lines) == len(listed) + 1
+    for line, event in zip(lines[1:], listed, strict=True):
+        assert line.split()[:2] == [str(event["seq"]), event["kind"]] and event["run_id"][:8] in line
