@@ -130,6 +130,10 @@ class Outcome:
     min_logprob_margin: float | None = None
     """With ``top_logprobs`` >= 2 asked: the smallest top-1 minus top-2 logprob over the output
     tokens (how near a tie the closest greedy choice was); None when not asked."""
+    token_margins: tuple[tuple[str | None, float | None], ...] = ()
+    """With logprobs asked: each output token as served and its top-1 minus top-2 logprob
+    (None with fewer than two candidates); where an answer first diverges, and how near a tie
+    that token was (the runner's divergence triage). Not recorded in ``response.received``."""
 
 
 def request_params(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -157,22 +161,27 @@ def _content(obj: Any) -> tuple[str | None, str | None]:
     return text, choice.get("finish_reason")
 
 
-def _margins(obj: Any) -> list[float]:
-    """Top-1 minus top-2 logprob of each token of a chunk whose first choice has logprobs
-    (chat: ``content[].top_logprobs[]``; completions: ``top_logprobs[]`` as token → logprob)."""
+def _margins(obj: Any) -> list[tuple[str | None, float | None]]:
+    """Each token of a chunk whose first choice has logprobs, with its top-1 minus top-2 logprob
+    (chat: ``content[].token`` and ``top_logprobs[]``; completions: ``tokens[]`` and
+    ``top_logprobs[]`` as token → logprob); the margin None with fewer than two candidates."""
     choices = obj.get("choices")
     logprobs = choices[0].get("logprobs") if choices else None
     if not isinstance(logprobs, dict):
         return []
-    out: list[float] = []
+    tokens: list[Any]
     if isinstance(logprobs.get("content"), list):
-        tops = [[t.get("logprob") for t in (item.get("top_logprobs") or [])] for item in logprobs["content"]]
+        items = [item for item in logprobs["content"] if isinstance(item, dict)]
+        tokens = [item.get("token") for item in items]
+        tops = [[t.get("logprob") for t in (item.get("top_logprobs") or [])] for item in items]
     else:
         tops = [list(d.values()) for d in logprobs.get("top_logprobs") or [] if isinstance(d, dict)]
-    for values in tops:
+        tokens = list(logprobs.get("tokens") or [None] * len(tops))
+    out: list[tuple[str | None, float | None]] = []
+    for token, values in zip(tokens, tops, strict=False):
         ranked = sorted((v for v in values if isinstance(v, int | float)), reverse=True)
-        if len(ranked) >= 2:
-            out.append(float(ranked[0] - ranked[1]))
+        margin = float(ranked[0] - ranked[1]) if len(ranked) >= 2 else None
+        out.append((token if isinstance(token, str) else None, margin))
     return out
 
 
@@ -190,6 +199,7 @@ class _Stream:
         "first_wall",
         "last",
         "margin",
+        "margins",
         "method",
         "n_content",
         "pieces",
@@ -215,6 +225,7 @@ class _Stream:
         self.error: str | None = None
         self.n_content = 0
         self.margin: float | None = None
+        self.margins: list[tuple[str | None, float | None]] = []
 
     def feed(self, raw: bytes, now: float) -> None:
         """Consume one socket read that arrived at ``now`` (perf_counter)."""
@@ -259,8 +270,11 @@ class _Stream:
         if finish is not None:
             self.finish = finish
         if b'"logprobs"' in payload:  # only when asked for: the common path stays one lookup
-            for m in _margins(obj):
-                self.margin = m if self.margin is None else min(self.margin, m)
+            for token_margin in _margins(obj):
+                self.margins.append(token_margin)
+                m = token_margin[1]
+                if m is not None:
+                    self.margin = m if self.margin is None else min(self.margin, m)
         usage = obj.get("usage")
         if usage:
             self.usage = usage
@@ -503,6 +517,7 @@ def _finish(
         first_read_wall_ns=st.first_read_wall,
         ttft_method=st.first_method,
         min_logprob_margin=st.margin,
+        token_margins=tuple(st.margins),
     )
     sink.emit("response.received", response_data(outcome))
     return outcome

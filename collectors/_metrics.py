@@ -279,6 +279,9 @@ class Scraper:
         self.sink = sink
         self.tier_url = tier_url
         self.timeout_s = timeout_s
+        self.last_samples: tuple[dict[str, float] | None, dict[str, float] | None] = (None, None)
+        """The replica's samples before and after the last :meth:`single` window (None: failed);
+        what a caller reads beyond the deltas, e.g. counters labelled by one ``cache_salt``."""
 
     async def scrape(
         self,
@@ -344,6 +347,7 @@ class Scraper:
         tier_after = await self._tier("after", rid, None)
         delta = self._delta(before, after, tier_before, tier_after, self.tier_url is not None)
         record_hits(self.sink, replica, delta, request_id=rid, prompt_tokens=outcome.prompt_tokens)
+        self.last_samples = (before, after)
         return outcome, delta
 
     @asynccontextmanager

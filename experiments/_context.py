@@ -10,6 +10,7 @@ and a replica that stops answering its health check fails the block.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from collectors import (
     check_counters_match,
     check_exact_values,
     check_full_prefix_hit,
+    check_matches_cold_reference,
     check_no_external_hits_off,
     check_output_length,
     check_stream_complete,
@@ -111,6 +113,8 @@ class Counters:
     assertions: int = 0
     failed_assertions: int = 0
     failed_blocks: list[int] = field(default_factory=list)
+    probes: int = 0
+    """Requests of the isolation certificate and of divergence triage: recorded, never measured."""
 
     def count(self, passed: bool) -> None:
         self.assertions += 1
@@ -213,6 +217,8 @@ class RunContext:
         self._created: set[tuple[str, str]] = set()
         self._tokenize_url: str | None = None
         self.stop_requested = False
+        self.certified: set[str] = set()
+        """ON configs whose isolation certificate this run has taken (once per config)."""
 
     async def send(self, spec: RequestSpec, sink: EventSink) -> Outcome:
         """One streamed request, its TTFT dated by the run's ``ttft_method``."""
@@ -443,6 +449,28 @@ class Result:
     """Send to checks done: request handling, parsing and recording, no scrapes."""
 
 
+@dataclass(frozen=True)
+class Sent:
+    """What a measured request sent, kept for the block so a divergent answer can be re-sent."""
+
+    messages: Messages
+    replica: int
+    namespace: str
+    max_tokens: int
+    ignore_eos: bool
+    key: str
+    fixture: Fixture | None
+
+
+@dataclass(frozen=True)
+class Probed:
+    """A probe's result, with the scrapes around it (None where a scrape failed)."""
+
+    result: Result
+    before: dict[str, float] | None
+    after: dict[str, float] | None
+
+
 class Block:
     """One block's deployment, and the ways to send recorded requests to it."""
 
@@ -453,6 +481,8 @@ class Block:
         self.launch = launch
         self.sink = ctx.sink
         self.scraper = Scraper(ctx.client, ctx.sink)
+        self._sent: dict[str, Sent] = {}
+        self._triaged: set[str] = set()
 
     @property
     def arm(self) -> str:
@@ -547,6 +577,8 @@ class Block:
         ``full_prefix_hit`` (ON) or ``no_external_hits_off`` (OFF) on ``cross``
         steps; ``counters_match`` for every complete response.
         """
+        if not warmup:
+            await self.ensure_isolation_certified()
         limit = max_tokens or self._default_max_tokens()
         rep = self.replica(replica)
         spec = self._request_spec(
@@ -574,11 +606,17 @@ class Block:
 
         outcome, delta = await self.scraper.single(spec, rep.index, send=send)
         t1 = time.perf_counter()
+        diverged = False
         if not warmup:
-            self._answer_checks(outcome, expected, independent, prompt_tokens)
+            diverged = self._answer_checks(outcome, expected, independent, prompt_tokens)
             self._checks(outcome, delta, step, limit, ignore_eos)
+            self._sent[outcome.request_id] = Sent(
+                messages, rep.index, namespace, limit, ignore_eos, key, fixture
+            )
         seconds = sending + (time.perf_counter() - t1)
         await self._after(outcome, rep, warmup)
+        if diverged:
+            await self.triage(outcome, None, "exact_values")
         return Result(outcome, delta, seconds)
 
     def _default_max_tokens(self) -> int:
@@ -621,15 +659,17 @@ class Block:
         expected: Mapping[str, Any] | None,
         independent: bool,
         prompt_tokens: int | None,
-    ) -> None:
-        """What the answer itself shows: a complete stream, and the planted values where they apply."""
+    ) -> bool:
+        """What the answer itself shows: a complete stream, and the planted values where they apply.
+        Returns whether a complete answer failed its exact values (a divergence to triage)."""
         sink, cfg = self.sink, self.config_sha256
         self.count_check(check_stream_complete(sink, outcome, config_sha256=cfg))
         # Beyond what the served model answers meaningfully, exact values are not applicable.
         if expected is not None and self.ctx.answers_meaningful_at(prompt_tokens):
-            self.count_check(
-                check_exact_values(sink, outcome, expected, independent=independent, config_sha256=cfg)
-            )
+            exact = check_exact_values(sink, outcome, expected, independent=independent, config_sha256=cfg)
+            self.count_check(exact)
+            return not exact and outcome.ok
+        return False
 
     def _checks(self, outcome: Outcome, delta: HitDelta, step: str, limit: int, ignore_eos: bool) -> None:
         """What the request's own counter window shows (a single-request window only)."""
@@ -654,6 +694,89 @@ class Block:
                     sink, rid, delta, outcome.prompt_tokens, outcome.cached_tokens, config_sha256=cfg
                 )
             )
+
+    async def check_cold_reference(self, result: Result, cold: Result) -> bool:
+        """``matches_cold_reference`` of a reused answer against the same payload computed cold;
+        a complete answer that differs is triaged (:meth:`triage`) before the next request."""
+        passed = check_matches_cold_reference(
+            self.sink, result.outcome, cold.outcome, config_sha256=self.config_sha256
+        )
+        self.count_check(passed)
+        if not passed and result.outcome.ok and cold.outcome.ok:
+            await self.triage(result.outcome, cold.outcome, "matches_cold_reference")
+        return passed
+
+    async def triage(self, outcome: Outcome, reference: Outcome | None, trigger: str) -> None:
+        """Re-send a divergent answer's payload under a fresh salt and classify the divergence
+        (``divergence.triaged``; experiments/_triage.py). Once per request."""
+        sent = self._sent.get(outcome.request_id)
+        if sent is None or outcome.request_id in self._triaged:
+            return
+        self._triaged.add(outcome.request_id)
+        from ._triage import triage
+
+        await triage(self, sent, outcome, reference, trigger)
+
+    async def ensure_isolation_certified(self) -> None:
+        """Before an ON block's first measured request, once per ON config and run: the
+        isolation certificate (``isolation.certified``; experiments/_isolation.py)."""
+        if self.arm != "ON" or self.config_sha256 in self.ctx.certified:
+            return
+        self.ctx.certified.add(self.config_sha256)
+        from ._isolation import certify
+
+        await certify(self)
+
+    async def probe(
+        self,
+        messages: Messages,
+        *,
+        replica: int,
+        namespace: str,
+        probe: str,
+        step: str,
+        key: str,
+        max_tokens: int | None = None,
+        ignore_eos: bool = False,
+        logprobs: bool = False,
+        fixture: Fixture | None = None,
+    ) -> Probed:
+        """One recorded single-request window that is not measured and not checked: a request
+        of the isolation certificate or of divergence triage (``request.sent.probe``)."""
+        rep = self.replica(replica)
+        spec = self._request_spec(
+            messages,
+            rep,
+            namespace=namespace,
+            limit=max_tokens or self._default_max_tokens(),
+            ignore_eos=ignore_eos,
+            workload=probe,
+            step=step,
+            key=key,
+            fixture=fixture,
+            prompt_tokens=None,
+            meta={"probe": probe},
+        )
+        if logprobs:
+            top = max(2, int(spec.body.get("top_logprobs") or 0))
+            spec = dataclasses.replace(spec, body={**spec.body, "logprobs": True, "top_logprobs": top})
+        seconds = 0.0
+
+        async def send(s: RequestSpec) -> Outcome:
+            nonlocal seconds
+            t0 = time.perf_counter()
+            try:
+                return await self.ctx.send(s, self.sink)
+            finally:
+                seconds = time.perf_counter() - t0
+
+        outcome, delta = await self.scraper.single(spec, rep.index, send=send)
+        before, after = self.scraper.last_samples
+        self.ctx.counters.probes += 1
+        if not outcome.ok and not await self._still_healthy(rep):
+            self.sink.flush()
+            raise BlockFailed(f"replica {rep.index} unhealthy after {outcome.error}", rep.index)
+        return Probed(Result(outcome, delta, seconds), before, after)
 
     async def warmups(self, count: int, tokens: int) -> None:
         """``count`` warmups round-robin over every replica (each gets at least one).
@@ -733,14 +856,22 @@ class Block:
     async def window(
         self, sessions: Sequence[SessionPlan], *, window: str, placement: str, workload: str = "concurrency"
     ) -> list[Outcome]:
-        """Sessions run concurrently (turns sequential within each); counters read per window."""
+        """Sessions run concurrently (turns sequential within each); counters read per window.
+
+        Turns whose answers fail their exact values are triaged after the window (a re-send
+        inside it would change the load being measured)."""
+        await self.ensure_isolation_certified()
         urls: dict[int | str, str] = {r.index: r.endpoint for r in self.replicas}
         outcomes: list[Outcome] = []
+        diverged: list[Outcome] = []
         async with self.scraper.window(urls, window) as state:
             t0 = time.perf_counter()
             try:
                 async with asyncio.TaskGroup() as group:
-                    tasks = [group.create_task(self._window_session(s, window, workload)) for s in sessions]
+                    tasks = [
+                        group.create_task(self._window_session(s, window, workload, diverged))
+                        for s in sessions
+                    ]
             except BaseExceptionGroup as group_error:
                 raise _first(group_error) from None
             wall = time.perf_counter() - t0
@@ -770,9 +901,13 @@ class Block:
             },
         )
         self.sink.flush()
+        for outcome in diverged:
+            await self.triage(outcome, None, "exact_values")
         return outcomes
 
-    async def _window_session(self, plan: SessionPlan, window: str, workload: str) -> list[Outcome]:
+    async def _window_session(
+        self, plan: SessionPlan, window: str, workload: str, diverged: list[Outcome]
+    ) -> list[Outcome]:
         """One session of a window: the single-request path's steps, counters read by the window."""
         fx = plan.history.fixture
         outcomes = []
@@ -798,7 +933,12 @@ class Block:
                 meta=meta,
             )
             outcome = await self.ctx.send(spec, self.sink)
-            self._answer_checks(outcome, fx.expected, turn.index == 0, turn.prompt_tokens)
+            if self._answer_checks(outcome, fx.expected, turn.index == 0, turn.prompt_tokens):
+                key, limit = f"{plan.key}/t{turn.index}", self._default_max_tokens()
+                self._sent[outcome.request_id] = Sent(
+                    turn.messages, rep.index, plan.namespace, limit, False, key, fx
+                )
+                diverged.append(outcome)
             outcomes.append(outcome)
             await self._after(outcome, rep, False)
         return outcomes

@@ -181,6 +181,7 @@ async def run_experiment(
                 "assertions": counters.assertions,
                 "failed_assertions": counters.failed_assertions,
                 "failed_blocks": counters.failed_blocks,
+                "probes": counters.probes,
             },
         )
         sink.flush()

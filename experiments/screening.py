@@ -21,8 +21,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from collectors import check_matches_cold_reference
-
 NAME = "screening"
 SEED = 314159
 PARAMS: dict[str, Any] = {
@@ -150,11 +148,7 @@ async def micro(ctx: Any, b: Any) -> None:
                 elif cold is not None:
                     # Greedy output from reused KV (local or cross-replica) must equal the chain's
                     # cold computation of the same payload: the check that needs no meaningful answer.
-                    b.count_check(
-                        check_matches_cold_reference(
-                            b.sink, result.outcome, cold.outcome, config_sha256=b.config_sha256
-                        )
-                    )
+                    await b.check_cold_reference(result, cold)
             b.sink.flush()
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from collectors import assertion_event, check_matches_cold_reference
+from collectors import assertion_event
 
 NAME = "validation"
 SEED = 314159
@@ -132,9 +132,7 @@ async def salt_control(ctx: Any, b: Any, fx: Any, name: str, size: int, replica:
             reused_request_id=cross.outcome.request_id,
         )
     )
-    b.count_check(
-        check_matches_cold_reference(b.sink, cross.outcome, control.outcome, config_sha256=b.config_sha256)
-    )
+    await b.check_cold_reference(cross, control)
 
 
 async def interleaved_sessions(ctx: Any, b: Any) -> None:

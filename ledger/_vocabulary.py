@@ -183,6 +183,27 @@ KINDS: dict[str, dict[str, Types]] = {
         "transfer_path": STR,
         "lmcache_version": _opt(STR),
     },
+    # The runner's isolation certificate of one ON config (experiments/_isolation.py).
+    "isolation.certified": {
+        "config_sha256": STR,
+        "passed": BOOL,
+        "problems": LIST,
+        "repeat_hit_tokens": _opt(INT),
+        "other_salt_hit_tokens": _opt(INT),
+    },
+    # The runner's triage of one divergent answer (experiments/_triage.py).
+    "divergence.triaged": {
+        "request_id": STR,
+        "trigger": STR,
+        "cold_request_id": STR,
+        "repeat_request_id": STR,
+        "resends_agree": BOOL,
+        "first_divergent_token": _opt(INT),
+        "margin": _opt(NUM),
+        "tie_margin": NUM,
+        "batch_invariant": OBJ,
+        "classification": STR,
+    },
     "exclusion.declared": {"scope": STR, "target": STR, "reason": STR},
     "note.added": {"text": STR},
     # Another tool's result file (ledger import --from TOOL), a run of its own: what the file
@@ -225,6 +246,8 @@ ENUMS: dict[tuple[str, str], frozenset[str]] = {
     ("probe.pinned", "ops_requested"): frozenset({"present", "masked"}),
     ("import.recorded", "tool"): frozenset({"vllm-bench", "guidellm"}),
     ("import.request", "tool"): frozenset({"vllm-bench", "guidellm"}),
+    ("divergence.triaged", "trigger"): frozenset({"exact_values", "matches_cold_reference"}),
+    ("divergence.triaged", "classification"): frozenset({"numeric-tie", "state-corruption", "inconclusive"}),
 }
 
 # Fields checked only where present: ledgers recorded before they existed lack them.

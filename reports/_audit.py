@@ -38,6 +38,10 @@ SEVERITY: dict[str, str] = {
     "checkpoint-unverified": BLOCKING,
     "provenance-missing": BLOCKING,
     "validation-missing": BLOCKING,
+    "isolation-missing": BLOCKING,
+    "state-corruption": BLOCKING,
+    "numeric-tie": INFO,
+    "divergence-inconclusive": WARNING,
     "pinned-rounding": BLOCKING,
     "helper-probe-failed": BLOCKING,
     "order-unbalanced": BLOCKING,
@@ -602,6 +606,71 @@ def validation_missing(src: Source, run: str | None) -> list[Finding]:
     return out
 
 
+def isolation_missing(src: Source, run: str | None) -> list[Finding]:
+    """ON configs with performance results and no passing isolation certificate in the ledger,
+    or whose own run's certificate failed (its problems named)."""
+    rows = src.rows(
+        f"""SELECT o.run_id, o.config_sha256,
+                   EXISTS (SELECT 1 FROM kv_isolation i
+                           WHERE i.config_sha256 = o.config_sha256 AND i.passed) AS certified,
+                   (SELECT arg_max(i.problems, i.seq) FROM kv_isolation i
+                    WHERE i.config_sha256 = o.config_sha256 AND i.run_id = o.run_id AND NOT i.passed)
+                   AS failed
+            FROM (SELECT DISTINCT run_id, config_sha256 FROM kv_on_configs) o
+            WHERE {SCOPE.replace("run_id", "o.run_id")} ORDER BY o.run_id, o.config_sha256""",
+        {"run": run},
+    )
+    out = []
+    for r in rows:
+        if r["failed"] is not None:
+            problems = "; ".join(str(p) for p in json.loads(r["failed"]) or [])
+            detail = f"ON config's isolation certificate failed in this run: {problems}"
+        elif not r["certified"]:
+            detail = (
+                "ON config has performance results but no isolation certificate (a repeat under one "
+                "cache_salt that hits, the same payload under another that hits nothing on any tier)"
+            )
+        else:
+            continue
+        out.append(finding("isolation-missing", r, r["config_sha256"], detail))
+    return out
+
+
+_DIVERGENCE_CODES = {
+    "state-corruption": "state-corruption",
+    "numeric-tie": "numeric-tie",
+    "inconclusive": "divergence-inconclusive",
+}
+
+
+def divergences(src: Source, run: str | None) -> list[Finding]:
+    """Each triaged divergence under its class, as derived again from the recorded re-sends."""
+    rows = src.rows(
+        f"""SELECT run_id, block_id, request_id, trigger, first_divergent_token, margin, tie_margin,
+                   resends_ok, resends_agree, resends_match_divergent, recorded_class, derived_class
+            FROM kv_divergences WHERE {SCOPE} ORDER BY seq""",
+        {"run": run},
+    )
+    out = []
+    for r in rows:
+        margin = "unknown" if r["margin"] is None else f"{r['margin']:.3g}"
+        where = "unknown" if r["first_divergent_token"] is None else str(r["first_divergent_token"])
+        resends = (
+            "a re-send failed"
+            if not r["resends_ok"]
+            else ("the cold re-sends agree" if r["resends_agree"] else "the cold re-sends disagree")
+            + (" with each other and with the divergent answer" if r["resends_match_divergent"] else "")
+        )
+        detail = (
+            f"{r['trigger']} divergence: first divergent token {where}, top-2 margin {margin} "
+            f"(tie below {r['tie_margin']:g}); {resends}"
+        )
+        if r["recorded_class"] != r["derived_class"]:
+            detail += f" (recorded as {r['recorded_class']})"
+        out.append(finding(_DIVERGENCE_CODES[r["derived_class"]], r, r["request_id"], detail))
+    return out
+
+
 def pinned_rounding(src: Source, run: str | None) -> list[Finding]:
     """Pinned allocations whose reserved bytes exceed the tolerance, with no recorded setting fixing it."""
     _, _, pinned, _, _ = coverage(src, None)
@@ -842,6 +911,8 @@ CHECKS: tuple[Check, ...] = (
     checkpoint_unverified,
     provenance_missing,
     validation_missing,
+    isolation_missing,
+    divergences,
     pinned_rounding,
     helper_probe_failed,
     order_unbalanced,
@@ -861,8 +932,12 @@ def _acknowledged(src: Source) -> tuple[set[str], set[str]]:
     return blocks, runs
 
 
+# Findings about the ledger or a configuration, not about data an exclusion could set aside.
+_NOT_DOWNGRADED = ("chain-broken", "snapshot-mismatch", "validation-missing", "isolation-missing")
+
+
 def _downgrade(f: Finding, blocks: set[str], runs: set[str]) -> Finding:
-    if f.severity != BLOCKING or f.code in ("chain-broken", "snapshot-mismatch", "validation-missing"):
+    if f.severity != BLOCKING or f.code in _NOT_DOWNGRADED:
         return f
     if (f.block_id and f.block_id in blocks) or (f.run_id and f.run_id in runs):
         return Finding(

@@ -59,6 +59,7 @@ _REQUEST_FIELDS = {
     "turn": "BIGINT",
     "placement": "VARCHAR",
     "warmup": "BOOLEAN",
+    "probe": "VARCHAR",
     "payload_sha256": "VARCHAR",
     "namespace": "VARCHAR",
     "nominal_tokens": "BIGINT",
@@ -181,7 +182,7 @@ FROM ({_extract("hits.observed", _HITS_FIELDS)}) h LEFT JOIN kv_blocks b USING (
         "kv_requests",
         f"""
 SELECT q.seq, q.run_id, q.block_id, b.arm, b.pair, q.request_id, q.replica, CAST(q.gpu AS VARCHAR) AS gpu,
-       q.workload, q.step, q.chain, q.session, q."window", q.turn, q.placement, q.warmup,
+       q.workload, q.step, q.chain, q.session, q."window", q.turn, q.placement, q.warmup, q.probe,
        q.payload_sha256, q.namespace, q.nominal_tokens, q.params.max_tokens AS max_tokens, q.fixture_id,
        r.status, r.error, r.ttft_s, r.ttft_method, r.t_first, r.t_last, r.e2e_s, r.output_tokens,
        r.cached_tokens, r.text_sha256,
@@ -271,6 +272,7 @@ FROM kv_declared d JOIN kv_blocks b
   ON (d.scope = 'block' AND b.block_id = d.target) OR (d.scope = 'run' AND b.run_id = d.target)""",
     ),
     # Measured requests of performance blocks, with whether their block (or they) are excluded.
+    # Probes (the isolation certificate's and divergence triage's requests) are never measured.
     (
         "kv_measured",
         """
@@ -280,7 +282,7 @@ SELECT r.*,
        row_number() OVER (PARTITION BY r.run_id, r.pair, r.arm, r.workload, r.step, r.nominal_tokens,
                           r.max_tokens, r.placement, r.chain, r.session, r."window", r.turn
                           ORDER BY r.seq) AS ordinal
-FROM kv_requests r WHERE r.arm IS NOT NULL AND NOT r.warmup""",
+FROM kv_requests r WHERE r.arm IS NOT NULL AND NOT r.warmup AND r.probe IS NULL""",
     ),
     # ON matched to OFF: same run, block pair, workload, step, size, output length (max_tokens),
     # placement, chain/session/window, turn (and ordinal, for repeats of one key). A block pair
@@ -414,6 +416,70 @@ FROM kv_windows o JOIN kv_windows f
  AND o.sessions = f.sessions
 WHERE o.arm = 'ON' AND f.arm = 'OFF' AND NOT o.excluded AND NOT f.excluded AND o.tokens_per_s IS NOT NULL
   AND f.tokens_per_s > 0""",
+    ),
+    # Isolation certificates: one per ON config and run (the runner's, before it measures).
+    (
+        "kv_isolation",
+        f"""
+SELECT seq, run_id, block_id, config_sha256, passed, CAST(problems AS VARCHAR) AS problems,
+       repeat_hit_tokens, other_salt_hit_tokens
+FROM ({
+            _extract(
+                "isolation.certified",
+                {
+                    "config_sha256": "VARCHAR",
+                    "passed": "BOOLEAN",
+                    "problems": "JSON",
+                    "repeat_hit_tokens": "BIGINT",
+                    "other_salt_hit_tokens": "BIGINT",
+                },
+            )
+        })""",
+    ),
+    # Triaged divergences, classified again from the re-sends' recorded text digests and the
+    # recorded margin: state-corruption when the re-sends agree with each other and not with the
+    # divergent answer; numeric-tie when the margin is under tie_margin and cold answers disagree
+    # (the re-sends, or the forced cold and the cold reference); else inconclusive.
+    (
+        "kv_divergences",
+        f"""
+WITH t AS ({
+            _extract(
+                "divergence.triaged",
+                {
+                    "request_id": "VARCHAR",
+                    "trigger": "VARCHAR",
+                    "reference_request_id": "VARCHAR",
+                    "cold_request_id": "VARCHAR",
+                    "repeat_request_id": "VARCHAR",
+                    "first_divergent_token": "BIGINT",
+                    "margin": "DOUBLE",
+                    "tie_margin": "DOUBLE",
+                    "classification": "VARCHAR",
+                },
+            )
+        }),
+     r AS (SELECT request_id, text_sha256, status = 200 AND error IS NULL AS ok FROM kv_requests),
+     j AS (
+SELECT t.*, coalesce(c.ok AND p.ok, false) AS resends_ok, c.text_sha256 = p.text_sha256 AS resends_agree,
+       c.text_sha256 = d.text_sha256 AS resends_match_divergent,
+       c.text_sha256 IS DISTINCT FROM p.text_sha256
+       OR (t.reference_request_id IS NOT NULL AND c.text_sha256 IS DISTINCT FROM f.text_sha256)
+       AS cold_disagree
+FROM t LEFT JOIN r d ON d.request_id = t.request_id
+LEFT JOIN r c ON c.request_id = t.cold_request_id
+LEFT JOIN r p ON p.request_id = t.repeat_request_id
+LEFT JOIN r f ON f.request_id = t.reference_request_id)
+SELECT j.seq, j.run_id, j.block_id, j.request_id, j.trigger, j.reference_request_id, j.cold_request_id,
+       j.repeat_request_id, j.first_divergent_token, j.margin, j.tie_margin, j.resends_ok,
+       coalesce(j.resends_agree, false) AS resends_agree,
+       coalesce(j.resends_match_divergent, false) AS resends_match_divergent,
+       j.classification AS recorded_class,
+       CASE WHEN NOT j.resends_ok THEN 'inconclusive'
+            WHEN j.resends_agree AND NOT j.resends_match_divergent THEN 'state-corruption'
+            WHEN j.margin < j.tie_margin AND j.cold_disagree THEN 'numeric-tie'
+            ELSE 'inconclusive' END AS derived_class
+FROM j""",
     ),
     # The service regression: validation runs by the ON config digest they validate.
     (

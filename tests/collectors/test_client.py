@@ -305,3 +305,15 @@ def test_run_concurrently_respects_the_limit(sink: LedgerSink, via: str) -> None
 
     asyncio.run(go())
     assert state["peak"] == 3
+
+
+@pytest.mark.parametrize("chat", [True, False])
+def test_each_token_is_kept_with_its_margin_for_divergence_triage(chat: bool) -> None:
+    from collectors._client import _margins
+
+    chunk = orjson.loads(_logprob_chunk("a", [[-0.01, -6.5], [-0.5]], chat)[6:])
+    if not chat:  # completions name their tokens in a list beside the candidates
+        chunk["choices"][0]["logprobs"]["tokens"] = ["a", "b"]
+    (first, margin), (second, none) = _margins(chunk)
+    assert (first, second) == ("a", "a" if chat else "b")
+    assert margin == pytest.approx(6.49) and none is None  # one candidate: no margin

@@ -217,7 +217,7 @@ def test_exact_values_are_checked_and_pass_cold_and_on_every_reuse(run: Run) -> 
     steps = {
         e.data["request_id"]: (e.data["workload"], e.data["step"])
         for e in run.of("request.sent")
-        if not e.data["warmup"]
+        if not e.data["warmup"] and not e.data.get("probe")
     }
     checked = Counter(steps[c["request_id"]] for c in checks)
     # Every measured answer but the forced-length decodes (no question answered there).
@@ -241,6 +241,22 @@ def test_exact_values_are_checked_and_pass_cold_and_on_every_reuse(run: Run) -> 
     assert started_run.data["target"]["answers_meaningful"] is True
 
 
+def test_the_on_config_is_certified_isolated_before_it_is_measured(run: Run) -> None:
+    # LMCache 0.5.6 keys chunks with vLLM's cache_salt: a repeat under salt A hits, salt B sees nothing.
+    (cert,) = run.of("isolation.certified")
+    d = cert.data
+    assert d["passed"] is True, d["problems"]
+    assert d["repeat_hit_tokens"] > 0 and d["other_salt_hit_tokens"] == 0
+    assert [o["replica"] for o in d["other_salt"]] == [0, 1]
+    assert all(o["local_hit_tokens"] == 0 == o["external_hit_tokens"] for o in d["other_salt"])
+    started = {e.block_id: e.data for e in run.of("block.started")}
+    assert (
+        started[cert.block_id]["arm"] == "ON"
+        and started[cert.block_id]["config_sha256"] == d["config_sha256"]
+    )
+    assert not run.of("divergence.triaged")  # every answer matched: nothing to triage
+
+
 def test_report_and_audit_derive_from_the_events(run: Run) -> None:
     report = ledger_cli("report", "--db", run.url, "--run", run.run_id, "--json")
     assert report.exit_code == 0, report.output
@@ -249,7 +265,7 @@ def test_report_and_audit_derive_from_the_events(run: Run) -> None:
     assert (
         acc["measured"]
         == finished["measured"]
-        == len([e for e in run.of("request.sent") if not e.data["warmup"]])
+        == len([e for e in run.of("request.sent") if not e.data["warmup"] and not e.data.get("probe")])
     )
     assert acc["warmups"] == finished["warmups"] == 4 * 2
     assert acc["exact_value_checks"] == acc["exact_value_passed"] > 0 and acc["excluded_blocks"] == []

@@ -25,7 +25,9 @@ def test_counts_follow_the_shape(sqlite_url: str) -> None:
     exp = load("screening")
     plan = exp.planned(prepare_params(exp, "sim", SMALL))
     sent = events(sqlite_url, "request.sent", rid)
-    per_block: Counter[tuple[str | None, bool]] = Counter((e.block_id, e.data["warmup"]) for e in sent)
+    per_block: Counter[tuple[str | None, bool]] = Counter(
+        (e.block_id, e.data["warmup"]) for e in sent if not e.data.get("probe")
+    )
     blocks = [e for e in events(sqlite_url, "block.started", rid)]
     assert [b.data["arm"] for b in blocks] == ["OFF", "ON", "ON", "OFF"]
     for b in blocks:
@@ -36,10 +38,16 @@ def test_counts_follow_the_shape(sqlite_url: str) -> None:
     assert len(warm) == 2 * len(blocks)
     finished = events(sqlite_url, "run.finished", rid)[0].data
     assert finished["status"] == "completed" and finished["measured"] == 4 * 50
-    # ON and OFF send identical payloads (pairing by payload SHA-256).
+    # ON and OFF send identical payloads (pairing by payload SHA-256); the isolation
+    # certificate's probes, once before the first ON block measures, are not paired.
     by_arm: dict[str, set[str]] = {}
     arm_of = {b.block_id: b.data["arm"] for b in blocks}
+    probes = [e for e in sent if e.data.get("probe")]
+    assert {e.data["probe"] for e in probes} == {"isolation"} and len(probes) == 2 + 2
+    assert {arm_of[e.block_id] for e in probes} == {"ON"} and finished["probes"] == len(probes)
     for e in sent:
+        if e.data.get("probe"):
+            continue
         by_arm.setdefault(arm_of[e.block_id], set()).add(e.data["payload_sha256"])
     assert by_arm["ON"] == by_arm["OFF"]
     kinds = Counter(e.kind for e in events(sqlite_url, run_id=rid))
@@ -82,7 +90,7 @@ def test_default_screening_end_to_end(sqlite_url: str) -> None:
     assert [b.data["arm"] for b in blocks] == ["OFF", "ON", "ON", "OFF"]
     assert [b.data["gpu_swap"] for b in blocks] == [False, False, True, True]
     sent = events(sqlite_url, "request.sent", rid)
-    counts = Counter((e.block_id, e.data["warmup"]) for e in sent)
+    counts = Counter((e.block_id, e.data["warmup"]) for e in sent if not e.data.get("probe"))
     for b in blocks:
         assert counts[(b.block_id, False)] == 192 and counts[(b.block_id, True)] == 6
     assert events(sqlite_url, "run.finished", rid)[0].data["failed_assertions"] == 0

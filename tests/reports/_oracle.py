@@ -52,7 +52,10 @@ def measured(events: list[Env]) -> list[Env]:
     return [
         e
         for e in of_kind(events, "request.sent")
-        if e["block_id"] in bl and e["block_id"] not in ex and not e["data"]["warmup"]
+        if e["block_id"] in bl
+        and e["block_id"] not in ex
+        and not e["data"]["warmup"]
+        and not e["data"].get("probe")
     ]
 
 

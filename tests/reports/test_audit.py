@@ -31,6 +31,7 @@ PLANTED: dict[str, tuple[str, str | None]] = {
     "checkpoint_unverified": ("checkpoint-unverified", "run_id"),
     "provenance_missing": ("provenance-missing", "run_id"),
     "validation_missing": ("validation-missing", None),
+    "isolation_missing": ("isolation-missing", "target"),
     "order_unbalanced": ("order-unbalanced", None),
     "declared_exclusion": ("declared-exclusion", "target"),
     "probes_failing": ("validation-missing", None),
@@ -69,6 +70,11 @@ def test_every_design_code_has_a_severity() -> None:
         "import-unpaired",
         "import-no-hit-counters",
         "import-unvalidated",
+        # A divergence's class is derived from the re-sends' answers: planted by the sim's own
+        # faults in real runs (tests/reports/test_audit_sim.py), not by this generator.
+        "state-corruption",
+        "numeric-tie",
+        "divergence-inconclusive",
     } == codes
     assert SEVERITY["assertion-not-independent"] == SEVERITY["declared-exclusion"] == "info"
 

@@ -213,6 +213,115 @@ def test_corrupt_transfer_fault_fails_the_checks_and_draws_no_inconsistency(sim:
     assert not {"assertion-inconsistent", "hits-inconsistent"} & _blocking(findings)
 
 
+def _triaged(envs: list[Envelope]) -> dict[str, Envelope]:
+    """The screening run's divergence.triaged events by divergent request id."""
+    return {e["data"]["request_id"]: e for e in _screening(envs, "divergence.triaged")}
+
+
+def _failed_answers(envs: list[Envelope]) -> set[str]:
+    """Measured answers of the screening run whose exact values or cold reference failed."""
+    measured = {e["data"]["request_id"] for e in _screening(envs, "request.sent") if not e["data"]["warmup"]}
+    return {
+        e["data"]["request_id"]
+        for e in _screening(envs, "assertion.evaluated")
+        if e["data"]["check"] in ("exact_values", "matches_cold_reference")
+        and not e["data"]["passed"]
+        and e["data"]["request_id"] in measured
+    }
+
+
+@plants("state-corruption")
+def test_corrupt_transfer_divergences_are_triaged_as_state_corruption(sim: Sim, found: Any) -> None:
+    envs = sim.fault("--param", "sim_fault=corrupt-transfer")
+    triaged = _triaged(envs)
+    assert set(triaged) == _failed_answers(envs) and triaged  # every divergent answer, once
+    sent = {e["data"]["request_id"]: e["data"] for e in _screening(envs, "request.sent")}
+    for request_id, event in triaged.items():
+        d = event["data"]
+        assert d["classification"] == "state-corruption" and d["resends_agree"], d
+        assert d["margin"] is not None and d["margin"] >= d["tie_margin"]
+        # Both re-sends went to the replica that answered, under one fresh salt, as probes.
+        cold, repeat = sent[d["cold_request_id"]], sent[d["repeat_request_id"]]
+        assert cold["replica"] == repeat["replica"] == sent[request_id]["replica"]
+        assert cold["namespace"] == repeat["namespace"] != sent[request_id]["namespace"]
+        assert cold["probe"] == repeat["probe"] == "triage" and not cold["warmup"]
+        assert d["batch_invariant"] == {"available": False, "detail": "the sim has no batch-invariant mode"}
+    findings = found(envs)
+    assert {f.target for f in findings if f.code == "state-corruption"} == set(triaged)
+    assert "the cold re-sends agree" in _one(findings, "state-corruption").detail
+    assert not {"numeric-tie", "divergence-inconclusive"} & set(_codes(findings))
+    # The probes are never measured: the accounting counts what the plan measured.
+    (finished,) = _screening(envs, "run.finished")
+    probes = [e for e in _screening(envs, "request.sent") if e["data"].get("probe")]
+    assert finished["data"]["probes"] == len(probes) >= 2 * len(triaged)
+
+
+@plants("numeric-tie")
+def test_near_tie_divergences_are_triaged_as_numeric_ties(sim: Sim, found: Any) -> None:
+    envs = sim.fault("--param", "sim_fault=near-tie:margin=0.02")
+    triaged = _triaged(envs)
+    assert set(triaged) == _failed_answers(envs) and triaged
+    triggers = {e["data"]["trigger"] for e in triaged.values()}
+    assert triggers == {"exact_values", "matches_cold_reference"}
+    for event in triaged.values():
+        d = event["data"]
+        assert d["classification"] == "numeric-tie" and not d["resends_agree"], d
+        assert d["margin"] == pytest.approx(0.02) and d["first_divergent_token"] is not None
+    findings = found(envs)
+    assert {f.target for f in findings if f.code == "numeric-tie"} == set(triaged)
+    assert all(f.severity == "info" for f in findings if f.code == "numeric-tie")
+    assert "top-2 margin 0.02" in _one(findings, "numeric-tie").detail
+    assert not {"state-corruption", "divergence-inconclusive"} & set(_codes(findings))
+
+
+@plants("divergence-inconclusive")
+def test_a_wide_margin_where_cold_answers_disagree_is_inconclusive(sim: Sim, found: Any) -> None:
+    envs = sim.fault("--param", "sim_fault=near-tie:margin=0.02")
+    event = next(iter(_triaged(envs).values()))
+    event["data"]["margin"] = 4.0  # as a ledger edited by hand: the audit derives the class again
+    finding = _one(found(envs), "divergence-inconclusive", event["data"]["request_id"])
+    assert "recorded as numeric-tie" in finding.detail and finding.severity == "warning"
+
+
+@plants("isolation-missing")
+def test_a_deployment_with_caching_off_fails_its_isolation_certificate(sim: Sim, found: Any) -> None:
+    envs = sim.fault("--param", "sim_fault=cache-off")
+    (cert,) = _screening(envs, "isolation.certified")
+    assert cert["data"]["passed"] is False and cert["data"]["repeat_hit_tokens"] == 0
+    assert "the repeat under salt A hit nothing" in cert["data"]["problems"][0]
+    finding = _one(found(envs), "isolation-missing", cert["data"]["config_sha256"])
+    assert "failed in this run" in finding.detail
+
+
+def test_a_tier_that_ignores_the_salt_fails_the_isolation_certificate(sim: Sim, found: Any) -> None:
+    envs = sim.fault("--param", "sim_fault=namespace-leak@tier")
+    (cert,) = _screening(envs, "isolation.certified")
+    data = cert["data"]
+    assert data["passed"] is False and data["repeat_hit_tokens"] > 0
+    # Replica 1 never saw the payload: what it found under salt B came from the tier, under salt A.
+    other = {o["replica"]: o for o in data["other_salt"]}
+    assert other[1]["external_hit_tokens"] > 0 and other[1]["local_hit_tokens"] == 0
+    assert any("replica 1 under salt B saw" in p for p in data["problems"])
+    assert "isolation-missing" in _blocking(found(envs))
+
+
+def test_a_clean_run_certifies_each_on_config_once_before_measuring(sim: Sim, found: Any) -> None:
+    envs = copy.deepcopy(sim.screening)
+    (cert,) = _screening(envs, "isolation.certified")
+    on = {e["block_id"] for e in envs if e["kind"] == "block.started" and e["data"]["arm"] == "ON"}
+    assert cert["data"]["passed"] is True and cert["block_id"] in on
+    assert cert["data"]["other_salt_hit_tokens"] == 0 < cert["data"]["repeat_hit_tokens"]
+    # Before the block's first measured request, after its warmups.
+    block = [e for e in envs if e["kind"] == "request.sent" and e["block_id"] == cert["block_id"]]
+    kinds = ["warmup" if e["data"]["warmup"] else e["data"].get("probe") or "measured" for e in block]
+    assert kinds.index("isolation") > kinds.index("warmup") and kinds.index("measured") > max(
+        i for i, k in enumerate(kinds) if k == "isolation"
+    )
+    # Without its certificate the same run is isolation-missing.
+    stripped = [e for e in envs if e["kind"] != "isolation.certified"]
+    assert "no isolation certificate" in _one(found(stripped), "isolation-missing").detail
+
+
 @plants("counter-mismatch", "missing-full-prefix-hit")
 def test_stale_counters_fault(sim: Sim, found: Any) -> None:
     envs = sim.fault("--param", "sim_fault=stale-counters")

@@ -164,3 +164,52 @@ def test_set_fault_at_runtime_and_over_http(dep: SimDeployment, http: httpx.Clie
     assert resp.json()["faults"] == "none"
     assert complete(http, a, "x").status_code == 200
     assert http.post(dep.shared_url + "/sim/fault", json={"spec": "bogus"}).status_code == 400
+
+
+def _stream_tokens(http: httpx.Client, url: str, prompt: str, salt: str) -> list[tuple[str, float]]:
+    """A streamed completion with top-2 logprobs: each token and its top-1 minus top-2 margin."""
+    body = {"prompt": prompt, "max_tokens": 64, "temperature": 0, "stream": True, "logprobs": 2}
+    resp = http.post(url + "/v1/completions", json={**body, "cache_salt": salt})
+    out = []
+    for line in resp.text.splitlines():
+        if line.startswith("data: {"):
+            logprobs = json.loads(line[6:])["choices"][0]["logprobs"]
+            for token, top in zip(logprobs["tokens"], logprobs["top_logprobs"], strict=True):
+                best, second = sorted(top.values(), reverse=True)[:2]
+                out.append((token, best - second))
+    return out
+
+
+def test_near_tie_flips_every_other_completion_at_its_margin(http: httpx.Client) -> None:
+    prompt = needle_prompt(filler_words=700)
+    runner_up = {**RIGHT, "alpha": 938630}
+    with _deployment("near-tie:margin=0.05@replica=0") as d:
+        a, b = d.replica_urls
+        # Cold or reused alike, the first value's last digit follows the replica's batch numerics.
+        answers = [_answer(complete(http, a, prompt, cache_salt=salt)) for salt in ("x", "x", "y", "y")]
+        assert answers == [RIGHT, runner_up, RIGHT, runner_up]
+        assert all(_answer(complete(http, b, prompt, cache_salt="z")) == RIGHT for _ in range(2))
+        tokens = _stream_tokens(http, a, prompt, "fresh")
+        text = "".join(t for t, _ in tokens)
+        ties = [i for i, (_, margin) in enumerate(tokens) if margin < 1]
+        assert len(ties) == 1 and tokens[ties[0]][1] == pytest.approx(0.05)
+        assert json.loads(text) in (RIGHT, runner_up) and text.startswith(
+            "".join(t for t, _ in tokens[: ties[0]])
+        )
+        assert "".join(t for t, _ in tokens[: ties[0]]).endswith(" 938")  # the last digits tie
+        assert all(margin == pytest.approx(9.0) for i, (_, margin) in enumerate(tokens) if i not in ties)
+
+
+def test_cache_off_never_hits(http: httpx.Client) -> None:
+    prompt = needle_prompt(filler_words=700)
+    with _deployment("cache-off") as d:
+        a, b = d.replica_urls
+        for url in (a, a, b):
+            assert cached(complete(http, url, prompt, cache_salt="c")) == 0
+    with _deployment("cache-off@replica=0") as d:
+        a, b = d.replica_urls
+        complete(http, a, prompt, cache_salt="c")
+        again = complete(http, a, prompt, cache_salt="c")  # only the tier serves replica 0
+        assert metric(scrape(http, a), "vllm:prefix_cache_hits_total") == 0
+        assert cached(again) == metric(scrape(http, a), "vllm:external_prefix_cache_hits_total") > 0
+        assert cached(complete(http, b, prompt, cache_salt="c")) > 0

@@ -51,6 +51,11 @@ off by ``delta`` (default 15: 938639 → 938624, the seed's observation). Taint
 stays with the blocks that hold it, so a later local reuse of them on the same
 replica repeats the error, and a fresh ``cache_salt`` (cold computation)
 restores the right answer, as in the seed.
+
+The ``near-tie`` fault changes no state: the last digit of the first value is
+a near tie between the right digit and the next one (d+1 mod 10), and the
+replica's batch numerics pick one or the other (:func:`compose_output`'s
+``near_tie``); the output records the token where the two candidates part.
 """
 
 from __future__ import annotations
@@ -127,6 +132,10 @@ class Output:
 
     pieces: tuple[str, ...]
     finish_reason: str
+    tie_index: int | None = None
+    """The token where a near tie's two candidates part (``near_tie``); None: no tie."""
+    tie_alternative: str | None = None
+    """The runner-up token there."""
 
     @property
     def text(self) -> str:
@@ -227,6 +236,18 @@ def _apply_taint(
     return out
 
 
+def _tie_runner_up(values: dict[str, int | None]) -> dict[str, int | None]:
+    """The near tie's other candidate: the first value's last digit d read as d+1 mod 10."""
+    out = dict(values)
+    for name, value in values.items():
+        if value is not None:
+            sign = -1 if value < 0 else 1
+            magnitude = abs(value)
+            out[name] = sign * (magnitude - magnitude % 10 + (magnitude % 10 + 1) % 10)
+            break
+    return out
+
+
 def _filler(key: bytes, count: int) -> list[str]:
     """Deterministic one-token words, a stand-in for free generation."""
     words: list[str] = []
@@ -248,21 +269,42 @@ def compose_output(
     max_tokens: int,
     ignore_eos: bool,
     thinking: bool = False,
+    near_tie: bool | None = None,
 ) -> Output:
-    """The completion for one request (see the module docstring)."""
+    """The completion for one request (see the module docstring).
+
+    ``near_tie``: None, no tie; False, the tie's top candidate is picked; True, its runner-up.
+    """
     values = None if prompt_text is None else _answer_values_memo(prompt_text, question_text)
     taint_key = ",".join(sorted({t.taint.kind for t in taints})).encode()
     key = prompt_digest + str(seed).encode() + b"|" + taint_key
+    tie_index: int | None = None
+    tie_alternative: str | None = None
     if values is not None and prompt_text is not None:
-        pieces = split(json.dumps(_apply_taint(prompt_text, values, taints)))
+        answered = _apply_taint(prompt_text, values, taints)
+        pieces = split(json.dumps(answered))
+        if near_tie is not None:
+            other = split(json.dumps(_tie_runner_up(answered)))
+            if near_tie:
+                pieces, other = other, pieces
+            tie_index = next((i for i, (a, b) in enumerate(zip(pieces, other, strict=False)) if a != b), None)
+            tie_alternative = None if tie_index is None else other[tie_index]
     else:
         # No needles: a short free answer; taint changes it, as it would a model's.
         pieces = _filler(key, 8 + prompt_digest[0] % 24)
     if thinking:
-        pieces = [*split("<think>\nLooking up the values.\n</think>\n\n"), *pieces]
+        preamble = split("<think>\nLooking up the values.\n</think>\n\n")
+        pieces = [*preamble, *pieces]
+        tie_index = None if tie_index is None else tie_index + len(preamble)
     if ignore_eos:
         pieces = pieces[:max_tokens] + _filler(key + b"eos", max(0, max_tokens - len(pieces)))
-        return Output(tuple(pieces), "length")
+        return _output(pieces, "length", tie_index, tie_alternative)
     if len(pieces) > max_tokens:
-        return Output(tuple(pieces[:max_tokens]), "length")
-    return Output(tuple(pieces), "stop")
+        return _output(pieces[:max_tokens], "length", tie_index, tie_alternative)
+    return _output(pieces, "stop", tie_index, tie_alternative)
+
+
+def _output(pieces: list[str], reason: str, tie_index: int | None, alternative: str | None) -> Output:
+    if tie_index is None or tie_index >= len(pieces):
+        return Output(tuple(pieces), reason)
+    return Output(tuple(pieces), reason, tie_index, alternative)

@@ -75,7 +75,8 @@ class ReplicaEngine:
         ids, n, block = req.token_ids, len(req.token_ids), self.config.block_size
         leak = self.faults.replica(self.index, "namespace-leak") is not None
         hashes = prompt_hashes(ids, block, None if leak else req.cache_salt, text=req.prompt_text)
-        found = self.cache.lookup(hashes[: (n - 1) // block])
+        off = self.faults.replica(self.index, "cache-off") is not None
+        found: list[Taint | None] = [] if off else self.cache.lookup(hashes[: (n - 1) // block])
         local = len(found) * block
         taints = [TaintRange(j * block, (j + 1) * block, t) for j, t in enumerate(found) if t]
         external = self._external(req, local, taints) if self.shared else 0
@@ -89,6 +90,8 @@ class ReplicaEngine:
 
     def _external(self, req: CompletionRequest, local: int, taints: list[TaintRange]) -> int:
         n, chunk = len(req.token_ids), self.config.chunk_size
+        if self.faults.tier("cache-off") is not None:
+            return 0
         found = self.tier.lookup(self.config.model_name, req.token_ids, req.cache_salt, req.prompt_text)
         external = max(0, min(len(found) * chunk, n - 1) - local)
         if external:

@@ -31,6 +31,14 @@ no fault. Kinds, their keys (defaults) and where they act:
 - ``slow-start`` (``requests=1``, ``delay=5.0``): the first ``requests``
   completions after (re)start wait ``delay`` extra simulated seconds before
   prefill (scaled by ``time_scale`` like every delay). Replicas only.
+- ``near-tie`` (``margin=0.01``): the last digit of an answer's first value
+  is a near tie between two tokens (top-1 minus top-2 logprob ``margin``), so
+  batch numerics decide it: every other completion of the replica (even
+  ordinals) picks the runner-up, cold or reused alike. No state is wrong.
+  Replicas only.
+- ``cache-off``: nothing is ever reused, as a deployment launched with
+  prefix caching disabled: the replica's local prefix cache (``@replica=N``),
+  the tier (``@tier``), or both never hit.
 """
 
 from __future__ import annotations
@@ -53,9 +61,11 @@ _DEFAULTS: Final[dict[str, dict[str, str]]] = {
     "http-errors": {"every": "3", "rate": "", "status": "500"},
     "truncated-stream": {"after": "2", "die": "0"},
     "slow-start": {"requests": "1", "delay": "5.0"},
+    "near-tie": {"margin": "0.01"},
+    "cache-off": {},
 }
 FAULT_KINDS: Final = tuple(_DEFAULTS)
-_REPLICA_ONLY: Final = frozenset({"http-errors", "truncated-stream", "slow-start"})
+_REPLICA_ONLY: Final = frozenset({"http-errors", "truncated-stream", "slow-start", "near-tie"})
 _LOAD_FAULTS: Final = ("corrupt-transfer", "unordered-copy")
 
 
@@ -167,6 +177,14 @@ class FaultSet:
                 delta = fault.int_param("delta") if kind == "unordered-copy" else 0
                 return Taint(kind, delta)
         return None
+
+    def near_tie(self, index: int, ordinal: int) -> tuple[float, bool] | None:
+        """The near tie's margin on replica ``index``, and whether the ``ordinal``-th (1-based)
+        completion picks the runner-up; None without the fault."""
+        fault = self.replica(index, "near-tie")
+        if fault is None:
+            return None
+        return fault.float_param("margin"), ordinal % 2 == 0
 
     def http_error(self, index: int, ordinal: int) -> int | None:
         """Status to fail the ``ordinal``-th (1-based) completion with, if any."""

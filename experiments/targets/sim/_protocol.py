@@ -21,6 +21,7 @@ __all__ = [
     "parse_completion",
     "parse_tokenize",
     "sse",
+    "token_logprobs",
     "usage",
 ]
 
@@ -76,6 +77,9 @@ class CompletionRequest:
     stream: bool
     include_usage: bool
     thinking: bool
+    top_logprobs: int = 0
+    """Candidates per output token asked for (chat ``logprobs`` + ``top_logprobs``; completions
+    ``logprobs``); 0: no logprobs."""
 
 
 def _salt(body: Mapping[str, Any]) -> str | None:
@@ -178,7 +182,29 @@ def parse_completion(body: Any, *, chat: bool, model_name: str, max_model_len: i
         stream=bool(body.get("stream", False)),
         include_usage=isinstance(options, Mapping) and bool(options.get("include_usage")),
         thinking=thinking,
+        top_logprobs=_top_logprobs(body, chat),
     )
+
+
+def _top_logprobs(body: Mapping[str, Any], chat: bool) -> int:
+    if not chat:
+        return _int_field(body, "logprobs", minimum=0) or 0
+    if not body.get("logprobs"):
+        return 0
+    return max(1, _int_field(body, "top_logprobs", minimum=0) or 0)
+
+
+def token_logprobs(token: str, candidates: Sequence[tuple[str, float]], *, chat: bool) -> dict[str, Any]:
+    """One output token's ``logprobs`` object, as vLLM streams it (``candidates`` best first)."""
+    if chat:
+        top = [{"token": t, "logprob": lp, "bytes": list(t.encode())} for t, lp in candidates]
+        return {"content": [{**top[0], "token": token, "top_logprobs": top}]}
+    return {
+        "tokens": [token],
+        "token_logprobs": [candidates[0][1]],
+        "top_logprobs": [dict(candidates)],
+        "text_offset": [0],
+    }
 
 
 def _check_length(prompt_tokens: int, max_tokens: int | None, max_model_len: int) -> None:
@@ -229,6 +255,7 @@ def chunk(
     text: str | None,
     finish_reason: str | None = None,
     role: bool = False,
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A streamed chunk; ``text`` None with chat+role gives the opening role chunk."""
     choice: dict[str, Any]
@@ -236,9 +263,9 @@ def chunk(
         delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
         if text is not None:
             delta["content"] = text
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
     else:
-        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
     if finish_reason is not None:
         choice["stop_reason"] = None
     return {

@@ -28,6 +28,7 @@ from ._protocol import (
     parse_completion,
     parse_tokenize,
     sse,
+    token_logprobs,
     usage,
 )
 from ._tier import SharedTier
@@ -37,6 +38,8 @@ __all__ = ["SimReplica"]
 # Below this many seconds a due token is written with the next batch instead
 # of sleeping: asyncio cannot sleep that finely, and real SSE batches too.
 _MIN_SLEEP_S = 0.001
+# Top-1 minus top-2 logprob of every token that is not a near tie: a confident greedy choice.
+_CONFIDENT = 9.0
 
 
 @dataclass
@@ -48,6 +51,7 @@ class _Call:
     entry: dict[str, Any]
     t_arrival: float
     pre: Prefill | None = None
+    ordinal: int = 0
 
 
 class SimReplica:
@@ -159,6 +163,7 @@ class SimReplica:
         if status is not None:
             return error_response(status, "Simulated engine failure (http-errors fault).")
         call = self._new_call(request, req, t_arrival)
+        call.ordinal = self._ordinal
         self._running += 1
         try:
             if req.stream:
@@ -220,7 +225,7 @@ class SimReplica:
             self._gpu_free_at = deadline
             call.entry["t_modelled_first_monotonic"] = deadline
             self.engine.store(call.req, pre)
-            output = self._output(call.req, pre)
+            output = self._output(call.req, pre, call.ordinal)
             wait = deadline - time.monotonic()
             if wait > 0:
                 await asyncio.sleep(wait)
@@ -232,13 +237,14 @@ class SimReplica:
             return 0.0
         return fault.float_param("delay")
 
-    def _output(self, req: CompletionRequest, pre: Prefill) -> Output:
+    def _output(self, req: CompletionRequest, pre: Prefill, ordinal: int) -> Output:
         digest = (
             _text_digest(req.prompt_text)
             if req.prompt_text is not None
             else hashlib.sha256(orjson.dumps(req.token_ids)).digest()
         )
         max_tokens = req.max_tokens or self.config.max_model_len - pre.prompt_tokens
+        tie = self.faults.near_tie(self.index, ordinal)
         return compose_output(
             prompt_text=req.prompt_text,
             question_text=req.question_text,
@@ -248,7 +254,25 @@ class SimReplica:
             max_tokens=max_tokens,
             ignore_eos=req.ignore_eos,
             thinking=req.chat and req.thinking,
+            near_tie=None if tie is None else tie[1],
         )
+
+    def _logprobs(self, call: _Call, output: Output, k: int) -> dict[str, Any] | None:
+        """Token ``k``'s candidates when asked: confident (margin ``_CONFIDENT``), except at a
+        near tie, whose runner-up trails by the fault's margin."""
+        if not call.req.top_logprobs:
+            return None
+        token = output.pieces[k]
+        tie = self.faults.near_tie(self.index, call.ordinal)
+        if tie is not None and k == output.tie_index and output.tie_alternative is not None:
+            best = -0.69
+            candidates = [(token, best), (output.tie_alternative, best - tie[0])]
+        else:
+            best = -0.0001
+            candidates = [(token, best), (" the" if token != " the" else " cache", best - _CONFIDENT)]
+        for extra in range(2, call.req.top_logprobs):
+            candidates.append((f" alt{extra}", best - _CONFIDENT - extra))
+        return token_logprobs(token, candidates[: max(1, call.req.top_logprobs)], chat=call.req.chat)
 
     def _mark_first(self, call: _Call) -> None:
         """Record the server's own first-token time, just before the write."""
@@ -329,6 +353,7 @@ class SimReplica:
                 chat=call.req.chat,
                 text=output.pieces[k],
                 finish_reason=output.finish_reason if last else None,
+                logprobs=self._logprobs(call, output, k),
             )
         )
         if k == 0 and call.req.chat:
