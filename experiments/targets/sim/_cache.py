@@ -65,15 +65,20 @@ class BlockCache:
     def usage(self) -> float:
         return len(self._blocks) / self.capacity if self.capacity else 0.0
 
-    def lookup(self, hashes: Sequence[bytes]) -> list[Taint | None]:
-        """Taints of the longest cached prefix of ``hashes``; touches them."""
-        hit: list[bytes] = []
+    def lookup(self, hashes: Sequence[bytes], *, touch: bool = True) -> list[Taint | None]:
+        """Taints of the longest cached prefix of ``hashes``; touches them unless told the caller
+        inserts the same prefix next (which touches every block anyway)."""
+        blocks = self._blocks
+        found: list[Taint | None] = []
+        hit = 0
         for h in hashes:
-            if h not in self._blocks:
+            if h not in blocks:
                 break
-            hit.append(h)
-        self._touch(hit)
-        return [self._blocks[h] for h in hit]
+            found.append(blocks[h])
+            hit += 1
+        if touch:
+            self._touch(hashes[:hit])
+        return found
 
     def insert(self, hashes: Sequence[bytes], taints: Sequence[Taint | None]) -> None:
         """Cache blocks not yet present (present ones keep their state)."""

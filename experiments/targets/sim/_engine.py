@@ -76,7 +76,8 @@ class ReplicaEngine:
         leak = self.faults.replica(self.index, "namespace-leak") is not None
         hashes = prompt_hashes(ids, block, None if leak else req.cache_salt, text=req.prompt_text)
         off = self.faults.replica(self.index, "cache-off") is not None
-        found: list[Taint | None] = [] if off else self.cache.lookup(hashes[: (n - 1) // block])
+        # store() inserts this prompt's blocks right after (same GPU turn), touching them all.
+        found: list[Taint | None] = [] if off else self.cache.lookup(hashes[: (n - 1) // block], touch=False)
         local = len(found) * block
         taints = [TaintRange(j * block, (j + 1) * block, t) for j, t in enumerate(found) if t]
         external = self._external(req, local, taints) if self.shared else 0
