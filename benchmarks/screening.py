@@ -8,6 +8,12 @@ Runs ``ledger run screening`` as a researcher would (four blocks OFF-ON-ON-OFF,
 ``/tokenize``, every event appended to a fresh SQLite ledger), timing it from
 start to ``run.finished``. Goal on a 2-core machine: at most 60 s. The last
 line is one JSON object with ``seconds``, ``measured`` and ``requests_per_s``.
+
+The isolation certificate and any divergence triage run inside that time; their
+own share is read from the run's events (``probe_s``: from each probe's
+``request.sent`` to the ``isolation.certified`` or ``divergence.triaged`` that
+closes it), so the overhead is measured in the same run as the total, not by
+comparing two runs on a loaded machine.
 """
 
 from __future__ import annotations
@@ -17,7 +23,9 @@ import json
 import sys
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from benchmarks._common import emit, timed
 from experiments._loader import load
@@ -39,12 +47,16 @@ def main() -> int:
         with timed() as t:
             result = run_sync(ledger, exp, params, target_name="sim")
         events = ledger.count()
+        probes, probe_s = _probe_seconds(ledger)
         ledger.close()
     c = result.counters
     total = c.measured + c.warmups
     print(
         f"screening on sim: {result.status}, {c.measured} measured + {c.warmups} warmups, "
         f"{c.assertions} assertions ({c.failed_assertions} failed), {events} events"
+    )
+    print(
+        f"isolation certificate and triage: {probes} probe requests, {probe_s:.2f} s ({probe_s / t[0]:.1%})"
     )
     print(
         f"{t[0]:.1f} s, {total / t[0]:.1f} requests/s (goal <= {GOAL_S:.0f} s: "
@@ -58,6 +70,8 @@ def main() -> int:
             "warmups": c.warmups,
             "requests_per_s": round(total / t[0], 2),
             "events": events,
+            "probes": probes,
+            "probe_s": round(probe_s, 3),
             "status": result.status,
             "failed_assertions": c.failed_assertions,
             "goal_s": GOAL_S,
@@ -66,6 +80,25 @@ def main() -> int:
         }
     )
     return 0 if result.exit_code == 0 else 1
+
+
+def _probe_seconds(ledger: Any) -> tuple[int, float]:
+    """Probe requests, and the seconds from each probe group's first request to the event closing it."""
+    kinds = ["request.sent", "isolation.certified", "divergence.triaged"]
+    count, seconds, start = 0, 0.0, None
+    for e in ledger.events(kind=kinds):
+        if e.kind == "request.sent":
+            if e.data.get("probe"):
+                count += 1
+                start = start or _ts(e.ts)
+        elif start is not None:
+            seconds += _ts(e.ts) - start
+            start = None
+    return count, seconds
+
+
+def _ts(ts: str) -> float:
+    return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
 
 
 if __name__ == "__main__":
