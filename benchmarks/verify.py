@@ -2,7 +2,10 @@
 
 The native scanner (ledger/_cverify.c, threads) and the Python verifier
 (worker processes) are measured side by side on the same ledger.
-Goal: ≥ 500,000 events/s.
+Goal: ≥ 2,000,000 events/s on 2 cores (the two SHA-256 per row alone allow
+about 3M/s). Beside the wall-clock rate, the CPU time the native scan took:
+on a machine shared with other work the wall clock says how much CPU the
+scan got, the CPU time what each event costs.
 """
 
 from __future__ import annotations
@@ -18,14 +21,17 @@ from ledger._verify import native_path, verify_ledger, worker_count
 
 from ._common import emit, fill, timed
 
-GOAL_EVENTS_PER_S = 500_000
+GOAL_EVENTS_PER_S = 2_000_000
 
 
-def _rate(ledger: object, events: int, verifier: str, workers: int | None = None) -> float:
+def _rate(ledger: object, events: int, verifier: str, workers: int | None = None) -> tuple[float, float]:
+    """Events per second of wall clock, and per second of this process's CPU time."""
+    cpu = time.process_time()
     with timed() as t:
         result = verify_ledger(ledger, workers=workers, verifier=verifier)
+    cpu = time.process_time() - cpu
     assert result.ok and result.count == events, result
-    return events / t[0]
+    return events / t[0], events / cpu
 
 
 def main() -> None:
@@ -39,18 +45,24 @@ def main() -> None:
         print(f"filled {args.events:,} events in {fill_s:.1f} s (not counted)")
         workers = worker_count(args.events)
         assert native_path(ledger) is not None, "the native verifier is not built (see setup.py)"
-        native = _rate(ledger, args.events, "native")
-        python = _rate(ledger, args.events, "python")
+        native, native_per_cpu_s = _rate(ledger, args.events, "native")
+        python, _ = _rate(ledger, args.events, "python")  # CPU time is in its worker processes
         print(f"verify, native: {native:>12,.0f} events/s ({workers} threads)")
         print(
             f"verify, Python: {python:>12,.0f} events/s ({workers} processes); native/Python "
             f"{native / python:.2f}; load {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+        )
+        print(
+            f"verify, native: {native_per_cpu_s:>12,.0f} events per CPU second "
+            f"({1e6 / native_per_cpu_s:.2f} µs of CPU per event)"
         )
         figures = {
             "benchmark": "verify",
             "events": args.events,
             "workers": workers,
             "events_per_s": round(native),
+            "events_per_cpu_s": round(native_per_cpu_s),
+            "load_1m": round(os.getloadavg()[0], 2),
             "python_events_per_s": round(python),
             "ratio_native_to_python": round(native / python, 3),
             "goal_events_per_s": GOAL_EVENTS_PER_S,
@@ -58,7 +70,7 @@ def main() -> None:
             "unix_time": int(time.time()),
         }
         if args.single:
-            one = _rate(ledger, args.events, "native", workers=1)
+            one, _ = _rate(ledger, args.events, "native", workers=1)
             print(f"verify, native, one thread: {one:>12,.0f} events/s")
             figures["single_thread_events_per_s"] = round(one)
         ledger.close()
