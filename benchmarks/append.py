@@ -52,6 +52,7 @@ _PG_PLAIN = (
 )
 _PG_INDEXES = ("CREATE INDEX plain_run ON plain (run_id)", "CREATE INDEX plain_kind ON plain (kind)")
 _COLUMNS = "seq, id, ts, kind, run_id, block_id, data, digest, chain"
+WRITERS = 4
 
 
 def bench_ledger(
@@ -67,6 +68,44 @@ def bench_ledger(
     assert len(rows) == len(events) and ledger.count() == len(events)
     ledger.close()
     return t[0], rows
+
+
+def _writer(url: str, events: list[NewEvent], batch: int, start: Any) -> None:
+    ledger = open_ledger(url, create=False)
+    start.wait()
+    for offset in range(0, len(events), batch):
+        ledger.append_many(events[offset : offset + batch])
+    ledger.close()
+
+
+def bench_concurrent(url: str, events: list[NewEvent], batch: int, writers: int) -> float:
+    """Seconds for ``writers`` processes to append a share of ``events`` each, at once.
+
+    Sealing runs in each writer; only reading the head, the insert and the commit
+    are serialised by the append lock, so several writers should beat one.
+    """
+    import multiprocessing
+
+    open_ledger(url).close()  # the schema, before the writers race for it
+    context = multiprocessing.get_context("fork")
+    start = context.Event()
+    share = -(-len(events) // writers)
+    procs = [
+        context.Process(target=_writer, args=(url, events[w * share : (w + 1) * share], batch, start))
+        for w in range(writers)
+    ]
+    for proc in procs:
+        proc.start()
+    time.sleep(0.5)  # every writer has imported and opened its ledger
+    with timed() as t:
+        start.set()
+        for proc in procs:
+            proc.join()
+    assert all(proc.exitcode == 0 for proc in procs)
+    ledger = open_ledger(url, create=False)
+    assert ledger.count() == len(events)
+    ledger.close()
+    return t[0]
 
 
 def bench_raw(directory: Path, rows: list[tuple[Any, ...]], batch: int, indexed: bool = False) -> float:
@@ -229,6 +268,8 @@ def bench_postgres(events: list[NewEvent], batch: int) -> dict[str, float]:
     for method in ("executemany", "copy"):
         with pg_database() as url:
             seconds[method] = bench_pg_raw(url, rows, batch, method)
+    with pg_database() as url:
+        seconds["concurrent"] = bench_concurrent(url, events, batch, WRITERS)
     return seconds
 
 
@@ -248,6 +289,7 @@ def main() -> None:
         indexed_s = bench_raw(directory, rows, args.batch, indexed=True)
         es_s = bench_eventsourcing(directory, rows, args.batch)
         es_mapped_s = bench_eventsourcing_mapped(directory, events, args.batch)
+        concurrent_s = bench_concurrent(f"sqlite:///{directory / 'writers.db'}", events, args.batch, WRITERS)
     pg = {} if args.no_postgres else bench_postgres(events, args.batch)
     n = args.events
     size = sum(len(r[6]) for r in rows) / n
@@ -263,6 +305,7 @@ def main() -> None:
     print(f"  raw:      same, with the ledger's three indexes {n / indexed_s:>12,.0f} events/s (the limit)")
     print(f"  eventsourcing 9: Mapper(JSON) + SQLite recorder {n / es_mapped_s:>12,.0f} events/s (the peer)")
     print(f"  eventsourcing 9: recorder alone, bytes given    {n / es_s:>12,.0f} events/s (context)")
+    print(f"  ledger:   {WRITERS} writer processes at once            {n / concurrent_s:>12,.0f} events/s")
     print("  ratio_to_eventsourcing compares the same work: event objects in, committed rows out;")
     print("  the ledger also validates, digests and chains, which the peer does not.")
     figures: dict[str, Any] = {
@@ -279,6 +322,9 @@ def main() -> None:
         "ratio_to_eventsourcing": round(es_mapped_s / ledger_s, 3),
         "ratio_to_eventsourcing_recorder_only": round(es_s / ledger_s, 3),
         "ratio_native_to_python_sealer": round(python_s / ledger_s, 3),
+        "writers": WRITERS,
+        "concurrent_events_per_s": round(n / concurrent_s),
+        "concurrent_ratio_to_one_writer": round(ledger_s / concurrent_s, 3),
         "load_1m": round(os.getloadavg()[0], 2),
         "unix_time": int(time.time()),
     }
@@ -300,5 +346,7 @@ def main() -> None:
             "postgres_copy_indexed_events_per_s": round(n / pg["copy"]),
             "postgres_ratio_to_raw_indexed": round(pg["executemany"] / pg["ledger"], 3),
             "postgres_ratio_to_copy_indexed": round(pg["copy"] / pg["ledger"], 3),
+            "postgres_concurrent_events_per_s": round(n / pg["concurrent"]),
+            "postgres_concurrent_ratio_to_one_writer": round(pg["ledger"] / pg["concurrent"], 3),
         }
     emit(figures)

@@ -125,6 +125,14 @@ def test_native_sealer_is_there() -> None:
     assert _cseal is not None, "ledger/_cseal.c was not built: the tests above compare Python to itself"
 
 
+@settings(max_examples=30, deadline=None)
+@given(st.lists(texts, min_size=33, max_size=200, unique=True))
+def test_wide_objects_sort_alike(keys: list[str]) -> None:
+    """Past 32 keys the native path sorts another way (qsort): the same bytes still."""
+    event = NewEvent("note.added", {"text": "t", **{key: index for index, key in enumerate(keys)}})
+    assert _outcome(lambda e: seal_many([e])[0], event) == _outcome(seal, event)
+
+
 def test_examples_of_both_outcomes() -> None:
     """One event the native path takes whole, one it hands over (NaN) and gets the same error for."""
     fine = NewEvent("note.added", {"text": "é\n\x00", "v": [1.5e-5, 2**64 - 1, None, {"b": 1, "a": 2}]})
