@@ -871,16 +871,23 @@ def imported_results(src: Source, run: str | None) -> list[Finding]:
                 "its figures compare nothing",
             )
         )
-        if not r["with_cached_tokens"]:
-            out.append(
-                finding(
-                    "import-no-hit-counters",
-                    r,
-                    r["file_name"],
-                    f"{what}: no hit counters or cached-token counts; whether any prefix was reused, "
-                    "locally or across replicas, is unknown",
-                )
+        # A tool's file holds no scrapes of the engines' counters; at most the responses' own
+        # cached-token totals, which do not tell a local hit from a cross-replica one.
+        counted = r["with_cached_tokens"]
+        lack = (
+            f"only the responses' cached-token totals ({counted} of {r['recorded_requests']} requests), "
+            "not split into local and cross-replica hits nor checked against the engines' counters"
+            if counted
+            else "no hit counters or cached-token counts"
+        )
+        out.append(
+            finding(
+                "import-no-hit-counters",
+                r,
+                r["file_name"],
+                f"{what}: {lack}; whether any prefix was reused, locally or across replicas, is unknown",
             )
+        )
         out.append(
             finding(
                 "import-unvalidated",

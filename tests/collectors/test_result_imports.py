@@ -81,6 +81,8 @@ def test_guidellm_file_is_recorded_with_provenance_and_every_request(sqlite_url:
     assert recorded.data["requests"] == len(requests) == len(records) > 0
     assert [r.data["ttft_s"] for r in requests] == [rec["time_to_first_token_ms"] / 1e3 for rec in records]
     assert [r.data["prompt_tokens"] for r in requests] == [rec["prompt_tokens"] for rec in records]
+    # The server reports prompt token details, so GuideLLM kept each response's cached tokens.
+    assert [r.data["cached_tokens"] for r in requests] == [rec["cached_tokens"] for rec in records]
 
 
 def test_the_audit_says_what_imported_results_lack(sqlite_url: str) -> None:
@@ -100,6 +102,10 @@ def test_the_audit_says_what_imported_results_lack(sqlite_url: str) -> None:
         assert {f["code"] for f in mine} == LACKS, tool
         assert all(f["severity"] == "blocking" for f in mine)
         assert all(f["target"] in (VLLM_BENCH.name, GUIDELLM.name) for f in mine)
+        (counters,) = [f for f in mine if f["code"] == "import-no-hit-counters"]
+        # GuideLLM's file has the responses' cached-token totals, vLLM's benchmark none: said apart.
+        totals = "only the responses' cached-token totals" in counters["detail"]
+        assert totals == (tool == "guidellm"), counters["detail"]
         # One run's audit sees only that file's findings.
         scoped = _ledger("--db", sqlite_url, "audit", "--run", str(run_id), "--json")
         assert scoped.exit_code == 0, scoped.output

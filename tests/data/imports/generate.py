@@ -31,6 +31,7 @@ ROOT = HERE.parents[2]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.ttft import GUIDELLM_PIN, ensure_guidellm  # noqa: E402
+from experiments.targets.vllm._argv_templates import render, replica_template  # noqa: E402
 from experiments.targets.vllm._process import start, wait_http  # noqa: E402
 from experiments.targets.vllm.engines import ensure  # noqa: E402
 
@@ -140,25 +141,19 @@ def main() -> int:
         "VLLM_NO_USAGE_STATS": "1",
         "VLLM_CPU_KVCACHE_SPACE": "1",
     }
-    argv = [
-        str(python),
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        str(MODEL),
-        "--served-model-name",
-        SERVED,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--dtype",
-        "bfloat16",
-        "--max-model-len",
-        "1024",
-        "--enforce-eager",
-        "--enable-prefix-caching",
-    ]
+    # The vllm target's own replica command, as an OFF block launches it.
+    argv = render(
+        replica_template(enforce_eager=True, block_size=None, gpu_memory_utilization=None),
+        {
+            "python": python,
+            "model": MODEL,
+            "served_name": SERVED,
+            "host": "127.0.0.1",
+            "port": port,
+            "dtype": "bfloat16",
+            "max_model_len": 1024,
+        },
+    )
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         server = start(argv, name="vllm", log_dir=work / "logs", env=env)
