@@ -231,10 +231,10 @@ def main() -> None:
     )
     args = parser.parse_args()
     timed_what = (
-        "report (the snapshot's proof + views over the warm Parquet snapshot + derive + JSON) + "
-        "audit incl. full chain verification (started at open, beside the views) and the "
-        "re-derivations (beside the derivation); generating, filling and the snapshot build "
-        "are not counted"
+        "report (the snapshot's proof, the report's tables derived from the database's rows up to "
+        "the verified head, views, derive, JSON) + audit incl. full chain verification (started at "
+        "open, beside the derivation from rows) and the re-derivations (beside the derivation); "
+        "generating, filling and the snapshot build are not counted"
     )
     figures: dict[str, Any] = {
         "benchmark": "report",

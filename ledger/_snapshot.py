@@ -207,12 +207,18 @@ class Proof:
             self.seconds += time.perf_counter() - wall
             self.cpu_seconds += time.thread_time() - cpu
 
+    def remember(self, path: Path, digest: str) -> None:
+        """Record a file just written with the digest of its bytes (so no refresh reads it again
+        while its inode, size and ctime stay)."""
+        status = path.stat()
+        self.seen[str(path)] = [status.st_ino, status.st_size, status.st_ctime_ns, digest]
+
     def hashed(self, path: Path) -> str:
         """The file's SHA-256: read again unless its inode, size and change time (ctime, which
         every write or rename sets and no user can set back) are those of its last hashing."""
         status = path.stat()
         stamp = [status.st_ino, status.st_size, status.st_ctime_ns]
-        known = self.known.get(str(path))
+        known = self.seen.get(str(path)) or self.known.get(str(path))
         self.files += 1
         if isinstance(known, list) and len(known) == 4 and known[:3] == stamp:
             self.unchanged += 1
@@ -508,6 +514,7 @@ class Snapshot:
                 source = sql_literal(segment.path)
                 con.execute(f"CREATE OR REPLACE VIEW events AS FROM read_parquet({source})")
                 digest = _copy_parquet(con, sql, folder / segment.path.name)
+                self.proof.remember(folder / segment.path.name, digest)
                 entry["files"][segment.path.name] = {"sha256": digest, "from": segment.sha256}
         finally:
             con.close()
@@ -528,6 +535,7 @@ class Snapshot:
         pq.write_table(table, tmp, compression="zstd")
         digest = file_sha256(tmp)
         os.replace(tmp, self.directory / name)
+        self.proof.remember(self.directory / name, digest)
         return Segment(self.directory / name, digest, first, last, chain, fields, proven)
 
     def _append_segments(
@@ -594,10 +602,9 @@ class Snapshot:
                     or not isinstance(entry.get("files"), dict)
                 ):
                     entry = state["projections"][self._sql_digest(sql)] = {"sql": sql, "files": {}}
-                entry["files"][segment.path.name] = {
-                    "sha256": _copy_parquet(con, sql, folder / segment.path.name),
-                    "from": segment.sha256,
-                }
+                digest = _copy_parquet(con, sql, folder / segment.path.name)
+                self.proof.remember(folder / segment.path.name, digest)
+                entry["files"][segment.path.name] = {"sha256": digest, "from": segment.sha256}
         finally:
             con.close()
 

@@ -63,6 +63,12 @@ def _write_state(folder: Path, state: dict[str, Any]) -> None:
     (folder / "state.json").write_text(json.dumps(state))
 
 
+def _is_responses(path: Path) -> bool:
+    """A projection file of response.received (import.request has a ttft_s too, but no status)."""
+    names = pq.read_schema(path).names
+    return "ttft_s" in names and "status" in names
+
+
 def _halve(path: Path, column: str | None = None) -> str:
     """Rewrite a Parquet file with one numeric column halved (its metadata kept); the column."""
     table = pq.read_table(path)
@@ -187,7 +193,7 @@ def test_plain_report_rebuilds_a_tampered_projection_quietly(ledger: Ledger, tmp
     clean = to_json(derive_report(src))
     folder = src.analytics.snapshot.directory
     src.close()
-    responses = [p for p in folder.glob("projection-*/*.parquet") if "ttft_s" in pq.read_schema(p).names]
+    responses = [p for p in folder.glob("projection-*/*.parquet") if _is_responses(p)]
     assert responses
     for path in responses:
         _halve(path, "ttft_s")
@@ -236,7 +242,7 @@ def test_audit_publish_blocks_on_a_halved_ttft_projection(sqlite_url: str, tmp_p
     before = ledger_cli("report", "--db", sqlite_url, "--json").stdout
     assert ledger_cli("audit", "--db", sqlite_url, "--publish").exit_code == 0
     cache = tmp_path / "cache" / "snapshots"
-    (path,) = [p for p in cache.glob("*/projection-*/*.parquet") if "ttft_s" in pq.read_schema(p).names]
+    (path,) = [p for p in cache.glob("*/projection-*/*.parquet") if _is_responses(p)]
     _halve(path, "ttft_s")
     result = ledger_cli("audit", "--db", sqlite_url, "--publish", "--json")
     assert result.exit_code == 1
@@ -258,9 +264,7 @@ def test_verify_snapshot_finds_files_forged_with_their_digests(ledger: Ledger, l
     state = _state(folder)
     raw = folder / state["segments"][0]["name"]
     (projection,) = [
-        p
-        for p in folder.glob("projection-*/*.parquet")
-        if p.name == raw.name and "ttft_s" in pq.read_schema(p).names
+        p for p in folder.glob("projection-*/*.parquet") if p.name == raw.name and _is_responses(p)
     ]
     _halve_ttft_in_raw(raw)
     _halve(projection, "ttft_s")
@@ -310,7 +314,7 @@ def test_a_sim_run_attested_over_a_tampered_cache(tmp_path: Path) -> None:
     made = ledger_cli("attest", "--db", url, "--run", run_id, "--out", str(clean / "s.json"))
     assert made.exit_code == 0 and ledger_cli("audit", "--db", url, "--publish").exit_code == 0
     cache = tmp_path / "cache" / "snapshots"
-    responses = [p for p in cache.glob("*/projection-*/*.parquet") if "ttft_s" in pq.read_schema(p).names]
+    responses = [p for p in cache.glob("*/projection-*/*.parquet") if _is_responses(p)]
     assert responses
     for path in responses:
         _halve(path, "ttft_s")
@@ -347,9 +351,7 @@ def _forge_with_digests(folder: Path) -> tuple[Path, Path]:
     state = _state(folder)
     raw = folder / state["segments"][0]["name"]
     (projection,) = [
-        p
-        for p in folder.glob("projection-*/*.parquet")
-        if p.name == raw.name and "ttft_s" in pq.read_schema(p).names
+        p for p in folder.glob("projection-*/*.parquet") if p.name == raw.name and _is_responses(p)
     ]
     _halve_ttft_in_raw(raw)
     _halve(projection, "ttft_s")
