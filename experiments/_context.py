@@ -36,12 +36,13 @@ from collectors import (
     check_zero_hits,
     send_request,
 )
-from ledger import Ledger, NewEvent, new_id, utc_now
+from ledger import Ledger, NewEvent, canonical_json, new_id, sha256_hex, utc_now
 
 from .fixtures import Fixture, FixtureFactory, Messages, SessionHistory, make_namespace
 from .targets._base import Launch, Replica, Target, TargetError
 
 __all__ = [
+    "MIN_BLOCK_PAIRS_FOR_INFERENCE",
     "Block",
     "BlockFailed",
     "BlockSpec",
@@ -53,6 +54,9 @@ __all__ = [
     "check_block_design",
 ]
 
+MIN_BLOCK_PAIRS_FOR_INFERENCE = 6
+"""Block pairs a cell needs before the report computes intervals (registered with each plan;
+the audit checks the report's rule is the same)."""
 _REQUEST_TIMEOUT_S = 600.0
 _MAX_CONNECTIONS = 64
 _PATH = "/v1/chat/completions"
@@ -198,6 +202,8 @@ class RunContext:
         seed: int,
         counters: Counters,
         progress: Callable[[str, int], None] | None = None,
+        planned: Mapping[str, Any] | None = None,
+        plan: Mapping[str, Any] | None = None,
     ) -> None:
         self.ledger = ledger
         self.sink = sink
@@ -219,6 +225,11 @@ class RunContext:
         self.stop_requested = False
         self.certified: set[str] = set()
         """ON configs whose isolation certificate this run has taken (once per config)."""
+        # What the experiment says it will send (its planned() and plan()), registered before
+        # the first request: plan.registered.
+        self._planned: dict[str, Any] = dict(planned or {})
+        self._plan: dict[str, Any] = dict(plan or {})
+        self.registered_plan: dict[str, Any] | None = None
 
     async def send(self, spec: RequestSpec, sink: EventSink) -> Outcome:
         """One streamed request, its TTFT dated by the run's ``ttft_method``."""
@@ -344,6 +355,53 @@ class RunContext:
         arms = tuple(order) if order else tuple(balanced_order(pairs))
         return [BlockSpec(i, arm, i // 2, gpu_swap and (i // 2) % 2 == 1, arms) for i, arm in enumerate(arms)]
 
+    def warmup_count(self, count: int) -> int:
+        """Warmups a block sends when asked for ``count``: each replica gets one where any are sent,
+        and targets that need every replica warm get one each even for 0."""
+        if count or self.warmup_every_replica:
+            return max(count, self._replica_count())
+        return 0
+
+    def register_plan(self, specs: Sequence[BlockSpec]) -> dict[str, Any]:
+        """Record ``plan.registered`` (once, before the first request): block order and the rule and
+        seed behind it, measured requests per block by workload and step, sizes, the thresholds the
+        checks use. A replay registers the same plan, byte for byte (``plan_sha256``)."""
+        if self.registered_plan is not None:
+            return self.registered_plan
+        arms = [s.arm for s in specs]
+        requests = self._plan.get("requests")
+        if requests is None and "requests_per_block" in self._planned:
+            # The experiment gives only a total: the audit can hold it to that alone.
+            requests = {"*": {"*": int(self._planned["requests_per_block"])}}
+        warmups = self.warmup_count(int(self._planned.get("warmups_per_block", 0)))
+        sizes = {str(k): sorted({int(x) for x in v}) for k, v in dict(self._plan.get("sizes", {})).items()}
+        if warmups and "warmup_tokens" in self.params:
+            sizes["warmup"] = [int(self.params["warmup_tokens"])]
+        plan: dict[str, Any] = {
+            "experiment": self.experiment,
+            "seed": self.seed,
+            "order": arms,
+            "order_rule": "balanced" if arms == balanced_order(len(arms) // 2) else "given",
+            "gpu_swap": [s.gpu_swap for s in specs],
+            "replicas": self._replica_count(),
+            "requests_per_block": requests or {},
+            "warmups_per_block": warmups,
+            "sizes": sizes,
+            "thresholds": {
+                "chunk_size": self.target.chunk_size,
+                "min_block_pairs_for_inference": MIN_BLOCK_PAIRS_FOR_INFERENCE,
+                "ttft_method": self.ttft_method,
+                "max_tokens": int(self.params.get("max_tokens", 64)),
+                "answers_meaningful": self.answers_meaningful,
+                "exact_values_up_to_tokens": self.meaningful_up_to_tokens,
+            },
+        }
+        plan["plan_sha256"] = sha256_hex(canonical_json(plan))
+        self.sink.emit_run("plan.registered", plan)
+        self.sink.flush()
+        self.registered_plan = plan
+        return plan
+
     async def run_blocks(self, specs: Sequence[BlockSpec], body: Callable[[Block], Awaitable[None]]) -> None:
         """Run ``body`` in each block, in order, each on a freshly (re)started deployment.
 
@@ -352,8 +410,9 @@ class RunContext:
         and the run goes on with the next block (or stops cleanly when
         ``params["stop_on_block_failure"]``). Cancellation (Ctrl-C) marks the
         block ``aborted`` and propagates; any other error marks it ``failed``
-        and propagates.
+        and propagates. The plan is registered before the first block.
         """
+        self.register_plan(specs)
         for spec in specs:
             if self.stop_requested:
                 break
@@ -784,9 +843,7 @@ class Block:
         ``count`` 0 sends none, except on targets that need every replica warmed
         before measuring (real engines): then each replica still gets one.
         """
-        if count or self.ctx.warmup_every_replica:
-            count = max(count, len(self.replicas))
-        for i in range(count):
+        for i in range(self.ctx.warmup_count(count)):
             key = self.ctx.fixture_key("warmup", i)
             ns = self.ctx.namespace("warmup", i)
             fx = await self.ctx.fixture(key, tokens, ns)

@@ -5,7 +5,9 @@ An experiment is a Python file of one form (see ``experiments/README.md``):
 param it accepts), ``SEED`` (optional default seed), ``async def run(ctx)``,
 and optionally ``def check(params)`` that raises ``ValueError`` for a bad
 combination and ``def planned(params)`` giving ``{"blocks": n,
-"requests_per_block": n, "warmups_per_block": n}`` for progress bars.
+"requests_per_block": n, "warmups_per_block": n}`` for progress bars, and
+``def plan(params)`` giving measured requests per block by workload and step
+and each workload's sizes (registered in ``plan.registered``).
 
 The module is executed from its source text, so a replay runs exactly the
 source recorded in ``run.started`` even if the file has changed since.
@@ -63,6 +65,11 @@ class Experiment:
 
     def planned(self, params: Mapping[str, Any]) -> dict[str, int]:
         fn = getattr(self.module, "planned", None)
+        return dict(fn(dict(params))) if fn is not None else {}
+
+    def plan(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """``{"requests": {workload: {step: n}}, "sizes": {workload: [tokens]}}`` per block, or {}."""
+        fn = getattr(self.module, "plan", None)
         return dict(fn(dict(params))) if fn is not None else {}
 
 

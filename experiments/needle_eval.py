@@ -58,6 +58,14 @@ def planned(params: dict[str, Any]) -> dict[str, int]:
     }
 
 
+def plan(params: dict[str, Any]) -> dict[str, Any]:
+    """One cold request per size and fixture; the sizes asked."""
+    return {
+        "requests": {"needle_eval": {"cold": len(params["sizes"]) * params["fixtures"]}},
+        "sizes": {"needle_eval": sorted(set(params["sizes"]))},
+    }
+
+
 async def run(ctx: Any) -> None:
     p = ctx.params
 

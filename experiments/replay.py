@@ -5,7 +5,8 @@ with the recorded params (the namespace tag included, so namespaces and hence
 request bodies are the same bytes) and seed, into a new run whose
 ``run.started.replay_of`` names the original. Requests are compared by their
 ``request_key`` (block index and the experiment's own key), which is stable
-even where concurrent windows reorder the emission.
+even where concurrent windows reorder the emission. The replay must also
+register the same plan (``plan.registered``'s ``plan_sha256``).
 """
 
 from __future__ import annotations
@@ -31,14 +32,20 @@ class Comparison:
     replay_run: str
     rows: list[tuple[str, str | None, str | None]] = field(default_factory=list)
     result: RunResult | None = None
+    plans: tuple[str | None, str | None] = (None, None)
+    """The two runs' registered plan digests (None: the run registered no plan)."""
 
     @property
     def matched(self) -> int:
         return sum(a is not None and a == b for _, a, b in self.rows)
 
     @property
+    def plan_matched(self) -> bool:
+        return self.plans[0] is not None and self.plans[0] == self.plans[1]
+
+    @property
     def all_matched(self) -> bool:
-        return bool(self.rows) and self.matched == len(self.rows)
+        return bool(self.rows) and self.matched == len(self.rows) and self.plan_matched
 
 
 def _payloads(ledger: Ledger, run_id: str) -> dict[str, str]:
@@ -48,11 +55,17 @@ def _payloads(ledger: Ledger, run_id: str) -> dict[str, str]:
     }
 
 
+def _plan_digest(ledger: Ledger, run_id: str) -> str | None:
+    plan = next(iter(ledger.events(run_id=run_id, kind="plan.registered")), None)
+    return None if plan is None else str(plan.data["plan_sha256"])
+
+
 def compare_runs(ledger: Ledger, original: str, replayed: str) -> Comparison:
-    """Payload digests of two runs, matched by request key."""
+    """Payload digests of two runs, matched by request key, and their registered plans."""
     a, b = _payloads(ledger, original), _payloads(ledger, replayed)
     rows = [(key, a.get(key), b.get(key)) for key in sorted(set(a) | set(b))]
-    return Comparison(original, replayed, rows)
+    plans = (_plan_digest(ledger, original), _plan_digest(ledger, replayed))
+    return Comparison(original, replayed, rows, plans=plans)
 
 
 def _recorded(ledger: Ledger, run_id: str) -> Mapping[str, Any]:
@@ -92,11 +105,14 @@ def replay(ledger: Ledger, run_id: str, *, target: str | None = None, progress: 
             "note.added",
             {
                 "text": f"replay of {run_id}: {comparison.matched}/{len(comparison.rows)} "
-                "payload digests matched",
+                "payload digests matched; registered plan "
+                + ("the same" if comparison.plan_matched else "differs or is missing"),
                 "replay_of": run_id,
                 "matched": comparison.matched,
                 "requests": len(comparison.rows),
                 "all_matched": comparison.all_matched,
+                "plan_matched": comparison.plan_matched,
+                "plans": list(comparison.plans),
                 "mismatched": [k for k, x, y in comparison.rows if x is None or x != y][:100],
             },
             run_id=result.run_id,
@@ -118,5 +134,9 @@ def print_comparison(c: Comparison) -> None:
         ok = a is not None and a == b
         table.add_row(key, "[green]yes[/green]" if ok else "[red]NO[/red]", (a or "-")[:16], (b or "-")[:16])
     console.print(table)
+    original, replayed = (p[:16] if p else "none" for p in c.plans)
+    console.print(
+        f"registered plan: {original} / {replayed}: " + ("same" if c.plan_matched else "[red]DIFFERS[/red]")
+    )
     verdict = "all matched" if c.all_matched else "MISMATCH"
     console.print(f"{c.matched}/{len(c.rows)} payload digests matched: {verdict}")

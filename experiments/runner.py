@@ -90,6 +90,9 @@ def _started(
         "packages": package_versions(_PACKAGES),
         "host": host_inventory(),
         "replay_of": replay_of,
+        # This runner registers a plan before any block (plan.registered): the audit tells a run that
+        # lost its plan from one recorded before plans were registered.
+        "registers_plan": True,
     }
 
 
@@ -155,6 +158,8 @@ async def run_experiment(
         seed=seed,
         counters=counters,
         progress=bars,
+        planned=exp.planned(params),
+        plan=exp.plan(params),
     )
     status: str = "aborted"
     error: str | None = "interrupted"

@@ -101,6 +101,29 @@ def planned(params: dict[str, Any]) -> dict[str, int]:
     }
 
 
+def plan(params: dict[str, Any]) -> dict[str, Any]:
+    """Measured requests per block by workload and step, and each workload's nominal sizes: what
+    ``plan.registered`` fixes before the first request (the audit holds the run to it)."""
+    w, places = set(params["workloads"]), len(params["placements"])
+    requests: dict[str, dict[str, int]] = {}
+    sizes: dict[str, list[int]] = {}
+    if "micro" in w:
+        requests["micro"] = {step: len(params["sizes"]) * params["chains"] for step in MICRO_STEPS}
+        sizes["micro"] = params["sizes"]
+    if "session" in w:
+        turns = len(params["session_sizes"]) * places * params["sessions"] * params["session_turns"]
+        requests["session"] = {"turn": turns}
+        sizes["session"] = params["session_sizes"]
+    if "generation" in w:
+        each = len(params["generation_sizes"]) * len(params["generation_outputs"])
+        requests["generation"] = {"cold": each, "hot": each}
+        sizes["generation"] = params["generation_sizes"]
+    if "concurrency" in w:
+        requests["concurrency"] = {"turn": sum(params["window_sessions"]) * params["window_turns"] * places}
+        sizes["concurrency"] = [params["window_size"]]
+    return {"requests": requests, "sizes": {k: sorted(set(v)) for k, v in sizes.items()}}
+
+
 async def run(ctx: Any) -> None:
     p = ctx.params
     specs = ctx.block_plan(p["block_pairs"], p["order"], p["gpu_swap"])

@@ -59,6 +59,23 @@ def planned(params: dict[str, Any]) -> dict[str, int]:
     }
 
 
+def plan(params: dict[str, Any]) -> dict[str, Any]:
+    """Requests per step (the two directional chains, their salt controls, the sessions) and sizes."""
+    sizes = {params["size"], params["reverse_size"], params["session_size"]}
+    return {
+        "requests": {
+            "validation": {
+                "cold": 4,  # each chain's cold request and its salt control
+                "local1": 1,
+                "cross": 2,
+                "receiver_local": 1,
+                "turn": params["sessions"] * params["session_turns"],
+            }
+        },
+        "sizes": {"validation": sorted(sizes)},
+    }
+
+
 async def run(ctx: Any) -> None:
     specs = ctx.block_plan(1, ["ON"], gpu_swap=False)[:1]
 

@@ -230,6 +230,19 @@ KINDS: dict[str, dict[str, Types]] = {
         "cached_tokens": _opt(INT),
         "error": _opt(STR),
     },
+    # What a run will do, fixed before its first request (experiments/_context.py): the audit
+    # compares what happened with it (plan-deviation).
+    "plan.registered": {
+        "experiment": STR,
+        "seed": _opt(INT),
+        "order": LIST,
+        "order_rule": STR,
+        "requests_per_block": OBJ,
+        "warmups_per_block": INT,
+        "sizes": OBJ,
+        "thresholds": OBJ,
+        "plan_sha256": STR,
+    },
 }
 
 # Fields where one of several alternatives is required.
@@ -240,6 +253,7 @@ ENUMS: dict[tuple[str, str], frozenset[str]] = {
     ("block.started", "arm"): frozenset({"ON", "OFF"}),
     ("block.finished", "arm"): frozenset({"ON", "OFF"}),
     ("exclusion.declared", "scope"): frozenset({"block", "request", "run"}),
+    ("plan.registered", "order_rule"): frozenset({"balanced", "given"}),
     ("probe.helper", "allocator"): frozenset({"lazy", "mixed"}),
     ("probe.helper", "direction"): frozenset({"d2h", "h2d"}),
     ("probe.helper", "ops_requested"): frozenset({"present", "masked"}),

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ._plan import plan_deviations, run_plans
 from ._source import Source
 from ._validation import HELPERS, TOLERANCE_TEXT, config_helper_paths, coverage
 
@@ -48,6 +49,8 @@ SEVERITY: dict[str, str] = {
     "blocks-not-restarted": WARNING,
     "hash-seed-unset": BLOCKING,
     "ttft-method-mixed": WARNING,
+    "plan-deviation": BLOCKING,
+    "plan-unregistered": WARNING,
     "declared-exclusion": INFO,
     "import-unpaired": BLOCKING,
     "import-no-hit-counters": BLOCKING,
@@ -844,6 +847,35 @@ def ttft_method_mixed(src: Source, run: str | None) -> list[Finding]:
     return out
 
 
+def plan_deviation(src: Source, run: str | None) -> list[Finding]:
+    """What a run did that its registered plan did not say (reports/_plan.py), and runs of a
+    plan-registering runner that registered none."""
+    out = []
+    for r in run_plans(src, run):
+        if not r["plans"] and r["registers_plan"]:
+            out.append(
+                finding("plan-deviation", r, r["run_id"], "no plan.registered before the first request")
+            )
+        for block_id, target, detail in plan_deviations(src, r):
+            out.append(finding("plan-deviation", {**r, "block_id": block_id}, target, detail))
+    return out
+
+
+def plan_unregistered(src: Source, run: str | None) -> list[Finding]:
+    """Runs recorded before runs registered plans: nothing fixed their plan before the first request."""
+    return [
+        finding(
+            "plan-unregistered",
+            r,
+            r["run_id"],
+            f"{r['experiment']} run predates pre-registration (no plan.registered, a runner that did not "
+            "register plans): its order and counts are judged only by what its blocks recorded",
+        )
+        for r in run_plans(src, run)
+        if not r["plans"] and not r["registers_plan"]
+    ]
+
+
 def declared_exclusion(src: Source, run: str | None) -> list[Finding]:
     rows = src.rows(
         f"""SELECT run_id, event_block AS block_id, scope, target, reason FROM kv_declared
@@ -926,6 +958,8 @@ CHECKS: tuple[Check, ...] = (
     blocks_not_restarted,
     hash_seed_unset,
     ttft_method_mixed,
+    plan_deviation,
+    plan_unregistered,
     declared_exclusion,
     imported_results,
 )

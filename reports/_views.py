@@ -93,6 +93,17 @@ _HITS_FIELDS = {
     "counter_reset": "BOOLEAN",
 }
 
+_BLOCK_STARTED_FIELDS = {
+    "index": "BIGINT",
+    "arm": "VARCHAR",
+    "pair": "BIGINT",
+    "order": "JSON",
+    "gpu_swap": "BOOLEAN",
+    "config_sha256": "VARCHAR",
+    "restarted": "BOOLEAN",
+}
+_BLOCK_FINISHED_FIELDS = {"status": "VARCHAR", "error": "VARCHAR"}
+
 # (name, SQL) in dependency order. Names are prefixed kv_ so they never shadow ledger views.
 VIEWS: list[tuple[str, str]] = [
     (
@@ -101,10 +112,18 @@ VIEWS: list[tuple[str, str]] = [
 SELECT r.run_id, r.seq, r.experiment, r.params->>'target' AS target,
        r.params->>'config_sha256' AS validated_config,
        coalesce(r.code->>'commit', r.code->>'git_commit') AS code_commit,
-       r.packages, f.status AS finish_status
+       r.packages, f.status AS finish_status, r.seed, coalesce(r.registers_plan, false) AS registers_plan
 FROM ({
             _extract(
-                "run.started", {"experiment": "VARCHAR", "params": "JSON", "code": "JSON", "packages": "JSON"}
+                "run.started",
+                {
+                    "experiment": "VARCHAR",
+                    "params": "JSON",
+                    "code": "JSON",
+                    "packages": "JSON",
+                    "seed": "BIGINT",
+                    "registers_plan": "BOOLEAN",
+                },
             )
         }) r
 LEFT JOIN (SELECT run_id, arg_max(status, seq) AS status
@@ -119,26 +138,44 @@ SELECT b.run_id, b.block_id, b.seq, b."index" AS position, b.arm, b.pair, b."ord
        -- single OFF block is not one, so its requests are never paired nor its order judged.
        b."order" IS NULL OR (json_contains(b."order", '"ON"') AND json_contains(b."order", '"OFF"'))
        AS paired
-FROM ({
-            _extract(
-                "block.started",
-                {
-                    "index": "BIGINT",
-                    "arm": "VARCHAR",
-                    "pair": "BIGINT",
-                    "order": "JSON",
-                    "gpu_swap": "BOOLEAN",
-                    "config_sha256": "VARCHAR",
-                    "restarted": "BOOLEAN",
-                },
-            )
-        }) b
+FROM ({_extract("block.started", _BLOCK_STARTED_FIELDS)}) b
 LEFT JOIN (SELECT block_id, arg_max(status, seq) AS status, arg_max(error, seq) AS error
-           FROM ({
-            _extract("block.finished", {"status": "VARCHAR", "error": "VARCHAR"})
-        }) GROUP BY block_id) f USING (block_id)
+           FROM ({_extract("block.finished", _BLOCK_FINISHED_FIELDS)}) GROUP BY block_id) f USING (block_id)
 -- Validation runs deploy an ON block too, but they are the service regression, not a comparison.
 WHERE b.run_id NOT IN (SELECT run_id FROM kv_runs WHERE experiment = 'validation')""",
+    ),
+    # Each run's registered plan (plan.registered), what the audit holds the run to.
+    (
+        "kv_plans",
+        f"""
+SELECT seq, run_id, experiment, seed, "order", order_rule, requests_per_block, warmups_per_block, sizes,
+       thresholds, plan_sha256
+FROM ({
+            _extract(
+                "plan.registered",
+                {
+                    "experiment": "VARCHAR",
+                    "seed": "BIGINT",
+                    "order": "JSON",
+                    "order_rule": "VARCHAR",
+                    "requests_per_block": "JSON",
+                    "warmups_per_block": "BIGINT",
+                    "sizes": "JSON",
+                    "thresholds": "JSON",
+                    "plan_sha256": "VARCHAR",
+                },
+            )
+        })""",
+    ),
+    # Every block of every run (validation's too), as it ran: compared with the registered plan.
+    (
+        "kv_run_blocks",
+        f"""
+SELECT b.run_id, b.block_id, b.seq, b."index" AS position, b.arm, f.status AS finish_status
+FROM ({_extract("block.started", _BLOCK_STARTED_FIELDS)}) b
+LEFT JOIN (SELECT block_id, arg_max(status, seq) AS status
+           FROM ({_extract("block.finished", _BLOCK_FINISHED_FIELDS)}) GROUP BY block_id) f
+  USING (block_id)""",
     ),
     (
         "kv_launches",

@@ -78,6 +78,15 @@ def test_replay_sends_byte_identical_requests(sqlite_url: str) -> None:
     assert bodies(original) == bodies(replayed) and len(bodies(original)) > 20
     note = events(sqlite_url, "note.added", replayed)[0].data
     assert note["all_matched"] and note["matched"] == note["requests"]
+    # The replay registered the same plan, field for field, before its first request.
+    (plan,), (again,) = (events(sqlite_url, "plan.registered", rid) for rid in (original, replayed))
+    assert (
+        plan.data == again.data and note["plan_matched"] and note["plans"] == [plan.data["plan_sha256"]] * 2
+    )
+    first_request = events(sqlite_url, "request.sent", replayed)[0]
+    assert again.seq < first_request.seq
+    blocks = [e.data["arm"] for e in events(sqlite_url, "block.started", replayed)]
+    assert again.data["order"] == blocks and again.data["seed"] == plan.data["seed"]
 
 
 def test_replay_uses_the_recorded_source_not_the_current_file(sqlite_url: str, tmp_path: Path) -> None:

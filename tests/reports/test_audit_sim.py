@@ -610,6 +610,125 @@ def test_a_paired_plan_that_lost_its_on_blocks_is_still_paired(sim: Sim, found: 
     assert _one(findings, "unpaired-request").detail.startswith("OFF request")
 
 
+# --- pre-registration ----------------------------------------------------------------------------
+
+
+def _measured(envs: list[Envelope], block_id: str, workload: str, step: str) -> int:
+    return sum(
+        1
+        for e in envs
+        if e["kind"] == "request.sent"
+        and e["block_id"] == block_id
+        and not e["data"]["warmup"]
+        and (e["data"]["workload"], e["data"]["step"]) == (workload, step)
+    )
+
+
+@plants("plan-deviation")
+def test_a_run_held_to_another_plan_deviates_where_it_differs(sim: Sim, found: Any) -> None:
+    envs = sim.clean()
+    (plan,) = _screening(envs, "plan.registered")
+    plan["data"]["requests_per_block"]["micro"]["cold"] += 1
+    plan["data"]["sizes"]["micro"] = plan["data"]["sizes"]["micro"][:1]
+    plan["data"]["thresholds"]["chunk_size"] *= 2
+    plan["data"]["order"] = ["ON", "OFF", "OFF", "ON"]
+    findings = [f for f in found(envs) if f.code == "plan-deviation"]
+    assert all(f.severity == "blocking" for f in findings)
+    blocks = _screening(envs, "block.started")
+    by_block: dict[str | None, str] = {}
+    for f in findings:
+        by_block[f.block_id] = by_block.get(f.block_id, "") + " | " + f.detail
+    counted = [f for f in findings if "micro/cold" in f.detail]
+    assert len(counted) == len(blocks)  # every block sent one cold micro request fewer than registered
+    for b in blocks:
+        sent = _measured(envs, b["block_id"], "micro", "cold")
+        assert f"micro/cold: {sent} sent, {sent + 1} registered" in by_block[b["block_id"]]
+    orders = [
+        f.detail for f in findings if f.target and f.target.startswith("block ") and " ran " in f.detail
+    ]
+    assert len(orders) == len(blocks)  # the registered order is the mirror image of the one that ran
+    run_level = " | ".join(f.detail for f in findings if f.block_id is None)
+    assert "micro sizes ran [1000, 2000], registered [1000]" in run_level
+    assert "full_prefix_hit checked with chunk [256], registered 512" in run_level
+
+
+@pytest.mark.parametrize("where", ["late", "lost"])
+def test_a_plan_registered_late_or_lost_deviates(sim: Sim, found: Any, where: str) -> None:
+    envs = sim.clean()
+    (plan,) = _screening(envs, "plan.registered")
+    envs.remove(plan)
+    if where == "late":
+        first = next(
+            i for i, e in enumerate(envs) if e["kind"] == "request.sent" and e["run_id"] == plan["run_id"]
+        )
+        envs.insert(first + 1, plan)
+    detail = _one(found(envs), "plan-deviation", plan["run_id"]).detail
+    assert (
+        detail
+        == {
+            "late": "plan registered after the run's first request",
+            "lost": "no plan.registered before the first request",
+        }[where]
+    )
+
+
+@plants("plan-unregistered")
+def test_a_run_recorded_before_plans_were_registered(sim: Sim, found: Any) -> None:
+    """A run whose runner registered no plans (run.started without registers_plan) is a warning:
+    it predates pre-registration; its blocks are judged by what they recorded."""
+    envs = sim.clean()
+    run_id = _screening_run(envs)
+    envs = [e for e in envs if not (e["kind"] == "plan.registered" and e["run_id"] == run_id)]
+    next(e for e in envs if e["kind"] == "run.started" and e["run_id"] == run_id)["data"].pop(
+        "registers_plan"
+    )
+    findings = found(envs)
+    assert "predates pre-registration" in _one(findings, "plan-unregistered", run_id).detail
+    assert not [f for f in findings if f.code == "plan-deviation"]
+    assert _blocking(findings) == set()
+
+
+def test_an_experiment_that_sends_more_than_it_registered(sim: Sim, found: Any, tmp_path: Path) -> None:
+    """A real sim run of an experiment whose last block sends one request more than its plan says."""
+    script = tmp_path / "drifting.py"
+    script.write_text(DRIFTING, encoding="utf-8")
+    envs = _run(sim._url("drifting"), str(script))
+    last = _screening_blocks(envs)[-1]
+    findings = found(envs)
+    deviation = _one(findings, "plan-deviation", "block 3")
+    assert deviation.block_id == last and deviation.detail == "OFF block: micro/cold: 2 sent, 1 registered"
+    assert len([f for f in findings if f.code == "plan-deviation"]) == 1
+
+
+def _screening_blocks(envs: list[Envelope]) -> list[str]:
+    return [e["block_id"] for e in envs if e["kind"] == "block.started"]
+
+
+DRIFTING = """
+NAME = "drifting"
+PARAMS = {"block_pairs": 2, "namespace_tag": None}
+
+
+def planned(params):
+    return {"blocks": 4, "requests_per_block": 1, "warmups_per_block": 0}
+
+
+def plan(params):
+    return {"requests": {"micro": {"cold": 1}}, "sizes": {"micro": [1000]}}
+
+
+async def run(ctx):
+    async def block(b):
+        for i in range(2 if b.index == 3 else 1):
+            ns = ctx.namespace("drift", b.index, i)
+            fx = await ctx.fixture(ctx.fixture_key("drift", i), 1000, ns)
+            await b.request(fx.messages, replica=0, namespace=ns, workload="micro", step="cold",
+                            key=f"drift/{i}", fixture=fx, prompt_tokens=fx.prompt_tokens)
+
+    await ctx.run_blocks(ctx.block_plan(ctx.params["block_pairs"]), block)
+"""
+
+
 @plants("blocks-not-restarted")
 def test_blocks_not_restarted(sim: Sim, found: Any) -> None:
     envs = sim.clean()
