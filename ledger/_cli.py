@@ -33,6 +33,7 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("reports.commands:report_command", "The report derived from the ledger."),
     "audit": ("reports.commands:audit_command", "Audit findings; --publish gates publishing."),
     "attest": ("reports.commands:attest_command", "Write an in-toto statement binding a report."),
+    "compare": ("reports.commands:compare_command", "Two runs' tables side by side, paired changes."),
     "probe": ("collectors.commands:probe_group", "GPU byte probes, recorded as events."),
     "checkpoint": ("collectors.commands:checkpoint_group", "Audit checkpoint files (SHA-256)."),
     "demo": ("ledger._demo:demo_command", "Validation + seed screening on sim, then report and audit."),

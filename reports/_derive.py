@@ -317,8 +317,10 @@ def derive_report(src: Source, run: str | None = None) -> dict[str, Any]:
             "statistics": {
                 "unit": "block pair",
                 "rule": "cells with fewer than 6 block pairs are descriptive (no CIs, no p-values); "
-                "with 6 or "
-                "more, exact two-sided Wilcoxon signed-rank and sign tests over per-pair mean changes",
+                "with 6 or more, the Hodges–Lehmann estimate over per-pair mean changes with its exact "
+                "Wilcoxon signed-rank interval, the median with its exact sign-test interval (each at the "
+                "level it attains, at least 95 %) and exact two-sided Wilcoxon and sign tests; "
+                "nothing over requests",
                 "change": "mean of 100 × (ON/OFF − 1) over matched units",
             },
         }

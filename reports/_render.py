@@ -71,9 +71,19 @@ def _inference(row: dict[str, Any]) -> str:
     if inf["mode"] == "descriptive":
         return f"descriptive ({inf['n_block_pairs']} block pairs)"
     return (
+        f"Hodges–Lehmann {pct(inf['hodges_lehmann_change_pct'])} "
+        f"{_interval(inf['wilcoxon_ci'], 'Wilcoxon')}; "
+        f"median {pct(inf['median_change_pct'])} {_interval(inf['sign_ci'], 'sign-test')}; "
         f"Wilcoxon p={num(inf['wilcoxon_signed_rank_p'], 4)}, sign p={num(inf['sign_test_p'], 4)} "
         f"({inf['n_block_pairs']} block pairs)"
     )
+
+
+def _interval(ci: dict[str, Any] | None, method: str) -> str:
+    """``[low, high] (exact METHOD, LEVEL)``: the level the exact interval attains, not the nominal one."""
+    if ci is None:
+        return "(no exact interval)"
+    return f"[{pct(ci['low'])}, {pct(ci['high'])}] (exact {method} {100 * ci['level']:.1f}%)"
 
 
 def _observations(row: dict[str, Any], places: int = 3) -> str:
@@ -310,7 +320,14 @@ def to_markdown(report: dict[str, Any]) -> str:
         ),
         "",
     ]
-    for s in sections(report):
+    lines += markdown_lines(sections(report))
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def markdown_lines(secs: list[Section]) -> list[str]:
+    """Each section as a ``##`` heading, a Markdown table (or _none_) and its notes."""
+    lines: list[str] = []
+    for s in secs:
         lines += [f"## {s.title}", ""]
         if s.rows:
             lines.append("| " + " | ".join(s.headers) + " |")
@@ -319,7 +336,7 @@ def to_markdown(report: dict[str, Any]) -> str:
         else:
             lines.append("_none_")
         lines += [""] + [f"- {_md_cell(n)}" for n in s.notes] + ([""] if s.notes else [])
-    return "\n".join(lines).rstrip() + "\n"
+    return lines
 
 
 # Below this width the terminal leaves out the per-observation column (it would wrap every row),

@@ -4,7 +4,12 @@ The independent unit is the block pair (a randomized complete block design:
 requests of one block share its state). With fewer than
 :data:`MIN_PAIRS_FOR_TEST` per-pair values the smallest attainable two-sided
 p of an exact sign or signed-rank test is 2/2ⁿ ≥ 0.0625, so cells are
-labelled descriptive and carry no p-values. Everything here is exact and
+labelled descriptive and carry no p-values. With at least that many, a
+cell's change is the Hodges–Lehmann estimate (the median of the per-pair
+values' Walsh averages) with the exact Wilcoxon signed-rank confidence
+interval around it, and the median with the exact sign-test interval beside
+it: both from order statistics and the exact null distributions, never a
+normal approximation and never over requests. Everything here is exact and
 computed in a fixed order, so the same inputs give the same bytes.
 """
 
@@ -16,6 +21,8 @@ from fractions import Fraction
 from typing import Any
 
 MIN_PAIRS_FOR_TEST = 6
+CONFIDENCE = Fraction(95, 100)
+"""The nominal level of the intervals; each interval reports the level it attains exactly."""
 
 
 def fmt(x: float | None, places: int = 6) -> float | None:
@@ -89,6 +96,71 @@ def wilcoxon_p(values: Sequence[float]) -> float:
     return min(1.0, extreme / 2**n)
 
 
+def walsh_averages(values: Sequence[float]) -> list[float]:
+    """Every (xᵢ + xⱼ)/2 with i ≤ j, sorted: n(n+1)/2 of them."""
+    n = len(values)
+    return sorted((values[i] + values[j]) / 2 for i in range(n) for j in range(i, n))
+
+
+def hodges_lehmann(values: Sequence[float]) -> float | None:
+    """The Hodges–Lehmann location estimate: the median of the Walsh averages."""
+    return median(walsh_averages(values)) if values else None
+
+
+def signed_rank_null(n: int) -> list[int]:
+    """How many of the 2ⁿ sign assignments give each W⁺ = 0 … n(n+1)/2 (ranks 1 … n, no ties)."""
+    counts = [1]
+    for rank in range(1, n + 1):
+        nxt = counts + [0] * rank
+        for total, c in enumerate(counts):
+            nxt[total + rank] += c
+        counts = nxt
+    return counts
+
+
+def _depth(tail: Sequence[int], total: int, level: Fraction) -> tuple[int, Fraction] | None:
+    """The largest k ≥ 1 with P(statistic ≤ k − 1) ≤ (1 − level)/2, and the level attained.
+
+    ``tail[w]`` counts outcomes with statistic w out of ``total``; None when even k = 1 is too wide.
+    """
+    alpha_half = (1 - level) / 2
+    k, below = 0, 0
+    while k < len(tail) and Fraction(below + tail[k], total) <= alpha_half:
+        below += tail[k]
+        k += 1
+    if k == 0:
+        return None
+    return k, 1 - 2 * Fraction(below, total)
+
+
+def wilcoxon_interval(values: Sequence[float], level: Fraction = CONFIDENCE) -> dict[str, Any] | None:
+    """Exact Wilcoxon signed-rank interval: Walsh averages k and M + 1 − k (1-based), M = n(n+1)/2,
+    k the largest with P(W⁺ ≤ k − 1) ≤ (1 − level)/2 under the null; None for too few values."""
+    n = len(values)
+    if n == 0:
+        return None
+    found = _depth(signed_rank_null(n), 2**n, level)
+    if found is None:
+        return None
+    k, attained = found
+    walsh = walsh_averages(values)
+    return {"low": walsh[k - 1], "high": walsh[len(walsh) - k], "level": float(attained), "depth": k}
+
+
+def sign_interval(values: Sequence[float], level: Fraction = CONFIDENCE) -> dict[str, Any] | None:
+    """Exact sign-test interval for the median: order statistics k and n + 1 − k, k the largest with
+    P(B ≤ k − 1) ≤ (1 − level)/2 for B ~ Binomial(n, ½); None for too few values."""
+    n = len(values)
+    if n == 0:
+        return None
+    found = _depth([math.comb(n, i) for i in range(n + 1)], 2**n, level)
+    if found is None:
+        return None
+    k, attained = found
+    s = sorted(values)
+    return {"low": s[k - 1], "high": s[n - k], "level": float(attained), "depth": k}
+
+
 def paired_summary(per_pair: dict[int, list[float]]) -> dict[str, Any]:
     """Inference block for one cell from each block pair's mean change (%).
 
@@ -99,6 +171,7 @@ def paired_summary(per_pair: dict[int, list[float]]) -> dict[str, Any]:
     out: dict[str, Any] = {
         "unit": "block pair",
         "n_block_pairs": n,
+        "pairs": sorted(per_pair),
         "per_pair_change_pct": [fmt(v) for v in pair_values],
     }
     if n < MIN_PAIRS_FOR_TEST:
@@ -110,4 +183,14 @@ def paired_summary(per_pair: dict[int, list[float]]) -> dict[str, Any]:
     out["mode"] = "exact rank tests over per-pair values"
     out["wilcoxon_signed_rank_p"] = fmt(wilcoxon_p(pair_values))
     out["sign_test_p"] = fmt(sign_test_p(pair_values))
+    out["hodges_lehmann_change_pct"] = fmt(hodges_lehmann(pair_values))
+    out["median_change_pct"] = fmt(median(pair_values))
+    out["confidence"] = float(CONFIDENCE)
+    for key, interval in (
+        ("wilcoxon_ci", wilcoxon_interval(pair_values)),
+        ("sign_ci", sign_interval(pair_values)),
+    ):
+        out[key] = (
+            None if interval is None else {k: fmt(v) if k != "depth" else v for k, v in interval.items()}
+        )
     return out

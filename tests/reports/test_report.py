@@ -100,6 +100,17 @@ def test_rank_tests_offered_only_with_six_block_pairs(build_lite: Any) -> None:
     assert inference["mode"].startswith("exact rank tests")
     # All six pairs are faster ON: the exact two-sided minimum 2/2^6.
     assert inference["wilcoxon_signed_rank_p"] == inference["sign_test_p"] == 0.03125
+    # Six values: the exact 95 % intervals are the extremes (attaining 1 − 2/64), around the
+    # Hodges–Lehmann estimate (the median of the 21 Walsh averages of the per-pair changes).
+    per_pair = inference["per_pair_change_pct"]
+    walsh = sorted((a + b) / 2 for i, a in enumerate(per_pair) for b in per_pair[i:])
+    assert inference["hodges_lehmann_change_pct"] == pytest.approx((walsh[10]), abs=1e-6)
+    for ci in (inference["wilcoxon_ci"], inference["sign_ci"]):
+        assert ci["level"] == 0.96875
+        assert (ci["low"], ci["high"]) == (pytest.approx(min(per_pair)), pytest.approx(max(per_pair)))
+    markdown = to_markdown(report)
+    assert "Hodges–Lehmann" in markdown and "(exact Wilcoxon 96.9%)" in markdown
+    assert "descriptive (6 block pairs)" not in markdown
 
 
 def test_json_and_markdown_are_byte_identical_across_derivations(build_lite: Any, tmp_path: Path) -> None:
