@@ -23,6 +23,7 @@ from collectors import (
     DEFAULT_TTFT_METHOD,
     EventSink,
     HitDelta,
+    MetricsError,
     Outcome,
     RequestSpec,
     Scraper,
@@ -34,6 +35,7 @@ from collectors import (
     check_output_length,
     check_stream_complete,
     check_zero_hits,
+    scrape_metrics,
     send_request,
 )
 from ledger import Ledger, NewEvent, canonical_json, new_id, sha256_hex, utc_now
@@ -58,6 +60,12 @@ MIN_BLOCK_PAIRS_FOR_INFERENCE = 6
 """Block pairs a cell needs before the report computes intervals (registered with each plan;
 the audit checks the report's rule is the same)."""
 _REQUEST_TIMEOUT_S = 600.0
+_RESET_PATH = "/reset_prefix_cache"
+_KV_USAGE = "vllm:kv_cache_usage_perc"
+_CACHE_INFO = "vllm:cache_config_info"
+STORED_OBJECT_METRICS = ("sim_lmcache_stored_chunks",)
+"""Gauges of a shared service that count its stored objects: the sim's tier exposes one; LMCache's
+own services expose no count under a name recorded so far, so their count is recorded as null."""
 _MAX_CONNECTIONS = 64
 _PATH = "/v1/chat/completions"
 
@@ -442,6 +450,7 @@ class RunContext:
             for record in launch.records:
                 self.sink.emit(record.kind, record.data)
             self._tokenize_url = launch.replicas[0].endpoint
+            await self._inspect_caches(launch)
             self.sink.flush()
             await body(Block(self, spec, block_id, launch))
         except (BlockFailed, TargetError) as exc:
@@ -491,11 +500,93 @@ class RunContext:
         self.sink.block_id = None
         self._progress("block", 1)
 
+    async def _inspect_caches(self, launch: Launch) -> None:
+        """``cache.inspected``: the block's starting cache state, before its first request. Each
+        replica's prefix cache is reset (and whether that succeeded recorded: vLLM serves the
+        endpoint only in its dev mode), then its KV usage and device cache read from /metrics."""
+        replicas = [await self._inspect_replica(r) for r in launch.replicas]
+        service = next((r.data for r in launch.records if r.kind == "service.launched"), None)
+        stored, metric = (
+            (None, None) if service is None else await self._stored_objects(str(service["endpoint"]))
+        )
+        resets = [r["reset_ok"] for r in replicas]
+        usage = [r["kv_cache_usage"] for r in replicas if r["kv_cache_usage"] is not None]
+        self.sink.emit(
+            "cache.inspected",
+            {
+                "replicas": replicas,
+                "reset_ok": all(resets) if resets else None,
+                "kv_cache_usage": max(usage) if usage else None,
+                "lmcache_stored_objects": stored,
+                "lmcache_metric": metric,
+                "restarted": self.restarts_blocks,
+            },
+        )
+
+    async def _inspect_replica(self, replica: Replica) -> dict[str, Any]:
+        status, error = None, None
+        try:
+            resp = await self.client.post(replica.endpoint + _RESET_PATH, timeout=30.0)
+            status = resp.status_code
+        except httpx.HTTPError as exc:
+            error = f"{type(exc).__name__}: {exc}"[:200]
+        try:
+            samples, scrape_error = await scrape_metrics(self.client, replica.endpoint), None
+        except MetricsError as exc:
+            samples, scrape_error = {}, str(exc)[:200]
+        info = _info_labels(samples, _CACHE_INFO)
+        blocks, block_size = _int(info.get("num_gpu_blocks")), _int(info.get("block_size"))
+        usage = [v for k, v in samples.items() if k == _KV_USAGE or k.startswith(_KV_USAGE + "{")]
+        return {
+            "replica": replica.index,
+            "endpoint": replica.endpoint,
+            "reset_status": status,
+            "reset_ok": status == 200,
+            "reset_error": error,
+            "kv_cache_usage": max(usage) if usage else None,
+            "num_gpu_blocks": blocks,
+            "block_size": block_size,
+            "device_cache_tokens": blocks * block_size
+            if blocks is not None and block_size is not None
+            else None,
+            "metric_families": sorted({k.split("{", 1)[0] for k in samples}),
+            "scrape_error": scrape_error,
+        }
+
+    async def _stored_objects(self, endpoint: str) -> tuple[int | None, str | None]:
+        """The shared service's stored-object count, where it exposes one under a known name."""
+        try:
+            samples = await scrape_metrics(self.client, endpoint)
+        except MetricsError:
+            return None, None
+        for name in STORED_OBJECT_METRICS:
+            values = [v for k, v in samples.items() if k == name or k.startswith(name + "{")]
+            if values:
+                return int(sum(values)), name
+        return None, None
+
     def _replica_count(self) -> int:
         return int(self.params.get("replicas", 2))
 
     async def aclose(self) -> None:
         await self.client.aclose()
+
+
+def _info_labels(samples: Mapping[str, float], name: str) -> dict[str, str]:
+    """The labels of an info metric's first series: ``name{a="1",b="x"}`` → {"a": "1", "b": "x"}."""
+    key = next((k for k in samples if k.startswith(name + "{")), None)
+    if key is None:
+        return {}
+    out = {}
+    for part in key[len(name) + 1 : -1].split('",'):
+        label, _, value = part.partition("=")
+        if label:
+            out[label.strip()] = value.strip().strip('"')
+    return out
+
+
+def _int(value: str | None) -> int | None:
+    return int(value) if value is not None and value.isdigit() else None
 
 
 @dataclass

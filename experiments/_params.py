@@ -24,6 +24,7 @@ TARGET_PARAMS: Final[dict[str, Any]] = {
     "time_scale": 0.005,
     "sim_fault": None,
     "hash_seed": 0,
+    "sim_capacity_blocks": 65_536,
 }
 """Options of the sim target (not of the experiment), settable by ``--param`` for every experiment.
 
@@ -38,6 +39,11 @@ cross-replica reuse (23 ms modelled at 128k) is clearly slower than local.
 ``hash_seed`` is the ``PYTHONHASHSEED`` the sim's replicas record, as the vllm
 target's do (the sim hashes chunks with SHA-256 and shares either way):
 ``--param hash_seed=null`` records replicas launched without one.
+
+``sim_capacity_blocks``: each replica's prefix cache, blocks of 16 tokens (its
+``vllm:cache_config_info`` ``num_gpu_blocks``); the default holds about a
+million tokens, so the seed's workloads fit. A smaller one puts a workload
+beyond the device cache (the report's regime), with LRU eviction.
 """
 
 

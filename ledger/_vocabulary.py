@@ -230,6 +230,13 @@ KINDS: dict[str, dict[str, Types]] = {
         "cached_tokens": _opt(INT),
         "error": _opt(STR),
     },
+    # A block's starting cache state, read before its first request (experiments/_context.py).
+    "cache.inspected": {
+        "replicas": LIST,
+        "reset_ok": _opt(BOOL),
+        "kv_cache_usage": _opt(NUM),
+        "lmcache_stored_objects": _opt(INT),
+    },
     # What a run will do, fixed before its first request (experiments/_context.py): the audit
     # compares what happened with it (plan-deviation).
     "plan.registered": {

@@ -16,6 +16,7 @@ from typing import Any
 
 from ._plan import plan_deviations, run_plans
 from ._source import Source
+from ._stack import METRIC_REGISTRY, incompatible, names_for
 from ._validation import HELPERS, TOLERANCE_TEXT, config_helper_paths, coverage
 
 BLOCKING, WARNING, INFO = "blocking", "warning", "info"
@@ -51,6 +52,8 @@ SEVERITY: dict[str, str] = {
     "ttft-method-mixed": WARNING,
     "plan-deviation": BLOCKING,
     "plan-unregistered": WARNING,
+    "metrics-missing": BLOCKING,
+    "known-incompatible-stack": BLOCKING,
     "declared-exclusion": INFO,
     "import-unpaired": BLOCKING,
     "import-no-hit-counters": BLOCKING,
@@ -876,6 +879,68 @@ def plan_unregistered(src: Source, run: str | None) -> list[Finding]:
     ]
 
 
+def metrics_missing(src: Source, run: str | None) -> list[Finding]:
+    """Hit counters the metric registry requires of the replica's engine version that a window's
+    scrapes lacked (both scrapes taken, neither failed): recorded as null, which every table would
+    read as zero. One finding per replica of a block and set of missing counters."""
+    src.rederive()
+    rows = src.rows(
+        f"""SELECT h.run_id, h.block_id, h.replica, h.prefix_queries IS NULL AS prefix_queries,
+                   h.local_hit_tokens IS NULL AS local_hit_tokens,
+                   h.external_hit_tokens IS NULL AS external_hit_tokens,
+                   any_value(l.engine_version) AS engine_version, count(DISTINCT h.seq) AS windows
+            FROM kv_hits h
+            JOIN kv_scrape_windows w ON w.block_id IS NOT DISTINCT FROM h.block_id AND w.replica = h.replica
+             AND w.request_id IS NOT DISTINCT FROM h.request_id AND w."window" IS NOT DISTINCT FROM h."window"
+            LEFT JOIN kv_launches l ON l.block_id = h.block_id AND l.replica = h.replica
+            WHERE NOT w.failed AND w.befores > 0 AND w.afters > 0
+              AND (h.prefix_queries IS NULL OR h.local_hit_tokens IS NULL OR h.external_hit_tokens IS NULL)
+              AND {SCOPE.replace("run_id", "h.run_id")}
+            GROUP BY ALL ORDER BY h.run_id, min(h.seq)""",
+        {"run": run},
+    )
+    grouped: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for r in rows:
+        entry = names_for("vllm", r["engine_version"]) or METRIC_REGISTRY[-1]
+        missing = tuple(entry.series[k] for k in sorted(entry.required) if r[k])
+        if missing:
+            key = (r["run_id"], r["block_id"], r["replica"], missing)
+            grouped.setdefault(key, {**r, "missing": missing, "windows": 0})["windows"] += r["windows"]
+    return [
+        finding(
+            "metrics-missing",
+            g,
+            f"replica {g['replica']}",
+            f"{', '.join(g['missing'])} missing from {g['windows']} window(s)' scrapes (vLLM "
+            f"{g['engine_version'] or 'version unrecorded'} exposes it): its hit deltas are unknown, "
+            "not zero",
+        )
+        for g in grouped.values()
+    ]
+
+
+def known_incompatible_stack(src: Source, run: str | None) -> list[Finding]:
+    """ON configurations launched on an engine and LMCache version pair known to disagree on KV layout."""
+    rows = src.rows(
+        f"""SELECT run_id, config_sha256, min(block_id) AS block_id, engine_version, lmcache_version
+            FROM kv_launches WHERE arm = 'ON' AND {SCOPE} GROUP BY ALL ORDER BY run_id, config_sha256""",
+        {"run": run},
+    )
+    out = []
+    for r in rows:
+        bad = incompatible("vllm", r["engine_version"], r["lmcache_version"])
+        if bad is not None:
+            out.append(
+                finding(
+                    "known-incompatible-stack",
+                    r,
+                    r["config_sha256"],
+                    f"vLLM {r['engine_version']} with LMCache {r['lmcache_version']}: {bad.reason}",
+                )
+            )
+    return out
+
+
 def declared_exclusion(src: Source, run: str | None) -> list[Finding]:
     rows = src.rows(
         f"""SELECT run_id, event_block AS block_id, scope, target, reason FROM kv_declared
@@ -960,6 +1025,8 @@ CHECKS: tuple[Check, ...] = (
     ttft_method_mixed,
     plan_deviation,
     plan_unregistered,
+    metrics_missing,
+    known_incompatible_stack,
     declared_exclusion,
     imported_results,
 )

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+from ._regime import regime
 from ._source import Source
 from ._stats import fmt, mean, median, paired_summary
 from ._validation import validation_layers
@@ -42,6 +43,15 @@ def runs(src: Source, run: str | None) -> list[dict[str, Any]]:
         {"run": run},
     )
     return rows
+
+
+def block_states(src: Source, run: str | None) -> list[dict[str, Any]]:
+    """Each block's starting cache state (``cache.inspected``), in the order blocks ran."""
+    return src.rows(
+        f"""SELECT run_id, block_id, position, arm, reset_ok, kv_cache_usage, lmcache_stored_objects,
+                   lmcache_metric FROM kv_block_states WHERE arm IS NOT NULL AND {SCOPE} ORDER BY seq""",
+        {"run": run},
+    )
 
 
 def accounting(src: Source, run: str | None) -> dict[str, Any]:
@@ -118,6 +128,17 @@ def pairing(src: Source, run: str | None) -> dict[str, Any]:
     return {"counts": counts, "not_matched": other}
 
 
+def _order_effect(values: list[Any], first: list[Any]) -> float | None:
+    """100 × (median as second block of its pair / median as first − 1): carryover and drift
+    within a pair, for one arm (None unless it ran both first and second)."""
+    ran_first = [float(v) for v, f in zip(values, first, strict=True) if f]
+    ran_second = [float(v) for v, f in zip(values, first, strict=True) if not f]
+    a, b = median(ran_first), median(ran_second)
+    if a is None or b is None or a == 0:
+        return None
+    return fmt(100 * (b / a - 1))
+
+
 def _arm_summary(values: list[Any], pairs: list[Any]) -> dict[str, Any]:
     floats = [float(v) for v in values]
     return {
@@ -159,13 +180,21 @@ def _table(
     """
     columns, p = ", ".join(dims), {"run": run}
     kept = f"FILTER (WHERE {value} IS NOT NULL)"
+    relation, condition = observations.split(" WHERE ", 1)
+    # Whether each observation's block ran first in its block pair (positions 2k, 2k + 1).
+    with_position = (
+        f"(SELECT o.*, coalesce((SELECT b.position % 2 = 0 FROM kv_blocks b WHERE b.block_id = o.block_id),"
+        f" true) AS first_in_pair FROM {relation} o) o WHERE {condition}"
+    )
     arms: dict[tuple[Any, ...], dict[str, tuple[list[Any], list[Any]]]] = defaultdict(dict)
-    for *dim_values, arm, values, pairs in src.tuples(
-        f"SELECT {columns}, arm, list({value} ORDER BY seq) {kept}, list(pair ORDER BY seq) {kept} "
-        f"FROM {observations} AND {SCOPE} GROUP BY ALL",
+    order: dict[tuple[Any, ...], dict[str, float | None]] = defaultdict(dict)
+    for *dim_values, arm, values, pairs, first in src.tuples(
+        f"SELECT {columns}, arm, list({value} ORDER BY seq) {kept}, list(pair ORDER BY seq) {kept}, "
+        f"list(first_in_pair ORDER BY seq) {kept} FROM {with_position} AND {SCOPE} GROUP BY ALL",
         p,
     ):
         arms[tuple(dim_values)][arm] = (values or [], pairs or [])
+        order[tuple(dim_values)][arm] = _order_effect(values or [], first or [])
     paired = {
         tuple(dim_values): (pairs, changes)
         for *dim_values, pairs, changes in src.tuples(
@@ -182,6 +211,7 @@ def _table(
                 **dict(zip(dims, cell, strict=True)),
                 "arms": {arm: _arm_summary(*by_arm.get(arm, ([], []))) for arm in ("OFF", "ON")},
                 **_paired(*paired.get(cell, ([], []))),
+                "order_effect_pct": {arm: order.get(cell, {}).get(arm) for arm in ("OFF", "ON")},
             }
         )
     return out
@@ -314,6 +344,8 @@ def derive_report(src: Source, run: str | None = None) -> dict[str, Any]:
             },
             "headline": headline(ttft),
             "measurement": {"ttft_methods": ttft_methods(src, run)},
+            "regime": regime(src, run),
+            "block_states": block_states(src, run),
             "statistics": {
                 "unit": "block pair",
                 "rule": "cells with fewer than 6 block pairs are descriptive (no CIs, no p-values); "
@@ -322,6 +354,9 @@ def derive_report(src: Source, run: str | None = None) -> dict[str, Any]:
                 "level it attains, at least 95 %) and exact two-sided Wilcoxon and sign tests; "
                 "nothing over requests",
                 "change": "mean of 100 × (ON/OFF − 1) over matched units",
+                "order_effect": "per arm, 100 × (median of its blocks that ran second in their block pair / "
+                "median of those that ran first − 1): carryover and drift within a pair, beside the "
+                "ON/OFF change it would bias",
             },
         }
     )

@@ -114,6 +114,7 @@ def _paired_rows(
                 num(r["arms"]["OFF"]["median"], places),
                 num(r["arms"]["ON"]["median"], places),
                 pct(r["mean_change_pct"]),
+                _order(r.get("order_effect_pct")),
                 str(r["matched_units"]),
                 _inference(r),
                 _observations(r, places),
@@ -122,10 +123,18 @@ def _paired_rows(
     return rows
 
 
+def _order(effect: dict[str, Any] | None) -> str:
+    """The order effect of each arm (its second-in-pair blocks against its first-in-pair ones)."""
+    if not effect or all(v is None for v in effect.values()):
+        return "–"
+    return "; ".join(f"{arm} {pct(effect.get(arm))}" for arm in ("OFF", "ON"))
+
+
 _PAIRED_HEAD = [
     "OFF median",
     "ON median",
     "mean 100×(ON/OFF−1)",
+    "order effect (2nd vs 1st in pair)",
     "matched units",
     "statistics",
     "observations",
@@ -229,10 +238,69 @@ def sections(report: dict[str, Any], label: Callable[[Any], str] = run_label) ->
                 label,
             ),
         ),
+        regime_section(report.get("regime", [])),
+        Section(
+            "Blocks: starting cache state",
+            ["run", "block", "arm", "prefix-cache reset", "KV cache usage", "LMCache stored objects"],
+            [
+                [
+                    short(b["run_id"], 8),
+                    str(b["position"]),
+                    str(b["arm"]),
+                    {True: "succeeded", False: "FAILED"}.get(b["reset_ok"], "not attempted"),
+                    num(b["kv_cache_usage"], 4),
+                    _stored(b),
+                ]
+                for b in report.get("block_states", [])
+            ],
+        ),
         *validation_sections(t["validation"]),
     ]
     out[-1].notes.append(report["statistics"]["rule"] + ".")
+    out[-1].notes.append(report["statistics"]["order_effect"] + ".")
     return out
+
+
+def _stored(block: dict[str, Any]) -> str:
+    if block["lmcache_stored_objects"] is not None:
+        return str(block["lmcache_stored_objects"])
+    return "no shared service" if block["arm"] == "OFF" else "not exposed"
+
+
+def regime_section(rows: list[dict[str, Any]]) -> Section:
+    """Each result's regime beside the local-reuse baseline, and what a shared tier can do there."""
+    notes: dict[str, list[str]] = {}
+    for r in rows:
+        notes.setdefault(r["regime"] + ": " + r["statement"], []).append(
+            f"{short(r['run_id'], 8)} {r['workload']} {size(r['nominal_tokens'])}"
+        )
+    return Section(
+        "Regime: working set against the device cache (vllm:cache_config_info)",
+        [
+            "run",
+            "workload",
+            "size",
+            "working set (tokens)",
+            "device cache (tokens)",
+            "regime",
+            "local reuse TTFT OFF (s)",
+            "local reuse TTFT ON (s)",
+        ],
+        [
+            [
+                short(r["run_id"], 8),
+                str(r["workload"]),
+                size(r["nominal_tokens"]),
+                num(r["working_set_tokens"]),
+                num(r["device_cache_tokens"]),
+                r["regime"],
+                num(r["off_local_reuse_ttft_s"]),
+                num(r["on_local_reuse_ttft_s"]),
+            ]
+            for r in rows
+        ],
+        [f"{text} ({', '.join(where)})" for text, where in notes.items()],
+    )
 
 
 def validation_sections(v: dict[str, Any]) -> list[Section]:

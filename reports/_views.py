@@ -167,6 +167,26 @@ FROM ({
             )
         })""",
     ),
+    # Each block's starting cache state (cache.inspected): prefix-cache reset, KV usage, stored objects.
+    (
+        "kv_block_states",
+        f"""
+SELECT s.seq, s.run_id, s.block_id, b.position, b.arm, s.reset_ok, s.kv_cache_usage, s.lmcache_stored_objects,
+       s.lmcache_metric, json_array_length(s.replicas) AS replicas
+FROM ({
+            _extract(
+                "cache.inspected",
+                {
+                    "replicas": "JSON",
+                    "reset_ok": "BOOLEAN",
+                    "kv_cache_usage": "DOUBLE",
+                    "lmcache_stored_objects": "BIGINT",
+                    "lmcache_metric": "VARCHAR",
+                },
+            )
+        }) s
+LEFT JOIN kv_blocks b USING (block_id)""",
+    ),
     # Every block of every run (validation's too), as it ran: compared with the registered plan.
     (
         "kv_run_blocks",
@@ -181,17 +201,21 @@ LEFT JOIN (SELECT block_id, arg_max(status, seq) AS status
         "kv_launches",
         f"""
 SELECT run_id, block_id, seq, replica, config_sha256, transfer_path, target, model->>'revision' AS revision,
-       arm, hash_seed,
+       arm, hash_seed, engine_version,
        -- The LMCache a launch names: the vllm target's lmcache object, or flat fields.
        coalesce(lmcache_version, json_extract_string(lmcache, '$.version')) AS lmcache_version,
        coalesce(lmcache_allocator, json_extract_string(lmcache, '$.allocator.in_use')) AS lmcache_allocator,
-       coalesce(lmcache_ops, TRY_CAST(json_extract_string(lmcache, '$.ops') AS BOOLEAN)) AS lmcache_ops
+       coalesce(lmcache_ops, TRY_CAST(json_extract_string(lmcache, '$.ops') AS BOOLEAN)) AS lmcache_ops,
+       -- The device cache vllm:cache_config_info describes: GPU blocks × block size, tokens.
+       TRY_CAST(cache_config->>'num_gpu_blocks' AS BIGINT) * TRY_CAST(cache_config->>'block_size' AS BIGINT)
+       AS device_cache_tokens
 FROM ({
             _extract(
                 "deployment.launched",
                 {
                     "replica": "VARCHAR",
                     "config_sha256": "VARCHAR",
+                    "engine_version": "VARCHAR",
                     "transfer_path": "VARCHAR",
                     "target": "VARCHAR",
                     "model": "JSON",
@@ -201,6 +225,7 @@ FROM ({
                     "lmcache_allocator": "VARCHAR",
                     "lmcache_ops": "BOOLEAN",
                     "lmcache": "JSON",
+                    "cache_config": "JSON",
                 },
             )
         })""",

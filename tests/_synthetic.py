@@ -16,7 +16,9 @@ counter, values from :class:`random.Random`.
 from __future__ import annotations
 
 import hashlib
+import json
 import random
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -186,6 +188,7 @@ class Generator:
                 "code": code,
                 "packages": {"kvledger": "0.1.0", "vllm": "0.33.0"},
                 "host": {"name": "synthetic"},
+                "registers_plan": True,
             },
             run_id,
         )
@@ -288,7 +291,7 @@ class Generator:
             self.validation()
         for _ in range(screenings):
             Screening(self).run()
-        return self.out
+        return _with_plans(self.out)
 
     def validation(self) -> str:
         config = config_digest("ON", self.shape)
@@ -976,6 +979,57 @@ class Screening:
             self.run_id,
             self.block_id,
         )
+
+
+def _with_plans(out: list[Envelope]) -> list[Envelope]:
+    """Each run with blocks gets the ``plan.registered`` a runner writes before its first request:
+    the recorded order, and per block the most measured requests (by workload and step), warmups
+    and the sizes any completed block sent; so a flaw that drops requests also deviates."""
+    blocks: dict[str, list[Envelope]] = defaultdict(list)
+    finished = {e["block_id"]: e["data"]["status"] for e in out if e["kind"] == "block.finished"}
+    counts: dict[str, dict[str, Counter[tuple[str, str]]]] = defaultdict(lambda: defaultdict(Counter))
+    warmups: dict[str, Counter[str]] = defaultdict(Counter)
+    sizes: dict[str, dict[str, set[int]]] = defaultdict(lambda: defaultdict(set))
+    for e in out:
+        if e["kind"] == "block.started":
+            blocks[e["run_id"]].append(e)
+        elif e["kind"] == "request.sent" and finished.get(e["block_id"]) == "completed":
+            d = e["data"]
+            if d["warmup"]:
+                warmups[e["run_id"]][e["block_id"]] += 1
+                workload = "warmup"
+            else:
+                counts[e["run_id"]][e["block_id"]][(d["workload"], d["step"])] += 1
+                workload = d["workload"]
+            if d.get("nominal_tokens") is not None:
+                sizes[e["run_id"]][workload].add(int(d["nominal_tokens"]))
+    result = []
+    for e in out:
+        result.append(e)
+        if e["kind"] != "run.started" or e["run_id"] not in blocks:
+            continue
+        run_id = e["run_id"]
+        requests: dict[str, dict[str, int]] = defaultdict(dict)
+        for per_block in counts[run_id].values():
+            for (workload, step), n in per_block.items():
+                requests[workload][step] = max(requests[workload].get(step, 0), n)
+        first = blocks[run_id][0]["data"]
+        order = first.get("order") or [b["data"]["arm"] for b in blocks[run_id]]
+        plan: dict[str, Any] = {
+            "experiment": e["data"]["experiment"],
+            "seed": e["data"]["seed"],
+            "order": list(order),
+            "order_rule": "given",
+            "requests_per_block": dict(requests),
+            "warmups_per_block": max(warmups[run_id].values(), default=0),
+            "sizes": {w: sorted(v) for w, v in sorted(sizes[run_id].items())},
+            "thresholds": {"min_block_pairs_for_inference": 6},
+        }
+        plan["plan_sha256"] = sha(json.dumps(plan, sort_keys=True))
+        h = hashlib.blake2b(f"plan:{run_id}".encode(), digest_size=16).hexdigest()
+        plan_id = f"{h[:8]}-{h[8:12]}-7{h[13:16]}-8{h[17:20]}-{h[20:32]}"
+        result.append({**e, "id": plan_id, "kind": "plan.registered", "data": plan})
+    return result
 
 
 def generate(

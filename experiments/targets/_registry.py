@@ -48,6 +48,7 @@ def make_target(name: str, params: Mapping[str, Any]) -> Target:
                 time_scale=float(params["time_scale"]),
                 fault=params.get("sim_fault"),
                 hash_seed=params.get("hash_seed", 0),
+                capacity_blocks=int(params.get("sim_capacity_blocks", 65_536)),
             )
         except ValueError as exc:
             raise ParamError(str(exc)) from exc
@@ -73,3 +74,6 @@ def check_target_params(name: str, params: Mapping[str, Any]) -> None:
         raise ParamError("replicas must be an integer of at least 2")
     if params["time_scale"] < 0:
         raise ParamError("time_scale must be >= 0")
+    capacity = params.get("sim_capacity_blocks", 65_536)
+    if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
+        raise ParamError(f"sim_capacity_blocks must be a positive integer, got {capacity!r}")

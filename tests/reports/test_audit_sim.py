@@ -610,6 +610,54 @@ def test_a_paired_plan_that_lost_its_on_blocks_is_still_paired(sim: Sim, found: 
     assert _one(findings, "unpaired-request").detail.startswith("OFF request")
 
 
+# --- the stack guard ------------------------------------------------------------------------------
+
+EXTERNAL_HITS = "vllm:external_prefix_cache_hits_total"
+
+
+@plants("metrics-missing")
+def test_a_counter_missing_from_the_scrapes_is_not_a_zero(sim: Sim, found: Any) -> None:
+    """Replica 1 of the first ON block scraped without the connector's hit counter: its windows record
+    null external hits, which the tables would read as zero; the audit blocks instead."""
+    envs = sim.clean()
+    block = next(b for b, arm in _arms(_screening(envs, "block.started")).items() if arm == "ON")
+    edited = 0
+    for e in envs:
+        if e["block_id"] != block or str(e["data"].get("replica")) != "1":
+            continue
+        if e["kind"] == "metrics.scraped":
+            samples = e["data"]["samples"]
+            for key in [k for k in samples if k == EXTERNAL_HITS or k.startswith(EXTERNAL_HITS + "{")]:
+                del samples[key]
+        elif e["kind"] == "hits.observed":
+            e["data"]["external_hit_tokens"] = None
+            edited += 1
+    findings = found(envs)
+    missing = _one(findings, "metrics-missing", "replica 1")
+    assert missing.block_id == block
+    assert missing.detail.startswith(
+        f"{EXTERNAL_HITS} missing from {edited} window(s)' scrapes (vLLM 0.33.0+sim"
+    )
+    assert len([f for f in findings if f.code == "metrics-missing"]) == 1
+    assert "hits-inconsistent" not in _codes(findings)  # the scrapes and the record agree: both lack it
+
+
+@plants("known-incompatible-stack")
+def test_an_on_config_on_a_known_bad_stack(sim: Sim, found: Any) -> None:
+    envs = sim.clean()
+    on = {b for b, arm in _arms(_screening(envs, "block.started")).items() if arm == "ON"}
+    configs = set()
+    for e in _screening(envs, "deployment.launched"):
+        if e["block_id"] in on:
+            e["data"]["engine_version"], e["data"]["lmcache_version"] = "0.26.0", "0.5.2"
+            configs.add(e["data"]["config_sha256"])
+    findings = found(envs)
+    (config,) = configs
+    detail = _one(findings, "known-incompatible-stack", config).detail
+    assert detail.startswith("vLLM 0.26.0 with LMCache 0.5.2: LMCache 0.5.2 stores KV in a packed layout")
+    assert "metrics-missing" not in _codes(findings)  # vLLM 0.26 exposes the same hit counters
+
+
 # --- pre-registration ----------------------------------------------------------------------------
 
 

@@ -9,7 +9,7 @@ from typing import Any
 from reports import derive_report
 from reports._compare import compare
 from reports._stats import hodges_lehmann
-from reports._synthetic import Shape, generate
+from tests._synthetic import Shape, generate
 
 from .._cli import ledger_cli
 

@@ -157,6 +157,8 @@ class TierMetrics:
             labels,
             registry=self.registry,
         )
+        # The sim's own name (LMCache exposes no stored-object count under a name recorded so far).
+        self.stored = Gauge("sim_lmcache_stored_chunks", "Chunks stored in the tier.", registry=self.registry)
 
     def record_lookup(self, model_name: str, salt: str | None, requested: int, hit: int) -> None:
         if self.frozen:

@@ -84,6 +84,7 @@ class SimReplica:
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/version", self._version)
+        app.router.add_post("/reset_prefix_cache", self._reset_prefix_cache)
         app.router.add_get("/sim/requests", self._log)
         app.router.add_delete("/sim/requests", self._clear_log)
         return app
@@ -99,6 +100,13 @@ class SimReplica:
         m.gauge(m.running, self._running - self._waiting)
         m.gauge(m.waiting, self._waiting)
         return web.Response(body=m.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def _reset_prefix_cache(self, _: web.Request) -> web.Response:
+        """vLLM's (dev-mode) endpoint: drop every cached prefix block of this replica."""
+        engine = self.engine
+        engine.cache.clear()
+        engine.metrics.gauge(engine.metrics.kv_usage, engine.cache.usage())
+        return web.Response(status=200)
 
     async def _models(self, _: web.Request) -> web.Response:
         name = self.config.model_name

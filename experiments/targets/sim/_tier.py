@@ -92,6 +92,7 @@ class SharedTier:
         return app
 
     async def _metrics(self, _: web.Request) -> web.Response:
+        self.metrics.stored.set(len(self.chunks))
         return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _health(self, _: web.Request) -> web.Response:

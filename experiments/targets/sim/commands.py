@@ -71,6 +71,13 @@ def sim_options(func: F) -> F:
             show_default=True,
             help="Shared-tier chunk size, tokens.",
         ),
+        click.option(
+            "--capacity-blocks",
+            type=click.IntRange(min=1),
+            default=65_536,
+            show_default=True,
+            help="Each replica's prefix-cache capacity, blocks (num_gpu_blocks).",
+        ),
         click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind."),
     ]
     for option in reversed(options):
@@ -86,6 +93,7 @@ def _deployment(
     time_scale: float,
     block_size: int,
     chunk_size: int,
+    capacity_blocks: int,
     host: str,
 ) -> SimDeployment:
     return SimDeployment(
@@ -96,6 +104,7 @@ def _deployment(
         base_port=base_port,
         block_size=block_size,
         chunk_size=chunk_size,
+        capacity_blocks=capacity_blocks,
         host=host,
     )
 

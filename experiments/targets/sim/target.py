@@ -55,6 +55,7 @@ class SimTarget:
         time_scale: float = 0.005,
         fault: str | None = None,
         hash_seed: int | None = 0,
+        capacity_blocks: int = 65_536,
     ) -> None:
         if replicas < 2:
             raise ValueError("the sim target needs at least two replicas (cross-replica steps)")
@@ -62,7 +63,7 @@ class SimTarget:
         self.time_scale = float(time_scale)
         self.hash_seed = hash_seed
         self.fault = FaultSet(fault).spec()  # validates and normalises; "none" when empty
-        self.config = SimConfig(time_scale=self.time_scale)
+        self.config = SimConfig(time_scale=self.time_scale, capacity_blocks=capacity_blocks)
         self._proc: subprocess.Popen[str] | None = None
         self._urls: list[str] = []
         self._tier_url = ""
@@ -119,6 +120,8 @@ class SimTarget:
             "on" if arm == "ON" else "off",
             "--time-scale",
             repr(self.time_scale),
+            "--capacity-blocks",
+            str(self.config.capacity_blocks),
         ]
         if self.fault != "none":
             cmd += ["--fault", self.fault]
@@ -229,6 +232,8 @@ class SimTarget:
             "config": self._config(arm),
             "time_scale": self.time_scale,
             "hash_seed": self.hash_seed,
+            # What the replica's vllm:cache_config_info says (as the vllm target records it).
+            "cache_config": c.cache_info(),
         }
 
     async def stop(self) -> tuple[LaunchRecord, ...]:
