@@ -8,6 +8,8 @@ has blocks but no plan is a deviation when its runner registers plans
 (``run.started.registers_plan``), and ``plan-unregistered`` (a warning) when
 it was recorded before plans were registered: its order and counts are then
 judged only by what its blocks recorded (``order-unbalanced``, pairing).
+Probe requests (the isolation certificate, divergence triage: ``request.sent.probe``)
+are never measured and depend on what the run finds, so no plan counts them.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ def _counts(src: Any, run_id: str) -> dict[str, dict[tuple[str, str, bool], int]
     counts: dict[str, dict[tuple[str, str, bool], int]] = defaultdict(dict)
     for r in src.rows(
         """SELECT block_id, workload, step, warmup, count(*) AS n FROM kv_requests
-           WHERE run_id = $run GROUP BY ALL""",
+           WHERE run_id = $run AND probe IS NULL GROUP BY ALL""",
         {"run": run_id},
     ):
         counts[r["block_id"]][(str(r["workload"]), str(r["step"]), bool(r["warmup"]))] = int(r["n"])
@@ -86,7 +88,8 @@ def _sizes(src: Any, run_id: str, plan: dict[str, Any]) -> list[str]:
     for r in src.rows(
         """SELECT DISTINCT CASE WHEN q.warmup THEN 'warmup' ELSE q.workload END AS workload, q.nominal_tokens
            FROM kv_requests q JOIN kv_run_blocks b USING (block_id)
-           WHERE q.run_id = $run AND b.finish_status = 'completed' AND q.nominal_tokens IS NOT NULL""",
+           WHERE q.run_id = $run AND b.finish_status = 'completed' AND q.nominal_tokens IS NOT NULL
+             AND q.probe IS NULL""",
         {"run": run_id},
     ):
         ran[str(r["workload"])].add(int(r["nominal_tokens"]))

@@ -73,7 +73,11 @@ def test_each_size_is_labelled_against_the_device_cache(ran: Any) -> None:
     }
     assert device == {CAPACITY_BLOCKS * 16}
     prompts: dict[int, int] = {}
-    sent = {e.data["request_id"]: e.data for e in events if e.kind == "request.sent" and not e.data["warmup"]}
+    sent = {
+        e.data["request_id"]: e.data
+        for e in events
+        if e.kind == "request.sent" and not e.data["warmup"] and e.data.get("probe") is None
+    }
     for e in events:
         if e.kind == "response.received" and e.data["request_id"] in sent and e.data["prompt_tokens"]:
             size = sent[e.data["request_id"]]["nominal_tokens"]
