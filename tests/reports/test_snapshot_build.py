@@ -16,8 +16,10 @@ import pytest
 from ledger import Analytics, Ledger, NewEvent, open_ledger, read_jsonl
 from ledger._rows import native_reader, read_rows, rows_to_table
 from ledger._snapshot import Snapshot, table_fields
+from reports import audit, open_source
 from reports._views import projections
 from tests._synthetic import generate
+from tests.ledger._helpers import tamper_sqlite
 
 
 @pytest.fixture
@@ -175,3 +177,18 @@ def test_unchanged_files_are_not_read_again_and_a_rewrite_is_found_with_its_time
     found.connection()
     assert sorted(m.file for m in found.proof.mismatches) == sorted(paths)
     found.close()
+
+
+def test_rows_missing_from_the_database_are_a_broken_chain_for_a_verified_source(
+    synthetic: Ledger, sqlite_url: str, tmp_path: Path
+) -> None:
+    """A verified source derives its tables from the rows the database holds; a deleted row is the
+    verification's chain-broken finding, not an error that stops the audit."""
+    tamper_sqlite(sqlite_url, ["DELETE FROM events WHERE seq = 10"])
+    src = open_source(synthetic, tmp_path / "snapshots", verify=True)
+    try:
+        (broken,) = [f for f in audit(src) if f.code == "chain-broken"]
+        assert broken.severity == "blocking"
+        assert src.analytics.derived is not None and src.analytics.derived.gaps == 1
+    finally:
+        src.close()
