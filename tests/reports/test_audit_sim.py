@@ -188,6 +188,25 @@ def test_a_clean_sim_run_has_no_blocking_finding(sim: Sim, found: Any) -> None:
     assert _screening_run(sim.clean()) in _codes(findings)["assertion-not-independent"]
 
 
+@plants("import-unpaired", "import-no-hit-counters", "import-unvalidated")
+def test_an_imported_result_file_beside_a_clean_sim_run_lacks_what_the_run_has(
+    sim: Sim, found: Any, tmp_path: Path
+) -> None:
+    # A real vllm-bench result file (written by the tool against the CPU engine), imported as a
+    # user would; the three findings fall on the import's run, none on the sim's.
+    url = f"sqlite:///{tmp_path / 'imported.db'}"
+    bench = Path(__file__).parents[1] / "data" / "imports" / "vllm-bench.json"
+    result = CliRunner().invoke(cli, ["--db", url, "import", "--from", "vllm-bench", str(bench)])
+    assert result.exit_code == 0, result.output
+    imported = _envelopes(url)
+    (import_run,) = {e["run_id"] for e in imported}
+    findings = found(sim.clean() + imported)
+    lacks = {"import-unpaired", "import-no-hit-counters", "import-unvalidated"}
+    assert {f.code for f in findings if f.run_id == import_run} == lacks
+    assert _blocking([f for f in findings if f.run_id != import_run]) == set()
+    assert all(f.severity == "blocking" for f in findings if f.code in lacks)
+
+
 # --- the sim's own faults ----------------------------------------------------------------------------
 
 
