@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 REDACTED = "[REDACTED]"
 
@@ -40,6 +41,18 @@ def redact_value(value: str) -> str:
 def redact_env(env: Mapping[str, str]) -> dict[str, str]:
     """A copy of ``env`` with secret-named variables and secret-shaped values hidden."""
     return {k: REDACTED if is_secret_name(k) else redact_value(v) for k, v in sorted(env.items())}
+
+
+def redact_tree(value: Any) -> Any:
+    """A copy of a JSON value (a server's self-description) with secrets hidden at any depth:
+    values under secret-named keys, and secret-shaped strings anywhere."""
+    if isinstance(value, Mapping):
+        return {str(k): REDACTED if is_secret_name(str(k)) else redact_tree(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact_tree(v) for v in value]
+    if isinstance(value, str):
+        return redact_value(value)
+    return value
 
 
 def redact_command(argv: Sequence[str]) -> list[str]:

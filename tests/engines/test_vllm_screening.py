@@ -125,6 +125,8 @@ def test_launches_stops_and_checkpoint_are_recorded(run: Run) -> None:
         assert d["config_sha256"] == started[e.block_id]["config_sha256"]
         assert d["engine"] == "vllm" and d["engine_version"] == "0.32.0" and d["target"] == "vllm"
         assert d["transfer_path"] == "cpu" and d["restarted"] and not d["attached"]
+        # /server_info is asked for and its answer recorded: vLLM serves it in development mode only.
+        assert d["server_info_status"] == 404 and d["server_info"] is None
         assert d["model"]["path"] == str(needle.CHECKPOINT) and d["model"]["served_name"] == "needle"
         assert d["cache_config"] and d["cache_config"]["enable_prefix_caching"] == "True"
         assert (d["kv_connector"] is not None) == (arm == "ON")

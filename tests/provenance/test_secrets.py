@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collectors._secrets import REDACTED, redact_command, redact_env
+from collectors._secrets import REDACTED, redact_command, redact_env, redact_tree
 
 
 def test_secret_names_are_redacted() -> None:
@@ -53,3 +53,22 @@ def test_commands_hide_flag_values_and_shaped_arguments() -> None:
     assert "s3cret" not in out and all("z" * 20 not in a for a in out)
     assert "/models/tiny" in out and out[out.index("--api-key") + 1] == REDACTED
     assert all("pw@" not in a for a in out)
+
+
+def test_a_server_self_description_is_redacted_at_any_depth() -> None:
+    # The shape of vLLM's /server_info: a config, its VLLM_* environment, the host's.
+    info = {
+        "vllm_config": "model=/m, served_model_name=needle",
+        "vllm_env": {"VLLM_SERVER_DEV_MODE": "1", "VLLM_API_TOKEN": "t0ps3cret", "VLLM_PORT": 8000},
+        "system_env": {
+            "pip_packages": ["a==1", "url=https://bob:pw@example.org/x"],
+            "nested": [{"x": "hf_" + "z" * 20}],
+        },
+    }
+    out = redact_tree(info)
+    assert out["vllm_env"]["VLLM_API_TOKEN"] == REDACTED
+    assert out["vllm_env"]["VLLM_SERVER_DEV_MODE"] == "1" and out["vllm_env"]["VLLM_PORT"] == 8000
+    assert out["system_env"]["pip_packages"] == ["a==1", f"url=https://bob:{REDACTED}@example.org/x"]
+    assert out["system_env"]["nested"] == [{"x": REDACTED}]
+    assert out["vllm_config"] == info["vllm_config"]
+    assert info["vllm_env"]["VLLM_API_TOKEN"] == "t0ps3cret"  # a copy: the input is left alone

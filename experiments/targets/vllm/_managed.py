@@ -434,6 +434,8 @@ class VllmTarget:
             "endpoint": self._urls[i],
             "engine": "vllm",
             "engine_version": obs.version,
+            "server_info": obs.server_info,
+            "server_info_status": obs.server_info_status,
             "command": redact_command(argv),
             "env": redact_env(env),
             "model": {

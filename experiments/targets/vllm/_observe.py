@@ -1,6 +1,7 @@
 """What a running vLLM replica says about itself over HTTP.
 
-``/version``, ``/v1/models``, and from ``/metrics`` the ``vllm:cache_config_info``
+``/version``, ``/server_info`` (served only in vLLM's development mode), ``/v1/models``,
+and from ``/metrics`` the ``vllm:cache_config_info``
 labels (block size, cache dtype, prefix caching, KV cache size) plus the whole
 metrics snapshot. Used to confirm a managed launch (the engine version the
 config digest named is the one serving) and, in attach mode, as all there is.
@@ -14,6 +15,7 @@ from typing import Any
 import httpx
 
 from collectors import MetricsError, parse_exposition
+from collectors._secrets import redact_tree
 
 __all__ = ["Observed", "cache_config", "observe", "observed_config"]
 
@@ -59,6 +61,8 @@ class Observed:
     cache_config: dict[str, str] | None
     metrics: dict[str, float]
     has_external_metrics: bool
+    server_info: dict[str, Any] | None = None
+    server_info_status: int | None = None  # 404 where the replica does not serve it
 
     @property
     def served_names(self) -> list[str]:
@@ -96,6 +100,7 @@ def observe(client: httpx.Client, endpoint: str) -> Observed:
     """Probe one replica (never raises for a dead one: fields stay empty)."""
     health = _get(client, endpoint + "/health")
     version = _get(client, endpoint + "/version")
+    server_info = _get(client, endpoint + "/server_info")
     models = _get(client, endpoint + "/v1/models")
     metrics = _get(client, endpoint + "/metrics")
     samples: dict[str, float] = {}
@@ -112,6 +117,8 @@ def observe(client: httpx.Client, endpoint: str) -> Observed:
         cache_config=cache_config(samples),
         metrics=samples,
         has_external_metrics=any(k.startswith("vllm:external_prefix_cache_hits") for k in samples),
+        server_info=redact_tree(_json(server_info)) or None,
+        server_info_status=server_info.status_code if server_info is not None else None,
     )
 
 

@@ -278,6 +278,8 @@ class AttachedTarget:
             "endpoint": o.endpoint,
             "engine": "vllm",
             "engine_version": o.version,
+            "server_info": o.server_info,
+            "server_info_status": o.server_info_status,
             "command": None,
             "env": {},
             "model": {"path": o.model_root, "served_name": self.model_name, "revision": self.s.revision},
