@@ -35,7 +35,7 @@ from typing import Any
 
 from ledger import Ledger, NewEvent, open_ledger, verify
 from reports import audit, derive_report, open_source, to_json
-from tests._synthetic import Generator, Screening
+from tests._synthetic import Generator, Screening, _with_plans
 
 from ._common import emit, timed
 
@@ -51,7 +51,7 @@ def envelopes(count: int, seed: int = 314159) -> Iterator[list[dict[str, Any]]]:
     while made < count:
         Screening(gen).run()
         made += len(gen.out)
-        yield gen.out
+        yield _with_plans(gen.out)  # each run's plan.registered, as Generator.ledger adds them
         gen.out = []
 
 
