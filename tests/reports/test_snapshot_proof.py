@@ -261,18 +261,7 @@ def test_verify_snapshot_finds_files_forged_with_their_digests(ledger: Ledger, l
     proof = json.loads(result.stdout)["snapshot"]
     assert result.exit_code == 0 and proof["ok"] and proof["mismatches"] == []
     assert proof["files"] > 2 and proof["head_seq"] == ledger.head().seq  # type: ignore[union-attr]
-    state = _state(folder)
-    raw = folder / state["segments"][0]["name"]
-    (projection,) = [
-        p for p in folder.glob("projection-*/*.parquet") if p.name == raw.name and _is_responses(p)
-    ]
-    _halve_ttft_in_raw(raw)
-    _halve(projection, "ttft_s")
-    state["segments"][0]["sha256"] = file_sha256(raw)
-    state["projections"][projection.parent.name.removeprefix("projection-")]["files"][raw.name].update(
-        sha256=file_sha256(projection), **{"from": state["segments"][0]["sha256"]}
-    )
-    _write_state(folder, state)
+    raw, projection = _forge_with_digests(folder)
     result = ledger_cli("verify", "--db", ledger_url, "--snapshot", "--json")
     assert result.exit_code == 1
     out = json.loads(result.stdout)
