@@ -13,7 +13,7 @@ COMPILE_ARGS = ["-O2", "-Wall", "-Wextra"]
 NATIVE_VERIFIER = Extension(
     "ledger._cverify",
     sources=["ledger/_cverify.c"],
-    depends=["ledger/_native.h"],
+    depends=["ledger/_native.h", "ledger/_buffer.h"],
     libraries=["sqlite3", "crypto"],
     optional=True,
     extra_compile_args=COMPILE_ARGS,
@@ -22,7 +22,7 @@ NATIVE_VERIFIER = Extension(
 NATIVE_SEALER = Extension(
     "ledger._cseal",
     sources=["ledger/_cseal.c"],
-    depends=["ledger/_native.h"],
+    depends=["ledger/_native.h", "ledger/_buffer.h"],
     libraries=["crypto"],
     optional=True,
     extra_compile_args=COMPILE_ARGS,
@@ -32,6 +32,7 @@ NATIVE_SEALER = Extension(
 NATIVE_ARROW_READER = Extension(
     "ledger._carrow",
     sources=["ledger/_carrow.c"],
+    depends=["ledger/_buffer.h"],
     libraries=["sqlite3"],
     optional=True,
     extra_compile_args=COMPILE_ARGS,

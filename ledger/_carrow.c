@@ -20,21 +20,9 @@
 
 #define TEXT_COLUMNS 8
 
-typedef struct {
-    unsigned char *p;
-    size_t len, cap;
-} Buffer;
-
-static int reserve(Buffer *b, size_t more) {
-    if (b->len + more <= b->cap) return 0;
-    size_t cap = b->cap ? b->cap : 65536;
-    while (cap < b->len + more) cap *= 2;
-    unsigned char *p = realloc(b->p, cap);
-    if (p == NULL) return -1;
-    b->p = p;
-    b->cap = cap;
-    return 0;
-}
+/* Columns run to megabytes: start their buffers at 64 KiB. */
+#define BUFFER_FIRST_CAP 65536
+#include "_buffer.h"
 
 typedef struct {
     Buffer offsets, data, validity;

@@ -1,5 +1,5 @@
-/* What the native verifier (_cverify.c) and the native sealer (_cseal.c) share: a growing
- * byte buffer, JSON strings with orjson's escaping, and lower-case hex.
+/* What the native verifier (_cverify.c) and the native sealer (_cseal.c) share beside the
+ * buffer of _buffer.h: JSON strings with orjson's escaping, and lower-case hex.
  *
  * orjson's escaping: '"', '\\', \b \t \n \f \r, other controls as \u00xx in lower-case hex,
  * everything else (DEL and all non-ASCII included) verbatim.
@@ -10,33 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "_buffer.h"
+
 #define HEX_LEN 64
-
-typedef struct {
-    unsigned char *p;
-    size_t len, cap;
-} Buffer;
-
-static int reserve(Buffer *b, size_t more) {
-    if (b->len + more <= b->cap) return 0;
-    size_t cap = b->cap ? b->cap : 4096;
-    while (cap < b->len + more) cap *= 2;
-    unsigned char *p = realloc(b->p, cap);
-    if (p == NULL) return -1;
-    b->p = p;
-    b->cap = cap;
-    return 0;
-}
-
-static int put(Buffer *b, const void *s, size_t n) {
-    if (n == 0) return 0; /* SQLite gives NULL for an empty value */
-    if (reserve(b, n) < 0) return -1;
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    return 0;
-}
-
-#define PUT_LITERAL(b, s) put((b), (s), sizeof(s) - 1)
 
 static const char HEX_DIGITS[] = "0123456789abcdef";
 
