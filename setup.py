@@ -23,7 +23,8 @@ NATIVE_SEALER = Extension(
     "ledger._cseal",
     sources=["ledger/_cseal.c"],
     depends=["ledger/_native.h", "ledger/_buffer.h"],
-    libraries=["crypto"],
+    # SQLite: the batch's insert on the connection Python's sqlite3 module opened.
+    libraries=["crypto", "sqlite3"],
     optional=True,
     extra_compile_args=COMPILE_ARGS,
 )

@@ -17,14 +17,20 @@
  * handed to the Python seal for that one event: it raises the same error or returns the same
  * result, so the Python path stays the reference and tests/ledger/test_seal_parity.py holds
  * the two byte for byte.
+ *
+ * On SQLite, insert() then chains the batch and steps the prepared INSERT on the handle of the
+ * pool's own connection, inside the caller's BEGIN IMMEDIATE (see the section below).
  */
 #define PY_SSIZE_T_CLEAN
 /* OpenSSL's direct SHA256_* calls: deprecated in OpenSSL 3 for EVP, which adds about 30 ns
  * of provider dispatch per hash to the same SHA-NI code. */
 #define OPENSSL_SUPPRESS_DEPRECATED
 #include <Python.h>
+#include <dlfcn.h>
+#include <limits.h>
 #include <math.h>
 #include <openssl/sha.h>
+#include <sqlite3.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -40,6 +46,7 @@ enum { FAST_OK = 0, FAST_FALLBACK = 1, FAST_ERROR = -1 };
 static PyObject *SealedType, *EventType, *python_seal, *parse_json, *vocabulary;
 static PyObject *name_kind, *name_data, *name_run_id, *name_block_id, *name_id, *name_ts;
 static PyObject *event_fields[9]; /* seq id ts kind run_id block_id data digest chain */
+static PyObject *NO_ARGS;         /* () */
 static int sha256_hex(const void *data, size_t n, char *out) {
     unsigned char md[32];
     SHA256_CTX ctx;
@@ -107,7 +114,14 @@ static size_t short_float(double value, char *out) {
         if (!(ulp * scale < 1.0)) return 0;
         double scaled = magnitude * scale;
         if (scaled >= 9007199254740992.0) return 0; /* 2**53: m must be exact */
-        long long nearest = llround(scaled);
+        double nearest_value = nearbyint(scaled), off = fabs(scaled - nearest_value);
+        /* An m with m / scale == value lies within bound of scaled: half the value's ulp
+         * scaled, plus scaled's own rounding (at most scaled * 2**-53); doubled for the
+         * rounding of this arithmetic. A k whose candidates are all farther is skipped
+         * without dividing (most are: the fraction of scaled is then about random). */
+        double bound = 2.0 * (0.5 * ulp * scale + scaled * 0x1p-53) + 0x1p-1000;
+        if (off > bound && 1.0 - off > bound) continue;
+        long long nearest = (long long)nearest_value;
         for (long long m = nearest - 1; m <= nearest + 1; m++) {
             if (m <= 0 || (double)m / scale != magnitude) continue;
             char digits[24], *end = digits + sizeof digits;
@@ -170,7 +184,7 @@ static int put_float(Buffer *b, PyObject *v) {
 typedef struct {
     PyObject *key, *value;
     const char *utf8;
-    Py_ssize_t len;
+    Py_ssize_t len, index;
 } Item;
 
 static int compare_items(const void *a, const void *b) {
@@ -181,40 +195,83 @@ static int compare_items(const void *a, const void *b) {
     return (x->len > y->len) - (x->len < y->len);
 }
 
+/* The last top-level key set seen, sorted: a producer's events of one kind come with the
+ * same key objects (the literals of its code) in the same order, so the next one reuses the
+ * order and the keys' JSON text instead of sorting and escaping again. The keys are held,
+ * so a key matched by identity is that very string. */
+#define SHAPE_MAX 32
+static struct {
+    Py_ssize_t n;
+    PyObject *keys[SHAPE_MAX];         /* in insertion order */
+    Py_ssize_t order[SHAPE_MAX];       /* the insertion index of each key, in sorted order */
+    size_t text_end[SHAPE_MAX];        /* where each sorted key's `"key":` ends in text */
+    Buffer text;
+} shape;
+
+static int shape_matches(const Item *items, Py_ssize_t n) {
+    if (n != shape.n) return 0;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (items[i].key != shape.keys[i]) return 0;
+    return 1;
+}
+
+/* Remember ``items`` (sorted; their index is the insertion order); on failure the cache is
+ * left empty, which only costs speed. */
+static void shape_store(const Item *items, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < shape.n; i++) Py_CLEAR(shape.keys[i]);
+    shape.n = 0;
+    shape.text.len = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Text key_text = {(const unsigned char *)items[i].utf8, (size_t)items[i].len, 0};
+        if (put_string(&shape.text, &key_text) || PUT_LITERAL(&shape.text, ":")) return;
+        shape.text_end[i] = shape.text.len;
+        shape.order[i] = items[i].index;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) shape.keys[items[i].index] = Py_NewRef(items[i].key);
+    shape.n = n;
+}
+
 static int encode(Buffer *b, PyObject *v, int depth, PyObject **copy);
 
 static int encode_dict(Buffer *b, PyObject *v, int depth, PyObject **copy) {
     Py_ssize_t n = PyDict_GET_SIZE(v), pos = 0, i = 0;
-    Item small[32];
-    Item *items = n <= 32 ? small : PyMem_Malloc(sizeof(Item) * (size_t)n);
+    Item small[SHAPE_MAX];
+    Item *items = n <= SHAPE_MAX ? small : PyMem_Malloc(sizeof(Item) * (size_t)n);
     if (items == NULL) return PyErr_NoMemory(), FAST_ERROR;
     int rc = FAST_OK;
     PyObject *key, *value;
     while (PyDict_Next(v, &pos, &key, &value)) {
-        if (!PyUnicode_CheckExact(key)) {
-            rc = FAST_FALLBACK;
-            goto done;
-        }
-        items[i].utf8 = PyUnicode_AsUTF8AndSize(key, &items[i].len);
-        if (items[i].utf8 == NULL) { /* a lone surrogate: orjson refuses it */
-            PyErr_Clear();
-            rc = FAST_FALLBACK;
-            goto done;
-        }
         items[i].key = key;
         items[i].value = value;
+        items[i].index = i;
         i++;
     }
-    /* Insertion sort for the usual small object (often nearly sorted already), qsort past that. */
-    if (n > 32) qsort(items, (size_t)n, sizeof(Item), compare_items);
-    for (Py_ssize_t j = 1; j < n && n <= 32; j++) {
-        Item moving = items[j];
-        Py_ssize_t k = j;
-        while (k > 0 && compare_items(&items[k - 1], &moving) > 0) {
-            items[k] = items[k - 1];
-            k--;
+    int cached = depth == 0 && shape_matches(items, n);
+    if (!cached) {
+        for (i = 0; i < n; i++) {
+            if (!PyUnicode_CheckExact(items[i].key)) {
+                rc = FAST_FALLBACK;
+                goto done;
+            }
+            items[i].utf8 = PyUnicode_AsUTF8AndSize(items[i].key, &items[i].len);
+            if (items[i].utf8 == NULL) { /* a lone surrogate: orjson refuses it */
+                PyErr_Clear();
+                rc = FAST_FALLBACK;
+                goto done;
+            }
         }
-        items[k] = moving;
+        /* Insertion sort for the usual small object (often nearly sorted already), qsort past that. */
+        if (n > SHAPE_MAX) qsort(items, (size_t)n, sizeof(Item), compare_items);
+        for (Py_ssize_t j = 1; j < n && n <= SHAPE_MAX; j++) {
+            Item moving = items[j];
+            Py_ssize_t k = j;
+            while (k > 0 && compare_items(&items[k - 1], &moving) > 0) {
+                items[k] = items[k - 1];
+                k--;
+            }
+            items[k] = moving;
+        }
+        if (depth == 0 && n <= SHAPE_MAX) shape_store(items, n);
     }
     /* Sized once for all its keys, as orjson.loads would build it; no resize on the way. */
     PyObject *out = _PyDict_NewPresized(n);
@@ -225,14 +282,25 @@ static int encode_dict(Buffer *b, PyObject *v, int depth, PyObject **copy) {
     if (PUT_LITERAL(b, "{")) rc = FAST_ERROR;
     for (i = 0; i < n && rc == FAST_OK; i++) {
         PyObject *item_copy = NULL;
-        Text key_text = {(const unsigned char *)items[i].utf8, (size_t)items[i].len, 0};
-        if ((i && PUT_LITERAL(b, ",")) || put_string(b, &key_text) || PUT_LITERAL(b, ":")) {
-            rc = FAST_ERROR;
-            break;
+        Item *item;
+        if (cached) {
+            item = &items[shape.order[i]];
+            size_t start = i ? shape.text_end[i - 1] : 0;
+            if ((i && PUT_LITERAL(b, ",")) || put(b, shape.text.p + start, shape.text_end[i] - start)) {
+                rc = FAST_ERROR;
+                break;
+            }
+        } else {
+            item = &items[i];
+            Text key_text = {(const unsigned char *)item->utf8, (size_t)item->len, 0};
+            if ((i && PUT_LITERAL(b, ",")) || put_string(b, &key_text) || PUT_LITERAL(b, ":")) {
+                rc = FAST_ERROR;
+                break;
+            }
         }
-        rc = encode(b, items[i].value, depth + 1, &item_copy);
+        rc = encode(b, item->value, depth + 1, &item_copy);
         if (rc == FAST_OK) {
-            if (PyDict_SetItem(out, items[i].key, item_copy) < 0) rc = FAST_ERROR;
+            if (PyDict_SetItem(out, item->key, item_copy) < 0) rc = FAST_ERROR;
             Py_DECREF(item_copy);
         }
     }
@@ -309,22 +377,37 @@ static int encode(Buffer *b, PyObject *v, int depth, PyObject **copy) {
 
 /* -- the envelope and the vocabulary --------------------------------------------------- */
 
-static int is_hex_lower(unsigned char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); }
-static int is_digit(unsigned char c) { return c >= '0' && c <= '9'; }
+/* Byte classes for the id and ts shapes: a pattern position accepts the classes in its mask.
+ * ASCII only; a Unicode digit that Python's \d accepts goes to the Python path. */
+enum { C_HEX = 1, C_DIGIT = 2, C_DASH = 4, C_T = 8, C_COLON = 16, C_DOT = 32, C_Z = 64 };
+static unsigned char BYTE_CLASS[256];
 
-/* ASCII only; a Unicode digit that Python's \d accepts goes to the Python path. */
-static int matches(PyObject *v, const char *pattern, Py_ssize_t length) {
-    if (!PyUnicode_CheckExact(v) || !PyUnicode_IS_ASCII(v) || PyUnicode_GET_LENGTH(v) != length) return 0;
-    const unsigned char *s = PyUnicode_1BYTE_DATA(v);
-    for (Py_ssize_t i = 0; i < length; i++) {
-        char p = pattern[i];
-        if (p == 'x' ? !is_hex_lower(s[i]) : p == 'd' ? !is_digit(s[i]) : s[i] != (unsigned char)p) return 0;
-    }
-    return 1;
+static void init_classes(void) {
+    for (int c = '0'; c <= '9'; c++) BYTE_CLASS[c] = C_HEX | C_DIGIT;
+    for (int c = 'a'; c <= 'f'; c++) BYTE_CLASS[c] = C_HEX;
+    BYTE_CLASS['-'] = C_DASH;
+    BYTE_CLASS['T'] = C_T;
+    BYTE_CLASS[':'] = C_COLON;
+    BYTE_CLASS['.'] = C_DOT;
+    BYTE_CLASS['Z'] = C_Z;
 }
 
-static const char UUID_SHAPE[] = "xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx";
-static const char TS_SHAPE[] = "dddd-dd-ddTdd:dd:dd.ddddddZ";
+#define X C_HEX
+#define D C_DIGIT
+static const unsigned char UUID_SHAPE[36] = {X, X, X, X, X, X, X, X, C_DASH, X, X, X, X, C_DASH, X, X, X, X,
+                                             C_DASH, X, X, X, X, C_DASH, X, X, X, X, X, X, X, X, X, X, X, X};
+static const unsigned char TS_SHAPE[27] = {D, D, D, D, C_DASH, D, D, C_DASH, D, D, C_T, D, D, C_COLON,
+                                           D, D, C_COLON, D, D, C_DOT, D, D, D, D, D, D, C_Z};
+#undef X
+#undef D
+
+static int matches(PyObject *v, const unsigned char *shape, Py_ssize_t length) {
+    if (!PyUnicode_CheckExact(v) || !PyUnicode_IS_ASCII(v) || PyUnicode_GET_LENGTH(v) != length) return 0;
+    const unsigned char *s = PyUnicode_1BYTE_DATA(v);
+    unsigned char miss = 0;
+    for (Py_ssize_t i = 0; i < length; i++) miss |= (unsigned char)!(BYTE_CLASS[s[i]] & shape[i]);
+    return !miss;
+}
 
 static int optional_name(PyObject *v) {
     return v == Py_None || (PyUnicode_CheckExact(v) && PyUnicode_GET_LENGTH(v) > 0);
@@ -384,20 +467,23 @@ static int put_ascii(Buffer *b, PyObject *v) {
     return put(b, PyUnicode_1BYTE_DATA(v), (size_t)PyUnicode_GET_LENGTH(v));
 }
 
-/* A Sealed named tuple from its eight fields (steals the references). */
+/* A Sealed named tuple from its eight fields (steals the references): allocated as
+ * tuple.__new__(Sealed, fields) allocates it (the named tuple has no __dict__), less the
+ * two tuples on the way. */
 static PyObject *make_sealed(PyObject **fields) {
-    PyObject *items = PyTuple_New(8);
-    if (items == NULL) {
+    PyObject *sealed = ((PyTypeObject *)SealedType)->tp_alloc((PyTypeObject *)SealedType, 8);
+    if (sealed == NULL) {
         for (int i = 0; i < 8; i++) Py_DECREF(fields[i]);
         return NULL;
     }
-    for (int i = 0; i < 8; i++) PyTuple_SET_ITEM(items, i, fields[i]);
-    PyObject *args = PyTuple_Pack(1, items);
-    Py_DECREF(items);
-    if (args == NULL) return NULL;
-    /* tuple.__new__(Sealed, items): what the named tuple's own __new__ does, less the call. */
-    PyObject *sealed = PyTuple_Type.tp_new((PyTypeObject *)SealedType, args, NULL);
-    Py_DECREF(args);
+    int tracked_value = 0;
+    for (int i = 0; i < 8; i++) {
+        PyTuple_SET_ITEM(sealed, i, fields[i]);
+        tracked_value |= PyObject_IS_GC(fields[i]) && PyObject_GC_IsTracked(fields[i]);
+    }
+    /* Strings, None and a flat copy: no cycle can pass through it, so the collector need not
+     * visit it (as it would itself conclude for a plain tuple). */
+    if (!tracked_value) PyObject_GC_UnTrack(sealed);
     return sealed;
 }
 
@@ -500,23 +586,20 @@ fail:
 
 /* -- the chain, the rows and the recorded events --------------------------------------- */
 
-/* An Event with its __dict__ filled directly, as ledger/_events.recorded does. */
+/* An Event with its fields stored as object.__setattr__ would (the frozen dataclass's own
+ * __setattr__ refuses), in field order: the instance keeps them in its inline values with
+ * the type's shared keys, without a dict of its own; the same object as
+ * ledger/_events.recorded builds. */
 static PyObject *make_event(PyObject **values) {
-    PyObject *event = ((PyTypeObject *)EventType)->tp_alloc((PyTypeObject *)EventType, 0);
+    /* object.__new__(Event): the allocation that also sets up the inline values. */
+    PyObject *event = PyBaseObject_Type.tp_new((PyTypeObject *)EventType, NO_ARGS, NULL);
     if (event == NULL) return NULL;
-    PyObject *fields = PyObject_GenericGetDict(event, NULL);
-    if (fields == NULL) {
-        Py_DECREF(event);
-        return NULL;
-    }
     for (int i = 0; i < 9; i++) {
-        if (PyDict_SetItem(fields, event_fields[i], values[i]) < 0) {
-            Py_DECREF(fields);
+        if (PyObject_GenericSetAttr(event, event_fields[i], values[i]) < 0) {
             Py_DECREF(event);
             return NULL;
         }
     }
-    Py_DECREF(fields);
     return event;
 }
 
@@ -602,6 +685,210 @@ fail:
     return NULL;
 }
 
+/* -- the insert into SQLite, on the connection the ledger's pool gave ------------------
+ *
+ * Why: through Python's sqlite3 ``executemany`` each row is a tuple of nine objects, bound
+ * one by one with copies (SQLITE_TRANSIENT) and stepped with the GIL passed back and forth.
+ * Here the batch is chained, bound without copies and stepped in one pass with the GIL
+ * released, on the very sqlite3 handle of the pool's connection: same transaction (the
+ * caller's BEGIN IMMEDIATE), same lock, same commit, so nothing about concurrency,
+ * idempotency or a killed process changes. The rows as Python tuples are never built.
+ *
+ * The handle is the first field after the object header of CPython's sqlite3.Connection
+ * (Modules/_sqlite/connection.h, 3.11 to 3.13). It is used only where configure_sqlite()
+ * found that Python's sqlite3 module and this one call the same SQLite library (one copy of
+ * the code, so one meaning of the handle) and read a probe connection's handle back right;
+ * elsewhere the ledger inserts through executemany. */
+
+typedef struct {
+    PyObject_HEAD
+    sqlite3 *db;
+} ConnectionHead;
+
+static PyObject *ConnectionType, *IntegrityError, *OperationalError;
+
+static const char INSERT_SQL[] =
+    "INSERT INTO events (seq, id, ts, kind, run_id, block_id, data, digest, chain) "
+    "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)";
+
+/* configure_sqlite(Connection, IntegrityError, OperationalError, sqlite3_module_path, probe)
+ * -> bool: whether insert() may be used. ``probe`` is a connection of Python's sqlite3 that
+ * has made exactly three changes. */
+static PyObject *configure_sqlite(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *connection_type, *integrity, *operational, *probe;
+    const char *module_path;
+    if (!PyArg_ParseTuple(args, "O!OOsO", &PyType_Type, &connection_type, &integrity, &operational,
+                          &module_path, &probe))
+        return NULL;
+#if PY_VERSION_HEX < 0x030B0000 || PY_VERSION_HEX >= 0x030E0000
+    (void)probe;
+    Py_RETURN_FALSE; /* a layout this file was not written against */
+#else
+    /* The sqlite3_step that Python's module calls (its own library or a copy linked into it). */
+    void *module = dlopen(module_path, RTLD_LAZY | RTLD_NOLOAD);
+    if (module == NULL) Py_RETURN_FALSE;
+    void *theirs = dlsym(module, "sqlite3_step");
+    dlclose(module);
+    if (theirs == NULL || theirs != (void *)&sqlite3_step) Py_RETURN_FALSE;
+    if (!Py_IS_TYPE(probe, (PyTypeObject *)connection_type)) Py_RETURN_FALSE;
+    sqlite3 *db = ((ConnectionHead *)probe)->db;
+    if (db == NULL || sqlite3_total_changes(db) != 3) Py_RETURN_FALSE;
+    Py_XSETREF(ConnectionType, Py_NewRef(connection_type));
+    Py_XSETREF(IntegrityError, Py_NewRef(integrity));
+    Py_XSETREF(OperationalError, Py_NewRef(operational));
+    Py_RETURN_TRUE;
+#endif
+}
+
+/* What one row binds: seven texts (id ts kind run_id block_id data digest; NULL for None)
+ * and the chain computed before the step. */
+typedef struct {
+    const char *text[7];
+    Py_ssize_t len[7];
+    char chain[HEX_LEN];
+} RowText;
+
+static int step_rows(sqlite3 *db, RowText *rows, Py_ssize_t n, long long seq, char *chain,
+                     int *rc_out, char *message, size_t message_size) {
+    sqlite3_stmt *st = NULL;
+    int rc = sqlite3_prepare_v2(db, INSERT_SQL, -1, &st, NULL);
+    for (Py_ssize_t i = 0; i < n && rc == SQLITE_OK; i++) {
+        RowText *r = &rows[i];
+        unsigned char md[32];
+        SHA256_CTX ctx;
+        /* next_chain: SHA-256 of the previous chain's hex and the digest's, as text. */
+        if (!SHA256_Init(&ctx) || !SHA256_Update(&ctx, chain, HEX_LEN)
+            || !SHA256_Update(&ctx, r->text[6], (size_t)r->len[6]) || !SHA256_Final(md, &ctx)) {
+            rc = -1;
+            break;
+        }
+        to_hex(md, chain);
+        memcpy(r->chain, chain, HEX_LEN);
+        sqlite3_bind_int64(st, 1, seq + 1 + i);
+        for (int k = 0; k < 7 && rc == SQLITE_OK; k++)
+            rc = r->text[k] == NULL ? sqlite3_bind_null(st, k + 2)
+                                    : sqlite3_bind_text(st, k + 2, r->text[k], (int)r->len[k], SQLITE_STATIC);
+        if (rc == SQLITE_OK) rc = sqlite3_bind_text(st, 9, r->chain, HEX_LEN, SQLITE_STATIC);
+        if (rc != SQLITE_OK) break;
+        rc = sqlite3_step(st);
+        if (rc == SQLITE_DONE) rc = sqlite3_reset(st);
+    }
+    if (rc > 0 && rc != SQLITE_OK) {
+        *rc_out = sqlite3_extended_errcode(db);
+        snprintf(message, message_size, "%s", sqlite3_errmsg(db));
+    }
+    sqlite3_finalize(st);
+    return rc == SQLITE_OK ? 0 : rc < 0 ? -1 : 1;
+}
+
+static PyObject *insert_rows(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *connection, *sealed_list;
+    long long seq;
+    const char *chain_in;
+    Py_ssize_t chain_len;
+    if (!PyArg_ParseTuple(args, "OO!Ls#", &connection, &PyList_Type, &sealed_list, &seq, &chain_in, &chain_len))
+        return NULL;
+    if (!configured()) return NULL;
+    if (ConnectionType == NULL || !Py_IS_TYPE(connection, (PyTypeObject *)ConnectionType)) {
+        PyErr_SetString(PyExc_TypeError, "insert() takes a sqlite3.Connection of the checked library");
+        return NULL;
+    }
+    if (chain_len != HEX_LEN) {
+        PyErr_SetString(PyExc_ValueError, "the previous chain must be 64 hex characters");
+        return NULL;
+    }
+    sqlite3 *db = ((ConnectionHead *)connection)->db;
+    if (db == NULL || sqlite3_get_autocommit(db)) {
+        /* Rows outside the caller's write transaction would escape the append lock. */
+        PyErr_SetString(PyExc_RuntimeError, "insert() needs an open write transaction (BEGIN IMMEDIATE)");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(sealed_list);
+    RowText *rows = PyMem_Calloc(n ? (size_t)n : 1, sizeof(RowText));
+    PyObject *events = NULL, *chain_text = NULL;
+    if (rows == NULL) return PyErr_NoMemory();
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *s = PyList_GET_ITEM(sealed_list, i);
+        if (!PyTuple_Check(s) || PyTuple_GET_SIZE(s) != 8) {
+            PyErr_SetString(PyExc_TypeError, "insert() takes a list of Sealed");
+            goto done;
+        }
+        for (int k = 0; k < 7; k++) {
+            PyObject *v = PyTuple_GET_ITEM(s, k);
+            if (v == Py_None && (k == 3 || k == 4)) continue; /* run_id, block_id */
+            if (!PyUnicode_Check(v)) {
+                PyErr_SetString(PyExc_TypeError, "insert() takes a list of Sealed");
+                goto done;
+            }
+            rows[i].text[k] = PyUnicode_AsUTF8AndSize(v, &rows[i].len[k]);
+            if (rows[i].text[k] == NULL) goto done;
+            if (rows[i].len[k] > INT_MAX) {
+                PyErr_SetString(PyExc_OverflowError, "a value past 2 GiB cannot be stored");
+                goto done;
+            }
+        }
+        if (rows[i].len[6] != HEX_LEN) {
+            PyErr_SetString(PyExc_ValueError, "a digest must be 64 hex characters");
+            goto done;
+        }
+    }
+    char chain[HEX_LEN], message[512] = "";
+    memcpy(chain, chain_in, HEX_LEN);
+    int outcome, code = 0;
+    /* The list and its strings are held: nothing the rows point to can go while the GIL is away. */
+    Py_BEGIN_ALLOW_THREADS
+    outcome = step_rows(db, rows, n, seq, chain, &code, message, sizeof message);
+    Py_END_ALLOW_THREADS
+    if (outcome < 0) {
+        PyErr_SetString(PyExc_RuntimeError, "OpenSSL: SHA-256 failed");
+        goto done;
+    }
+    if (outcome > 0) {
+        PyObject *error = (code & 0xff) == SQLITE_CONSTRAINT ? IntegrityError : OperationalError;
+        PyErr_SetString(error, message);
+        goto done;
+    }
+    events = PyList_New(n);
+    if (events == NULL) goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *s = PyList_GET_ITEM(sealed_list, i);
+        PyObject *seq_value = PyLong_FromLongLong(seq + 1 + i);
+        PyObject *row_chain = PyUnicode_FromStringAndSize(rows[i].chain, HEX_LEN);
+        PyObject *data = PyTuple_GET_ITEM(s, 7);
+        data = data == Py_None ? PyObject_CallOneArg(parse_json, PyTuple_GET_ITEM(s, 5)) : Py_NewRef(data);
+        PyObject *event = NULL;
+        if (seq_value != NULL && row_chain != NULL && data != NULL) {
+            PyObject *values[9] = {seq_value,
+                                   PyTuple_GET_ITEM(s, 0),
+                                   PyTuple_GET_ITEM(s, 1),
+                                   PyTuple_GET_ITEM(s, 2),
+                                   PyTuple_GET_ITEM(s, 3),
+                                   PyTuple_GET_ITEM(s, 4),
+                                   data,
+                                   PyTuple_GET_ITEM(s, 6),
+                                   row_chain};
+            event = make_event(values);
+        }
+        Py_XDECREF(seq_value);
+        Py_XDECREF(row_chain);
+        Py_XDECREF(data);
+        if (event == NULL) {
+            Py_CLEAR(events);
+            goto done;
+        }
+        PyList_SET_ITEM(events, i, event);
+    }
+    chain_text = PyUnicode_FromStringAndSize(chain, HEX_LEN);
+    if (chain_text == NULL) Py_CLEAR(events);
+done:
+    PyMem_Free(rows);
+    if (events == NULL) {
+        Py_XDECREF(chain_text);
+        return NULL;
+    }
+    return Py_BuildValue("NN", events, chain_text);
+}
+
 static PyObject *configure(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *sealed_type, *event_type, *seal_function, *parse, *spec;
     if (!PyArg_ParseTuple(args, "O!O!OOO!", &PyType_Type, &sealed_type, &PyType_Type, &event_type,
@@ -627,6 +914,13 @@ static PyMethodDef methods[] = {
      "link(sealed, last_seq, last_chain) -> (rows, events, chain)\n\n"
      "Number and chain ``sealed`` after ``last_seq``/``last_chain``: the rows to insert, the\n"
      "recorded Events and the new head's chain."},
+    {"configure_sqlite", configure_sqlite, METH_VARARGS,
+     "configure_sqlite(Connection, IntegrityError, OperationalError, module_path, probe) -> bool\n\n"
+     "Whether insert() may use the handle of Python's sqlite3 connections (done by ledger._events)."},
+    {"insert", insert_rows, METH_VARARGS,
+     "insert(connection, sealed, last_seq, last_chain) -> (events, chain)\n\n"
+     "Chain ``sealed`` after ``last_seq``/``last_chain`` and insert the rows on ``connection``'s\n"
+     "open write transaction: the recorded Events and the new head's chain."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -637,6 +931,8 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__cseal(void) {
     init_escapes();
+    init_classes();
+    if ((NO_ARGS = PyTuple_New(0)) == NULL) return NULL;
     static const char *names[9] = {"seq", "id", "ts", "kind", "run_id", "block_id", "data", "digest", "chain"};
     for (int i = 0; i < 9; i++)
         if ((event_fields[i] = PyUnicode_InternFromString(names[i])) == NULL) return NULL;

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -260,5 +261,45 @@ def event_from_row(row: tuple[Any, ...]) -> Event:
     return recorded(row, parse_json(row[6]))
 
 
+def _native_sqlite_insert() -> bool:
+    """Whether ``_cseal.insert`` may use the handle of Python's sqlite3 connections.
+
+    It may where Python's sqlite3 module calls the same SQLite library as ``_cseal`` and a
+    probe connection's handle reads back right (see ledger/_cseal.c); else rows go in
+    through ``executemany``.
+    """
+    if _cseal is None:
+        return False
+    import sqlite3
+
+    probe = sqlite3.connect(":memory:")
+    try:
+        probe.execute("CREATE TABLE probe (x)")
+        probe.executemany("INSERT INTO probe VALUES (?)", [(1,), (2,), (3,)])
+        # The extension module that holds the Connection type (the sqlite3 package wraps it).
+        path = getattr(importlib.import_module("_sqlite3"), "__file__", None) or ""
+        return bool(
+            path
+            and _cseal.configure_sqlite(
+                sqlite3.Connection, sqlite3.IntegrityError, sqlite3.OperationalError, path, probe
+            )
+        )
+    finally:
+        probe.close()
+
+
 if _cseal is not None:
     _cseal.configure(Sealed, Event, seal, parse_json, native_spec())
+
+NATIVE_SQLITE_INSERT = _native_sqlite_insert()
+
+
+def insert_sqlite(connection: Any, sealed: list[Sealed], seq: int, chain: str) -> tuple[list[Event], str]:
+    """Chain ``sealed`` after ``seq``/``chain`` and insert its rows natively on ``connection``
+    (a ``sqlite3.Connection`` inside ``BEGIN IMMEDIATE``): the recorded events, the new chain.
+
+    The same rows and events as :func:`link` followed by ``executemany``; only where
+    :data:`NATIVE_SQLITE_INSERT`.
+    """
+    assert _cseal is not None and NATIVE_SQLITE_INSERT
+    return _cseal.insert(connection, sealed, seq, chain)

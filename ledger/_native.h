@@ -7,6 +7,7 @@
 #ifndef KVLEDGER_NATIVE_H
 #define KVLEDGER_NATIVE_H
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -40,6 +41,18 @@ static int put_string(Buffer *b, const Text *t) {
     *out++ = '"';
     while (s < end) {
         const unsigned char *plain = s;
+        /* Eight bytes at a time while none is a control, '"' or '\\' (most strings: ids, hex). */
+        while (end - s >= 8) {
+            uint64_t w;
+            memcpy(&w, s, 8);
+            const uint64_t ones = 0x0101010101010101ULL, highs = 0x8080808080808080ULL;
+            uint64_t quote = w ^ (ones * '"'), backslash = w ^ (ones * '\\');
+            uint64_t found = ((w - ones * 0x20) | (quote - ones) | (backslash - ones)) & ~w & highs;
+            /* ~w drops bytes >= 0x80 (UTF-8, never escaped); a hit may be a false one past a
+             * true one, so the byte loop below settles the word. */
+            if (found) break;
+            s += 8;
+        }
         while (s < end && !ESCAPED[*s]) s++;
         memcpy(out, plain, (size_t)(s - plain));
         out += s - plain;

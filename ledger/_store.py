@@ -11,7 +11,19 @@ from sqlalchemy.engine import URL, Engine
 from . import _migrate
 from ._backends import Dialect, normalise_url, open_database
 from ._errors import ConflictError, EventError, SchemaError
-from ._events import GENESIS, Event, Head, NewEvent, Sealed, event_from_row, link, native_sealing, seal_many
+from ._events import (
+    GENESIS,
+    NATIVE_SQLITE_INSERT,
+    Event,
+    Head,
+    NewEvent,
+    Sealed,
+    event_from_row,
+    insert_sqlite,
+    link,
+    native_sealing,
+    seal_many,
+)
 from ._ids import utc_now
 from ._schema import events as events_table
 
@@ -32,6 +44,9 @@ class Ledger:
         self.url = normalise_url(url)
         self.database: Engine = open_database(self.url)
         self.dialect = Dialect(self.database.dialect.name)
+        # SQLite with the native sealer: chain and insert each batch in C on the pool's own
+        # connection (ledger/_cseal.c); the Python sealer keeps link + executemany, the reference.
+        self.native_insert = self.native and NATIVE_SQLITE_INSERT and self.dialect.name == "sqlite"
         if create:
             _migrate.upgrade(self.database)
         elif _migrate.current_revision(self.database) != _migrate.head_revision():
@@ -92,7 +107,7 @@ class Ledger:
             self.dialect.begin_write(cursor)
             known = self._known(cursor, sealed) if lookup else {}
             fresh = [s for s in sealed if s.id not in known] if known else sealed
-            recorded = self._insert(cursor, fresh)
+            recorded = self._insert(connection, cursor, fresh)
             self.dialect.commit(connection, cursor)
         except BaseException:
             self.dialect.rollback(connection, cursor)
@@ -119,15 +134,18 @@ class Ledger:
                 raise ConflictError(s.id)
         return known
 
-    def _insert(self, cursor: Any, fresh: list[Sealed]) -> list[Event]:
+    def _insert(self, connection: Any, cursor: Any, fresh: list[Sealed]) -> list[Event]:
         if not fresh:
             return []
         cursor.execute("SELECT seq, chain FROM events ORDER BY seq DESC LIMIT 1")
         row = cursor.fetchone()
         seq, chain = (int(row[0]), row[1]) if row else (0, GENESIS)
-        rows, recorded, chain = link(fresh, seq, chain, self.native)
-        self.dialect.insert_events(cursor, rows)
-        cursor.execute(self.dialect.insert_head, (seq + len(rows), chain, utc_now()))
+        if self.native_insert:
+            recorded, chain = insert_sqlite(connection.dbapi_connection, fresh, seq, chain)
+        else:
+            rows, recorded, chain = link(fresh, seq, chain, self.native)
+            self.dialect.insert_events(cursor, rows)
+        cursor.execute(self.dialect.insert_head, (seq + len(fresh), chain, utc_now()))
         return recorded
 
     # -- read -------------------------------------------------------------------
