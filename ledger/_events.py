@@ -268,7 +268,8 @@ def _native_sqlite_insert() -> bool:
     probe connection's handle reads back right (see ledger/_cseal.c); else rows go in
     through ``executemany``.
     """
-    if _cseal is None:
+    # A build of _cseal older than its source (an editable install not rebuilt yet) lacks it.
+    if _cseal is None or not hasattr(_cseal, "configure_sqlite"):
         return False
     import sqlite3
 
