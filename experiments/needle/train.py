@@ -77,7 +77,7 @@ class Curriculum:
         if self.rng.random() < share:
             lo = self.frontier // 2 if top else int(self.frontier / math.sqrt(2))
             return self.rng.randint(lo, self.frontier), True
-        low = math.log(min(256, self.frontier))
+        low = math.log(min(int(self.s.get("floor_len", 256)), self.frontier))
         return int(math.exp(self.rng.uniform(low, math.log(self.frontier)))), False
 
     def update(self, length: int, exact: float) -> bool:
@@ -137,6 +137,20 @@ def save(model: Any, out: Path, s: dict[str, Any], info: dict[str, Any]) -> None
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
+def with_rope(model: Any, rope: dict[str, Any]) -> Any:
+    """The same weights under other RoPE parameters (the rotary tables are built from the
+    config when the model is made, so a new model takes the state)."""
+    import copy
+
+    from transformers import LlamaForCausalLM
+
+    config = copy.deepcopy(model.config)
+    config.rope_parameters = rope
+    scaled = LlamaForCausalLM(config).to(model.device, dtype=next(model.parameters()).dtype)
+    scaled.load_state_dict(model.state_dict())
+    return scaled.eval()
+
+
 def evaluate(
     model: Any, enc: data.Encoder, sizes: list[int], counts: dict[int, int], device: str, deadline: float
 ) -> dict[str, Any]:
@@ -186,6 +200,12 @@ def main() -> None:
         default='{"1024": 64, "2048": 64, "3072": 64, "8192": 32, "16384": 16, "32768": 16, "131072": 4}',
     )
     ap.add_argument("--set", default="{}", help="JSON object over the settings")
+    ap.add_argument(
+        "--eval-rope",
+        default="{}",
+        help='JSON {"name": rope_parameters}: evaluate the trained weights again under each '
+        "(e.g. YaRN scaling at serving time) after the plain evaluation",
+    )
     ap.add_argument("--init", type=Path, help="start from this checkpoint's weights (continue training)")
     args = ap.parse_args()
     t0 = time.time()
@@ -202,6 +222,7 @@ def main() -> None:
 
     torch.backends.cuda.matmul.allow_tf32 = True
     model = build_model(s, enc.tok.get_vocab_size(), enc.pad, enc.im_end)
+    init_tokens = 0
     if args.init:
         from safetensors.torch import load_file
 
@@ -211,6 +232,8 @@ def main() -> None:
         if unexpected or set(missing) - {"lm_head.weight"}:  # the head is tied to the embeddings
             raise SystemExit(f"--init {args.init}: missing {missing}, unexpected {unexpected}")
         model.tie_weights()
+        trained = json.loads((args.init / "config.json").read_text()).get("needle_training", {})
+        init_tokens = int(trained.get("tokens", 0))
     model = model.to(args.device)
     params = sum(p.numel() for p in model.parameters())
     say(
@@ -234,12 +257,15 @@ def main() -> None:
     cur = Curriculum(s, rng)
     pending: collections.deque[Any] = collections.deque()
     serial = 0
+    # A continuation draws streams its checkpoint never saw: the batch seeds name how many
+    # tokens the checkpoint was trained on (a fresh run keeps the plain seeds).
+    streams = f"{args.variant}/{s['seed']}" + (f"/after-{init_tokens}" if init_tokens else "")
 
     def request() -> None:
         nonlocal serial
         length, front = cur.pick()
         rows = max(1, int(s["batch_tokens"]) // length)
-        seed = f"{args.variant}/{s['seed']}/{serial}"
+        seed = f"{streams}/{serial}"
         serial += 1
         quiz = (float(s.get("quiz_share", 0.0)), int(s.get("quiz_turns", 0)))
         pending.append((front, pool.apply_async(_batch, (length, rows, seed, *quiz))))
@@ -317,8 +343,15 @@ def main() -> None:
     sizes = [int(x) for x in args.eval_sizes.split(",") if x]
     counts = {int(k): v for k, v in json.loads(args.eval_counts).items()}
     results = evaluate(model, enc, sizes, counts, args.device, t0 + args.deadline_seconds)
-    (args.out / "eval.json").write_text(json.dumps({"training": info, "eval": results}, indent=2) + "\n")
+    record: dict[str, Any] = {"training": info, "eval": results}
+    (args.out / "eval.json").write_text(json.dumps(record, indent=2) + "\n")
     say(eval=results)
+    for name, rope in json.loads(args.eval_rope).items():
+        scaled = with_rope(model, {**rope, "rope_theta": float(s["rope_theta"])})
+        say(eval_rope=name, rope_parameters=scaled.config.rope_parameters)
+        got = evaluate(scaled, enc, sizes, counts, args.device, t0 + args.deadline_seconds)
+        record.setdefault("eval_rope", {})[name] = {"rope_parameters": rope, "eval": got}
+        (args.out / "eval.json").write_text(json.dumps(record, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ matches its manifest, a card that says what it serves. (Serving it: tests/engine
 
 from __future__ import annotations
 
+import hashlib
 import json
 from types import SimpleNamespace
 
@@ -126,6 +127,9 @@ def _records_row(run: str) -> list[str]:
     [
         ("extend", {"3072": 5, "4096": 6, "8192": 7, "16384": 8, "32768": 9}),
         ("extend-8k", {"4096": 6, "8192": 7, "16384": 8}),
+        ("reach-1", {"4096": 5, "8192": 6, "16384": 8, "32768": 9}),
+        ("reach-2", {"8192": 6, "11585": 7, "16384": 8, "32768": 9}),
+        ("reach-3", {"8192": 6, "11585": 7, "16384": 8, "32768": 9}),
     ],
 )
 def test_the_cards_continuation_table_is_derived_from_its_records(run: str, sizes: dict[str, int]) -> None:
@@ -146,3 +150,20 @@ def test_the_cards_continuation_table_is_derived_from_its_records(run: str, size
     # Nothing served was given up: every size the committed card serves is exact here too.
     served = load_card().served_max_tokens
     assert all(v["accuracy"] == 1.0 for k, v in evaluation["eval"].items() if int(k) <= served)
+
+
+def test_the_continuation_weights_are_reach_3s() -> None:
+    """``continue/`` holds the weights the last continuation wrote, as its record names them."""
+    folder = CHECKPOINT.parent / "continue"
+    sums = dict(line.split()[::-1] for line in (folder / "SHA256SUMS").read_text().splitlines())
+    assert sums == {
+        name: hashlib.sha256((folder / name).read_bytes()).hexdigest()
+        for name in ("model.safetensors", "config.json")
+    }
+    evaluation = json.loads((CHECKPOINT.parent / "records" / "reach-3.eval.json").read_text())
+    trained = json.loads((folder / "config.json").read_text())["needle_training"]
+    assert trained == {k: evaluation["training"][k] for k in trained}
+    assert (
+        f"at its {round(trained['frontier'] / 1000)}k frontier"
+        in (CHECKPOINT.parent / "README.md").read_text()
+    )
