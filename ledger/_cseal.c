@@ -765,9 +765,14 @@ static int step_rows(sqlite3 *db, RowText *rows, Py_ssize_t n, long long seq, ch
         to_hex(md, chain);
         memcpy(r->chain, chain, HEX_LEN);
         sqlite3_bind_int64(st, 1, seq + 1 + i);
-        for (int k = 0; k < 7 && rc == SQLITE_OK; k++)
+        /* Bindings outlive a reset: a value the row before bound already (the same string,
+         * as kind and run_id mostly are) is left bound. */
+        const RowText *before = i ? &rows[i - 1] : NULL;
+        for (int k = 0; k < 7 && rc == SQLITE_OK; k++) {
+            if (before && before->text[k] == r->text[k] && before->len[k] == r->len[k]) continue;
             rc = r->text[k] == NULL ? sqlite3_bind_null(st, k + 2)
                                     : sqlite3_bind_text(st, k + 2, r->text[k], (int)r->len[k], SQLITE_STATIC);
+        }
         if (rc == SQLITE_OK) rc = sqlite3_bind_text(st, 9, r->chain, HEX_LEN, SQLITE_STATIC);
         if (rc != SQLITE_OK) break;
         rc = sqlite3_step(st);
