@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import struct
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,17 +30,23 @@ pytestmark = pytest.mark.engines
 SIZES = [1024, 2048, 3072]
 FIXTURES = 4
 
-# Every layer's value projection zeroed: the KV cache then holds no values, as if the state
-# loaded for a prompt were wrong. Weights and shapes otherwise intact; the engine serves it.
-ZERO_VALUES = """
-import sys
-from safetensors.torch import load_file, save_file
-state = load_file(sys.argv[1])
-for name in state:
-    if name.endswith("self_attn.v_proj.weight"):
-        state[name] = state[name] * 0
-save_file(state, sys.argv[1], metadata={"format": "pt"})
-"""
+
+def _zero_values(path: Path) -> list[str]:
+    """Zero every layer's value projection in a safetensors file, in place; the tensors zeroed.
+
+    The KV cache then holds no values, as if the state loaded for a prompt were wrong. Weights
+    and shapes otherwise intact; the engine serves it. The format is an 8-byte little-endian
+    header length, a JSON header of ``data_offsets`` into the data after it, then the data: the
+    bytes are written over directly (no torch import, which costs seconds per start)."""
+    with path.open("r+b") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(length))
+        zeroed = sorted(n for n in header if n.endswith("self_attn.v_proj.weight"))
+        for name in zeroed:
+            begin, end = header[name]["data_offsets"]
+            f.seek(8 + length + begin)
+            f.write(bytes(end - begin))
+    return zeroed
 
 
 def _figures(run: RecordedRun) -> dict[str, Any]:
@@ -72,11 +79,8 @@ def planted(engines: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     tmp = tmp_path_factory.mktemp("needle-planted")
     model = tmp / "checkpoint"
     shutil.copytree(needle.CHECKPOINT, model)
-    subprocess.run(
-        [str(engines.vllm_python), "-c", ZERO_VALUES, str(model / "model.safetensors")],
-        check=True,
-        timeout=300,
-    )
+    config = json.loads((model / "config.json").read_text())
+    assert len(_zero_values(model / "model.safetensors")) == config["num_hidden_layers"]
     url = f"sqlite:///{tmp / 'ledger.db'}"
     result = ledger_cli(
         "run",
