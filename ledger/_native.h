@@ -27,9 +27,17 @@ typedef struct {
 /* Bytes a JSON string must escape; set by init_escapes(). */
 static unsigned char ESCAPED[256];
 
+/* Two hex digits per byte value (set by init_escapes()). */
+static char HEX_PAIRS[512];
+
+/* Sets ESCAPED and HEX_PAIRS. */
 static void init_escapes(void) {
     for (int c = 0; c < 0x20; c++) ESCAPED[c] = 1;
     ESCAPED['"'] = ESCAPED['\\'] = 1;
+    for (int c = 0; c < 256; c++) {
+        HEX_PAIRS[2 * c] = HEX_DIGITS[c >> 4];
+        HEX_PAIRS[2 * c + 1] = HEX_DIGITS[c & 15];
+    }
 }
 
 /* A JSON string with orjson's escaping, or null. Runs of plain bytes are copied whole. */
@@ -77,11 +85,9 @@ static int put_string(Buffer *b, const Text *t) {
     return 0;
 }
 
+/* A digest's lower-case hex: 32 two-byte copies from HEX_PAIRS. */
 static void to_hex(const unsigned char *md, char *out) {
-    for (int i = 0; i < 32; i++) {
-        out[2 * i] = HEX_DIGITS[md[i] >> 4];
-        out[2 * i + 1] = HEX_DIGITS[md[i] & 15];
-    }
+    for (int i = 0; i < 32; i++) memcpy(out + 2 * i, HEX_PAIRS + 2 * md[i], 2);
 }
 
 #endif
