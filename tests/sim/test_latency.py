@@ -9,7 +9,13 @@ to it. Orderings and bounds only, no exact times.
 from __future__ import annotations
 
 import asyncio
+import http.client
+import json
+import threading
+import time
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 from hypothesis import given
@@ -79,6 +85,51 @@ def test_cold_dwarfs_cross_which_exceeds_local_at_128k(tmp_path: Path) -> None:
     took = cold["t_first_emit_monotonic"] - cold["t_arrival_monotonic"]
     modelled = LatencyModel().prefill_s(TOKENS, 0, 0) * SCALE
     assert modelled <= took < modelled + 0.1, (took, modelled)
+
+
+def test_modelled_time_runs_from_the_requests_arrival_at_the_socket() -> None:
+    """A request that reaches a replica while the sim's process is busy is dated by the kernel's
+    receive time of its bytes, so that wait is spent inside the modelled time; the next request
+    on the same keep-alive connection is dated by its own bytes, never earlier."""
+    body = json.dumps({"model": "sim-27b", "prompt": "alpha = 938639", "max_tokens": 1, "seed": 1})
+    sent: list[float] = []
+    in_socket = threading.Event()
+
+    async def scenario() -> tuple[float, list[dict[str, Any]], bool]:
+        async with SimDeployment(2, shared=False, time_scale=1.0) as d:
+            url = urlsplit(d.replica_urls[0])
+            conn = http.client.HTTPConnection(url.hostname or "", url.port, timeout=30)
+
+            def send() -> None:
+                sent.append(time.monotonic())
+                conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+                in_socket.set()
+                conn.getresponse().read()
+
+            first = threading.Thread(target=send)
+            first.start()
+            # This loop serves the sim: block it, so the request waits in the socket meanwhile.
+            assert in_socket.wait(30)
+            time.sleep(0.3)
+            unblocked = time.monotonic()
+            await asyncio.to_thread(first.join)
+            sock = conn.sock
+            await asyncio.sleep(0.2)
+            await asyncio.to_thread(send)
+            reused = conn.sock is sock
+            conn.close()
+            async with httpx.AsyncClient() as c:
+                log = (await c.get(d.replica_urls[0] + "/sim/requests")).json()
+        return unblocked, log, reused
+
+    unblocked, log, reused = asyncio.run(scenario())
+    assert reused and len(log) == 2
+    modelled = LatencyModel().prefill_s(count_tokens("alpha = 938639"), 0, 0)
+    for entry, t_sent in zip(log, sent, strict=True):
+        arrival = entry["t_arrival_monotonic"]
+        assert t_sent - 0.005 <= arrival < t_sent + 0.1, (entry, t_sent)
+        assert entry["t_first_emit_monotonic"] >= arrival + modelled, entry
+    assert log[0]["t_arrival_monotonic"] < unblocked - 0.2, (log[0], unblocked)
 
 
 _PARTS = [

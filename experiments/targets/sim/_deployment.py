@@ -11,6 +11,7 @@ from typing import Any
 
 from aiohttp import web
 
+from ._arrival import StampingListener
 from ._config import VLLM_VERSION, SimConfig
 from ._faults import Fault, FaultSet, parse_faults
 from ._latency import LatencyModel
@@ -143,8 +144,19 @@ class SimDeployment:
     async def _serve(self, app: web.Application, slot: int) -> web.AppRunner:
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=_SHUTDOWN_S)
         await runner.setup()
-        site = web.TCPSite(runner, self.host, self._ports[slot])
-        await site.start()
+        # Connections accepted here date each request by its bytes' arrival (_arrival.py).
+        try:
+            listener = StampingListener.open(self.host, self._ports[slot])
+        except BaseException:
+            await runner.cleanup()
+            raise
+        try:
+            site = web.SockSite(runner, listener)
+            await site.start()
+        except BaseException:
+            listener.close()
+            await runner.cleanup()
+            raise
         # Keep an OS-chosen port, so restarts come back at the same address.
         self._ports[slot] = int(runner.addresses[0][1])
         return runner

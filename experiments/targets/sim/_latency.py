@@ -2,7 +2,8 @@
 
 Times are simulated seconds; the deployment's ``time_scale`` multiplies every
 delay before sleeping (1.0 real time, 0.005 for the screening, 0.0001 for
-tests). A replica sends the first token at the request's arrival (or the end
+tests). A replica sends the first token at the request's arrival (the kernel's
+receive time of its first bytes, experiments/targets/sim/_arrival.py; or the end
 of the previous prefill, one GPU) plus the scaled prefill time: its own work
 on the request counts inside that, so a client sees
 max(modelled, actual work) plus transport, never their sum. The defaults are

@@ -16,6 +16,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from ._answers import Output, compose_output
+from ._arrival import arrival, arrival_middleware
 from ._config import VLLM_VERSION, SimConfig
 from ._engine import Prefill, ReplicaEngine
 from ._faults import FaultSet
@@ -76,7 +77,8 @@ class SimReplica:
         return self.engine.faults
 
     def make_app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024)  # 256k-token prompts
+        # 256k-token prompts; the middleware keeps each request's arrival its own (_arrival.py).
+        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[arrival_middleware])
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/tokenize", self._tokenize)
@@ -154,7 +156,7 @@ class SimReplica:
         return await self._complete(request, chat=True)
 
     async def _complete(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
-        t_arrival = time.monotonic()
+        t_arrival = arrival(request)
         try:
             req = parse_completion(
                 await _json(request),
@@ -212,10 +214,11 @@ class SimReplica:
     async def _prefill(self, call: _Call) -> Output:
         """Wait for the GPU, look up hits, spend the prefill time, store state.
 
-        The modelled time runs from the request's arrival, or from the end of
-        the previous request's modelled prefill if the GPU was still busy, to
-        a deadline; the server's own work (parsing, tokenizing, hashing) is
-        spent inside it, so the first token goes out at the deadline, not at
+        The modelled time runs from the request's arrival (when its bytes
+        reached the socket, _arrival.py), or from the end of the previous
+        request's modelled prefill if the GPU was still busy, to a deadline;
+        the server's own work (being scheduled to read the request, parsing,
+        tokenizing, hashing) is spent inside it, so the first token goes out at the deadline, not at
         the deadline plus that work (unless the work alone takes longer).
         """
         self._waiting += 1
