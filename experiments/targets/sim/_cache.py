@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from array import array
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from functools import lru_cache
 
@@ -53,11 +53,20 @@ def _text_hashes(text: str, unit: int, salt: str | None, root: bytes) -> tuple[b
 
 
 class BlockCache:
-    """Cached blocks (hash -> taint) with a capacity and LRU eviction."""
+    """Cached blocks (hash -> taint) with a capacity and LRU eviction.
+
+    A prompt's cached blocks always form a prefix of its chain: block j's hash covers every
+    block before it, each insert or touch covers a whole prefix of a chain and refreshes its
+    blocks tail first (so block i < j ends newer than j), and eviction takes the oldest. So
+    the cached prefix is found by bisection, and the per-block work of a 128k prompt (8,000
+    blocks) is done by C loops, not Python ones: it is most of a reuse's work, and a
+    replica's work beyond the modelled time delays its first token.
+    """
 
     def __init__(self, capacity: int) -> None:
         self.capacity = max(0, capacity)
         self._blocks: OrderedDict[bytes, Taint | None] = OrderedDict()
+        self._tainted = 0  # blocks whose state is tainted; none: every lookup finds None states
 
     def __len__(self) -> int:
         return len(self._blocks)
@@ -65,40 +74,48 @@ class BlockCache:
     def usage(self) -> float:
         return len(self._blocks) / self.capacity if self.capacity else 0.0
 
+    def cached_prefix(self, hashes: Sequence[bytes]) -> int:
+        """How many leading blocks of the chain ``hashes`` are cached (see the class doc)."""
+        blocks, lo, hi = self._blocks, 0, len(hashes)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if hashes[mid] in blocks:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
     def lookup(self, hashes: Sequence[bytes], *, touch: bool = True) -> list[Taint | None]:
         """Taints of the longest cached prefix of ``hashes``; touches them unless told the caller
         inserts the same prefix next (which touches every block anyway)."""
-        blocks = self._blocks
-        found: list[Taint | None] = []
-        hit = 0
-        for h in hashes:
-            if h not in blocks:
-                break
-            found.append(blocks[h])
-            hit += 1
+        hit = self.cached_prefix(hashes)
+        found: list[Taint | None] = (
+            list(map(self._blocks.__getitem__, hashes[:hit])) if self._tainted else [None] * hit
+        )
         if touch:
             self._touch(hashes[:hit])
         return found
 
     def insert(self, hashes: Sequence[bytes], taints: Sequence[Taint | None]) -> None:
-        """Cache blocks not yet present (present ones keep their state)."""
-        # One pass, newest last as _touch orders them: a present block moves to the end, a new
-        # one is appended there (a 128k prompt is 8,000 blocks; this is most of a reuse's work).
-        blocks = self._blocks
-        for h, taint in zip(reversed(hashes), reversed(taints), strict=True):
-            if h in blocks:
-                blocks.move_to_end(h)
-            else:
-                blocks[h] = taint
+        """Cache blocks not yet present (present ones keep their state), newest last as
+        _touch orders them: the new tail appended from its end, then the cached prefix moved up."""
+        if len(hashes) != len(taints):
+            raise ValueError(f"{len(hashes)} hashes but {len(taints)} taints")
+        hit = self.cached_prefix(hashes)
+        new = taints[hit:]
+        self._blocks.update(zip(reversed(hashes[hit:]), reversed(new), strict=True))
+        self._tainted += len(new) - new.count(None)
+        self._touch(hashes[:hit])
         while len(self._blocks) > self.capacity:
-            self._blocks.popitem(last=False)
+            _, taint = self._blocks.popitem(last=False)
+            self._tainted -= taint is not None
 
     def _touch(self, hashes: Sequence[bytes]) -> None:
         # Most recent last, and a chain's tail older than its head (as vLLM's
         # free queue does), so eviction eats prefixes from the end, not the
         # first block whose loss would orphan the whole chain.
-        for h in reversed(hashes):
-            self._blocks.move_to_end(h)
+        deque(map(self._blocks.move_to_end, reversed(hashes)), maxlen=0)
 
     def clear(self) -> None:
         self._blocks.clear()
+        self._tainted = 0

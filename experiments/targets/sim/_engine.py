@@ -79,7 +79,11 @@ class ReplicaEngine:
         # store() inserts this prompt's blocks right after (same GPU turn), touching them all.
         found: list[Taint | None] = [] if off else self.cache.lookup(hashes[: (n - 1) // block], touch=False)
         local = len(found) * block
-        taints = [TaintRange(j * block, (j + 1) * block, t) for j, t in enumerate(found) if t]
+        taints = (
+            [TaintRange(j * block, (j + 1) * block, t) for j, t in enumerate(found) if t]
+            if any(found)
+            else []
+        )
         external = self._external(req, local, taints) if self.shared else 0
         m = self.metrics
         m.add(m.prefix_queries, n)
