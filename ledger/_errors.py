@@ -16,15 +16,22 @@ LedgerError                 exit 2
  ├── ParamError             a --param or target option is bad (experiments)
  ├── ExperimentError        no such experiment, or a file not of the experiment form
  ├── ReplayError            the run to replay is missing or lacks what a replay needs
- └── TargetError            the deployment could not be made, started or stopped
+ ├── TargetError            the deployment could not be made, started or stopped
+ │    ├── EngineError       an engine environment or the tiny model could not be built
+ │    └── StartupError      a served process exited or did not answer in time
+ ├── ResultFileError        another tool's result file is not of that tool
+ ├── NoCudaError            a GPU probe found no usable CUDA device
+ └── NoLMCacheError         a GPU probe found no importable LMCache
 
-Two errors stay outside the tree on purpose: ``EngineError`` (an engine
-environment or the tiny model could not be built) and ``StartupError`` (a
-served process exited or did not answer in time) come from standard-library-
-only modules (``python -m experiments.targets.vllm.engines ensure`` answers
-well under a second, with none of the project's dependencies imported). The
-vllm target turns each into a TargetError naming the environment or process,
-so a command never shows them bare.
+The last five are defined beside the code that raises them:
+``experiments/targets/vllm/engines.py``, ``experiments/targets/vllm/_process.py``,
+``collectors/_imports.py``, ``collectors/probes/_cuda.py`` and ``_lmcache.py``. Some of
+those modules import nothing but the standard library and this module (``python -m
+experiments.targets.vllm.engines ensure`` answers well under a second; the probes run on a
+bare GPU host), so this module imports nothing, and ``import ledger`` loads the store only
+when one of its names is first used (``ledger/__init__.py``). ``tests/test_error_tree.py``
+walks the modules the CLI imports and checks that every exception class they define is in
+this tree.
 """
 
 from __future__ import annotations

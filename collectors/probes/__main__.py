@@ -266,7 +266,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return pinned_worker(args.bytes, args.device, args.out)
     except (NoCudaError, NoLMCacheError) as exc:
         _say(str(exc))
-        return 2
+        return exc.exit_status
     return 2
 
 

@@ -14,11 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ledger._errors import LedgerError
+
 CUDA_MEMCPY_DEFAULT = 4  # cudaMemcpyKind cudaMemcpyDefault
 CUDA_STREAM_NON_BLOCKING = 0x1  # cudaStreamNonBlocking
 
 
-class NoCudaError(RuntimeError):
+class NoCudaError(LedgerError, RuntimeError):
     """No usable CUDA device (torch missing, built without CUDA, or no GPU visible)."""
 
 

@@ -20,11 +20,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ledger._errors import LedgerError
+
 OPS_MODES = ("present", "masked")
 C_OPS = "lmcache.c_ops"
 
 
-class NoLMCacheError(RuntimeError):
+class NoLMCacheError(LedgerError, RuntimeError):
     """LMCache is not importable here; the message starts with ``no LMCache:``."""
 
 

@@ -33,7 +33,7 @@ from .._base import Launch, LaunchRecord, Replica, TargetError
 from . import _argv_templates as cmds
 from ._lmcache import Generation, choose_mode
 from ._observe import Observed, observe
-from ._process import Process, StartupError, start, wait_tcp
+from ._process import Process, start, wait_tcp
 from ._records import stopped_data
 from ._resolve import Resolved
 from ._settings import Settings
@@ -281,10 +281,8 @@ class VllmTarget:
         return self.logs_root / f"b{self._block:02d}-{arm}"
 
     async def _wait(self, proc: Process, url: str) -> None:
-        try:
-            await asyncio.to_thread(proc.wait_http, url, float(self.s.startup_timeout_s))
-        except StartupError as exc:
-            raise TargetError(f"{proc.name} did not start: {exc}") from exc
+        # A StartupError is a TargetError naming the process: the block fails with it as it is.
+        await asyncio.to_thread(proc.wait_http, url, float(self.s.startup_timeout_s))
 
     async def _start_service(self, logs: Path, digest: str) -> tuple[int, LaunchRecord]:
         """Start the LMCache service of an ON block whose config digest is ``digest``."""
@@ -308,12 +306,8 @@ class VllmTarget:
         self._service = proc
         self._service_url = f"lm://{self.s.host}:{port}" if remote else f"http://{self.s.host}:{http_port}"
         if remote:
-            try:
-                await asyncio.to_thread(
-                    wait_tcp, self.s.host, port, float(self.s.startup_timeout_s), process=proc
-                )
-            except StartupError as exc:
-                raise TargetError(f"{proc.name} did not start: {exc}") from exc
+            timeout = float(self.s.startup_timeout_s)
+            await asyncio.to_thread(wait_tcp, self.s.host, port, timeout, process=proc)
         else:
             await self._wait(proc, self._service_url + "/healthcheck")
         return port, LaunchRecord(

@@ -1,6 +1,6 @@
 """Start a server process, wait for it to be healthy, stop it for sure.
 
-Generic (no ledger, no engine imports; standard library only)::
+Generic (no engine imports; the standard library and the ledger's error tree only)::
 
     with running(["python", "-m", "http.server", "8000"], name="web", log_dir=tmp,
                  health_url="http://127.0.0.1:8000/", startup_timeout=30) as proc:
@@ -27,6 +27,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ledger._errors import TargetError
+
 from .. import _children
 
 __all__ = [
@@ -42,8 +44,8 @@ __all__ = [
 ]
 
 
-class StartupError(RuntimeError):
-    """The process exited, or its health URL did not answer in time."""
+class StartupError(TargetError):
+    """The process exited, or its health URL did not answer in time (the deployment did not start)."""
 
 
 @dataclass(frozen=True)
@@ -236,7 +238,7 @@ def wait_http(
         if time.monotonic() >= deadline:
             msg = f"{url} not healthy after {timeout:.0f} s ({last})"
             if process is not None:
-                msg += "\n" + process.logs_tail()
+                msg = f"{process.name} did not start: {msg}\n{process.logs_tail()}"
             raise StartupError(msg)
         time.sleep(interval)
 
@@ -264,7 +266,9 @@ def wait_tcp(
             last = repr(e)
         if time.monotonic() >= deadline:
             msg = f"{host}:{port} not accepting after {timeout:.0f} s ({last})"
-            raise StartupError(msg + ("\n" + process.logs_tail() if process is not None else ""))
+            if process is not None:
+                msg = f"{process.name} did not start: {msg}\n{process.logs_tail()}"
+            raise StartupError(msg)
         time.sleep(interval)
 
 

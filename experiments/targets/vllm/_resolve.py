@@ -88,12 +88,9 @@ class Resolved:
 
 
 def _engines(only: list[str]) -> Engines:
-    from .engines import EngineError, ensure
+    from .engines import ensure
 
-    try:
-        return ensure(only, out=None)
-    except EngineError as exc:
-        raise TargetError(f"engine environments: {exc}") from exc
+    return ensure(only, out=None)  # an EngineError is a TargetError: the command shows it as such
 
 
 TINY = "tiny"  # the model param that picks the engines' random-weight model

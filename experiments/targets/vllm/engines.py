@@ -18,7 +18,9 @@ build once. When everything is already built, ``ensure`` reads a few small files
 returns (well under a second).
 
 kvledger never imports the engines: this module uses only the standard library and
-runs from the project's environment or a plain ``python3``.
+the ledger's error tree (``ledger/_errors.py``, itself standard-library only, which
+``import ledger`` loads without the store), and runs from the project's environment or
+a plain ``python3`` in the clone.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
+
+from ledger._errors import TargetError
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_PINS = HERE / "pins.toml"
@@ -63,8 +67,8 @@ __all__ = [
 ]
 
 
-class EngineError(RuntimeError):
-    """An engine environment or the model could not be built."""
+class EngineError(TargetError):
+    """An engine environment or the model could not be built (the vllm target cannot be made)."""
 
 
 # --------------------------------------------------------------------------- helpers
@@ -536,7 +540,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         engines = ensure(args.only, pins=load_pins(args.pins), out=None if args.quiet else sys.stderr)
     except EngineError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return e.exit_status
     data = engines.to_json()
     if args.json:
         print(json.dumps(data, indent=2, sort_keys=True))
