@@ -99,8 +99,8 @@ class ReplicaEngine:
             return 0
         found = self.tier.lookup(self.config.model_name, req.token_ids, req.cache_salt, req.prompt_text)
         external = max(0, min(len(found) * chunk, n - 1) - local)
-        if external:
-            load = self.faults.load_taint(self.index)
+        load = self.faults.load_taint(self.index) if external else None
+        if external and (load is not None or any(found)):  # else no chunk brings a taint
             for j, stored in enumerate(found):
                 start, end = max(j * chunk, local), min((j + 1) * chunk, local + external)
                 taint = load or stored
@@ -120,10 +120,12 @@ class ReplicaEngine:
         self.cache.insert(pre.local_hashes, blocks)
         self.metrics.gauge(self.metrics.kv_usage, self.cache.usage())
         if self.shared:
-            chunk = self.config.chunk_size
-            chunks = [
-                _taint_from(pre.taints, j * chunk, (j + 1) * chunk) for j in range(pre.prompt_tokens // chunk)
-            ]
+            chunk, count = self.config.chunk_size, pre.prompt_tokens // self.config.chunk_size
+            chunks = (
+                [_taint_from(pre.taints, j * chunk, (j + 1) * chunk) for j in range(count)]
+                if pre.taints
+                else [None] * count
+            )
             self.tier.store(self.config.model_name, req.token_ids, req.cache_salt, chunks, req.prompt_text)
 
     def count_prefill(self, pre: Prefill, ttft_s: float) -> None:
