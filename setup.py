@@ -29,12 +29,13 @@ NATIVE_SEALER = Extension(
     extra_compile_args=COMPILE_ARGS,
 )
 
-# Reads a SQLite ledger's rows into Arrow buffers for the Parquet snapshot (ledger/_rows.py).
+# Reads a SQLite ledger's rows into Arrow buffers for the Parquet snapshot (ledger/_rows.py), checking
+# each row's digest and chain link as it reads a segment's rows (ledger/_snapshot.py).
 NATIVE_ARROW_READER = Extension(
     "ledger._carrow",
     sources=["ledger/_carrow.c"],
-    depends=["ledger/_buffer.h"],
-    libraries=["sqlite3"],
+    depends=["ledger/_native.h", "ledger/_buffer.h"],
+    libraries=["sqlite3", "crypto"],
     optional=True,
     extra_compile_args=COMPILE_ARGS,
 )

@@ -1,4 +1,5 @@
-/* Native read of an SQLite ledger's rows into Arrow buffers (the snapshot's raw rows).
+/* Native read of an SQLite ledger's rows into Arrow buffers (the snapshot's raw rows), and,
+ * for a segment being written, the same rows' chain check and data fields in that one pass.
  *
  * Why C: through Python's sqlite3 each row becomes a tuple of nine objects and each
  * value is converted again into Arrow, several microseconds per row; here a row is one
@@ -6,23 +7,37 @@
  * so seq ranges are read in threads of one process. Python wraps the buffers without
  * copying them (pyarrow.Array.from_buffers).
  *
- * read(path, after_seq, until_seq) -> (rows, seq_bytes, [(validity|None, nulls, offsets, data)] * 8)
+ * read(path, after_seq, until_seq) -> (rows, seqs, [(validity|None, nulls, offsets, data)] * 8)
  * for the columns seq, id, ts, kind, run_id, block_id, data, digest, chain of the rows
  * with after_seq < seq <= until_seq in seq order; string columns as Arrow `string`
- * (int32 offsets; a range whose column passes 2 GiB is refused: read a smaller one).
+ * (int32 offsets; a range whose column passes 2 GiB is refused: read a smaller one). Each
+ * buffer comes as a Memory object that owns what C allocated and lends it through the buffer
+ * protocol, so no byte read is copied again.
+ *
+ * read_checked(path, after_seq, until_seq, expected_seq, previous_chain) -> the same three,
+ * then (outcome, bad_seq, found_seq, last_good_seq, last_good_chain) and the data fields.
+ * Each row read is checked as _cverify.c checks the database's rows (seq in order, digest
+ * recomputed from the canonical envelope, chain link), before its bytes are copied, so the
+ * rows returned are the rows proven: a snapshot segment needs no second scan of the file.
+ * The fields are kind -> top-level key -> a mask of the JSON types its values have, as
+ * DuckDB's json_keys and json_type name them (bits in TYPE_NAMES order), or None where a
+ * row's data is anything but a canonical object with plain keys (then DuckDB types them).
  */
 #define PY_SSIZE_T_CLEAN
+/* OpenSSL's direct SHA256_* calls, as in _cverify.c (EVP costs about 30 ns more per hash). */
+#define OPENSSL_SUPPRESS_DEPRECATED
 #include <Python.h>
+#include <openssl/sha.h>
 #include <sqlite3.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define TEXT_COLUMNS 8
-
 /* Columns run to megabytes: start their buffers at 64 KiB. */
 #define BUFFER_FIRST_CAP 65536
-#include "_buffer.h"
+#include "_native.h"
+
+#define TEXT_COLUMNS 8
 
 typedef struct {
     Buffer offsets, data, validity;
@@ -30,6 +45,290 @@ typedef struct {
 } Column;
 
 enum { READ_OK = 0, READ_NOMEM = 1, READ_SQLITE = 2, READ_TOO_LARGE = 3 };
+
+/* ---- The chain check of each row read (mirrors _cverify.c's scan_rows). ---- */
+
+enum { CHECK_OK = 0, CHECK_DELETED = 1, CHECK_EDITED = 2, CHECK_RELINKED = 3 };
+
+typedef struct {
+    long long expected;   /* the next seq that should come */
+    char chain[HEX_LEN];  /* the stored chain of the row before it */
+    size_t chain_len;     /* 64, or 0 when there is none to follow (the link then fails) */
+    long long bad_seq, found_seq;
+    int outcome;
+    Buffer envelope;
+} Check;
+
+static int text_of(sqlite3_stmt *st, int col, int nullable, Text *t) {
+    int type = sqlite3_column_type(st, col);
+    t->is_null = type == SQLITE_NULL;
+    if (t->is_null) return nullable ? 0 : -1;
+    if (type != SQLITE_TEXT && type != SQLITE_BLOB) return -1;
+    t->p = sqlite3_column_blob(st, col);
+    t->n = (size_t)sqlite3_column_bytes(st, col);
+    return 0;
+}
+
+static void sha256_hex(const void *data, size_t n, const void *more, size_t more_n, char *out) {
+    unsigned char md[32];
+    SHA256_CTX ctx;
+    SHA256_Init(&ctx);
+    SHA256_Update(&ctx, data, n);
+    if (more_n) SHA256_Update(&ctx, more, more_n);
+    SHA256_Final(md, &ctx);
+    to_hex(md, out);
+}
+
+static int column_is(sqlite3_stmt *st, int col, const char *hex) {
+    if (sqlite3_column_type(st, col) != SQLITE_TEXT || sqlite3_column_bytes(st, col) != HEX_LEN) return 0;
+    return memcmp(sqlite3_column_text(st, col), hex, HEX_LEN) == 0;
+}
+
+/* The canonical envelope of the current row, as ledger/_events.envelope_text writes it. */
+static int envelope(Buffer *b, sqlite3_stmt *st) {
+    Text id, ts, kind, run_id, block_id, data;
+    if (text_of(st, 1, 0, &id) || text_of(st, 2, 0, &ts) || text_of(st, 3, 0, &kind)
+        || text_of(st, 4, 1, &run_id) || text_of(st, 5, 1, &block_id) || text_of(st, 6, 0, &data))
+        return -1;
+    b->len = 0;
+    if (PUT_LITERAL(b, "{\"block_id\":") || put_string(b, &block_id) || PUT_LITERAL(b, ",\"data\":")
+        || put(b, data.p, data.n) || PUT_LITERAL(b, ",\"id\":") || put_string(b, &id)
+        || PUT_LITERAL(b, ",\"kind\":") || put_string(b, &kind) || PUT_LITERAL(b, ",\"run_id\":")
+        || put_string(b, &run_id) || PUT_LITERAL(b, ",\"ts\":") || put_string(b, &ts) || PUT_LITERAL(b, "}"))
+        return -2;
+    return 0;
+}
+
+/* Check the current row (before any column is converted); after a failure rows are only read. */
+static int check_row(Check *c, sqlite3_stmt *st) {
+    if (c->outcome != CHECK_OK) return READ_OK;
+    long long seq = sqlite3_column_int64(st, 0);
+    if (seq != c->expected) {
+        c->outcome = CHECK_DELETED;
+        c->found_seq = seq;
+        c->bad_seq = seq < c->expected ? seq : c->expected;
+        return READ_OK;
+    }
+    char digest[HEX_LEN], chain[HEX_LEN];
+    int built = envelope(&c->envelope, st);
+    if (built == -2) return READ_NOMEM;
+    if (built == 0) sha256_hex(c->envelope.p, c->envelope.len, NULL, 0, digest);
+    if (built == -1 || !column_is(st, 7, digest)) {
+        c->outcome = CHECK_EDITED;
+        c->bad_seq = seq;
+        return READ_OK;
+    }
+    sha256_hex(c->chain, c->chain_len, digest, HEX_LEN, chain);
+    if (!column_is(st, 8, chain)) {
+        c->outcome = CHECK_RELINKED;
+        c->bad_seq = seq;
+        return READ_OK;
+    }
+    memcpy(c->chain, chain, HEX_LEN);
+    c->chain_len = HEX_LEN;
+    c->expected++;
+    return READ_OK;
+}
+
+/* ---- Each kind's top-level data keys and the JSON types of their values. ---- */
+
+/* DuckDB's json_type names, one bit each. */
+static const char *TYPE_NAMES[] = {"NULL", "BOOLEAN", "UBIGINT", "BIGINT", "DOUBLE", "VARCHAR", "OBJECT", "ARRAY"};
+enum { T_NULL = 1, T_BOOLEAN = 2, T_UBIGINT = 4, T_BIGINT = 8, T_DOUBLE = 16, T_VARCHAR = 32, T_OBJECT = 64,
+       T_ARRAY = 128 };
+
+typedef struct {
+    unsigned char *name; /* the kind's bytes, then the key's */
+    size_t kind_len, key_len;
+    uint64_t hash;
+    unsigned mask;
+} Slot;
+
+typedef struct {
+    Slot *slots;
+    size_t cap, used;
+    int unsure; /* a row this scan does not type as DuckDB would: DuckDB types the segment */
+} Fields;
+
+static uint64_t fnv1a(const unsigned char *p, size_t n, uint64_t h) {
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ULL;
+    return h;
+}
+
+static int fields_grow(Fields *f) {
+    size_t cap = f->cap ? f->cap * 2 : 256;
+    Slot *slots = calloc(cap, sizeof(Slot));
+    if (slots == NULL) return -1;
+    for (size_t i = 0; i < f->cap; i++) {
+        if (f->slots[i].name == NULL) continue;
+        size_t j = f->slots[i].hash & (cap - 1);
+        while (slots[j].name != NULL) j = (j + 1) & (cap - 1);
+        slots[j] = f->slots[i];
+    }
+    free(f->slots);
+    f->slots = slots;
+    f->cap = cap;
+    return 0;
+}
+
+static int fields_add(Fields *f, const unsigned char *kind, size_t kind_len, uint64_t kind_hash,
+                      const unsigned char *key, size_t key_len, unsigned type) {
+    if (2 * (f->used + 1) > f->cap && fields_grow(f) < 0) return -1;
+    uint64_t h = fnv1a(key, key_len, kind_hash ^ 0x9e3779b97f4a7c15ULL);
+    size_t j = h & (f->cap - 1);
+    for (;; j = (j + 1) & (f->cap - 1)) {
+        Slot *s = &f->slots[j];
+        if (s->name == NULL) break;
+        if (s->hash == h && s->kind_len == kind_len && s->key_len == key_len
+            && memcmp(s->name, kind, kind_len) == 0 && memcmp(s->name + kind_len, key, key_len) == 0) {
+            s->mask |= type;
+            return 0;
+        }
+    }
+    Slot *s = &f->slots[j];
+    s->name = malloc(kind_len + key_len + 1);
+    if (s->name == NULL) return -1;
+    memcpy(s->name, kind, kind_len);
+    memcpy(s->name + kind_len, key, key_len);
+    s->kind_len = kind_len;
+    s->key_len = key_len;
+    s->hash = h;
+    s->mask = type;
+    f->used++;
+    return 0;
+}
+
+static void fields_free(Fields *f) {
+    for (size_t i = 0; i < f->cap; i++) free(f->slots[i].name);
+    free(f->slots);
+}
+
+/* Past a string starting at its quote, or NULL; *escaped is set where it holds a backslash. */
+static const unsigned char *skip_string(const unsigned char *p, const unsigned char *end, int *escaped) {
+    /* memchr runs through the long plain strings (digests, ids) many bytes at a time. */
+    for (p++; p < end;) {
+        const unsigned char *quote = memchr(p, '"', (size_t)(end - p));
+        if (quote == NULL) return NULL;
+        const unsigned char *backslash = memchr(p, '\\', (size_t)(quote - p));
+        if (backslash == NULL) return quote + 1;
+        *escaped = 1;
+        p = backslash + 2; /* past the escaped byte, which may be a quote */
+    }
+    return NULL;
+}
+
+/* Past an object or array starting at its bracket, or NULL. */
+static const unsigned char *skip_nested(const unsigned char *p, const unsigned char *end) {
+    int depth = 0, escaped = 0;
+    while (p < end) {
+        unsigned char c = *p;
+        if (c == '"') {
+            p = skip_string(p, end, &escaped);
+            if (p == NULL) return NULL;
+            continue;
+        }
+        if (c == '{' || c == '[') depth++;
+        else if (c == '}' || c == ']') {
+            if (--depth == 0) return p + 1;
+        }
+        p++;
+    }
+    return NULL;
+}
+
+#define IS_DIGIT(c) ((c) >= '0' && (c) <= '9')
+
+/* Past a number in canonical form, with its type as yyjson (DuckDB) reads it, or NULL. */
+static const unsigned char *skip_number(const unsigned char *p, const unsigned char *end, unsigned *type) {
+    int negative = *p == '-', real = 0;
+    if (negative) p++;
+    const unsigned char *digits = p;
+    while (p < end && IS_DIGIT(*p)) p++;
+    size_t count = (size_t)(p - digits);
+    if (count == 0 || (count > 1 && *digits == '0')) return NULL;
+    if (p < end && *p == '.') {
+        real = 1;
+        const unsigned char *d = ++p;
+        while (p < end && IS_DIGIT(*p)) p++;
+        if (p == d) return NULL;
+    }
+    if (p < end && (*p == 'e' || *p == 'E')) {
+        real = 1;
+        p++;
+        if (p < end && (*p == '+' || *p == '-')) p++;
+        const unsigned char *d = p;
+        while (p < end && IS_DIGIT(*p)) p++;
+        if (p == d) return NULL;
+    }
+    if (real) *type = T_DOUBLE;
+    else if (count > 18 || (negative && *digits == '0')) return NULL; /* past 64 bits, or -0: DuckDB's */
+    else *type = negative ? T_BIGINT : T_UBIGINT;
+    return p;
+}
+
+/* The top-level keys of one row's data; 1 where the scan is not sure (DuckDB then types them). */
+static int scan_fields(Fields *f, const unsigned char *kind, size_t kind_len, const unsigned char *p, size_t n) {
+    const unsigned char *end = p + n, *previous = NULL;
+    size_t previous_len = 0;
+    uint64_t kind_hash = fnv1a(kind, kind_len, 14695981039346656037ULL);
+    if (n < 2 || *p != '{') return 1;
+    p++;
+    if (*p == '}') return p + 1 == end ? 0 : 1;
+    for (;;) {
+        if (p >= end || *p != '"') return 1;
+        int escaped = 0;
+        const unsigned char *key = p + 1, *after = skip_string(p, end, &escaped);
+        if (after == NULL || escaped) return 1;
+        size_t key_len = (size_t)(after - 1 - key);
+        if (previous != NULL) {
+            /* Canonical keys are sorted by their bytes and unique: anything else is DuckDB's. */
+            size_t common = previous_len < key_len ? previous_len : key_len;
+            int order = memcmp(previous, key, common);
+            if (order > 0 || (order == 0 && previous_len >= key_len)) return 1;
+        }
+        previous = key;
+        previous_len = key_len;
+        p = after;
+        if (p >= end || *p != ':') return 1;
+        if (++p >= end) return 1;
+        unsigned type;
+        switch (*p) {
+            case '"':
+                type = T_VARCHAR;
+                p = skip_string(p, end, &escaped);
+                break;
+            case '{':
+                type = T_OBJECT;
+                p = skip_nested(p, end);
+                break;
+            case '[':
+                type = T_ARRAY;
+                p = skip_nested(p, end);
+                break;
+            case 't':
+                type = T_BOOLEAN;
+                p = (size_t)(end - p) >= 4 && memcmp(p, "true", 4) == 0 ? p + 4 : NULL;
+                break;
+            case 'f':
+                type = T_BOOLEAN;
+                p = (size_t)(end - p) >= 5 && memcmp(p, "false", 5) == 0 ? p + 5 : NULL;
+                break;
+            case 'n':
+                type = T_NULL;
+                p = (size_t)(end - p) >= 4 && memcmp(p, "null", 4) == 0 ? p + 4 : NULL;
+                break;
+            default:
+                if (*p != '-' && !IS_DIGIT(*p)) return 1;
+                p = skip_number(p, end, &type);
+        }
+        if (p == NULL || p >= end) return 1;
+        if (fields_add(f, kind, kind_len, kind_hash, key, key_len, type) < 0) return -1;
+        if (*p == '}') return p + 1 == end ? 0 : 1;
+        if (*p++ != ',') return 1;
+    }
+}
+
+/* ---- The read. ---- */
 
 static int add_row(Buffer *seqs, Column *cols, sqlite3_stmt *st, int64_t row) {
     if (reserve(seqs, 8) < 0) return READ_NOMEM;
@@ -63,8 +362,20 @@ static int add_row(Buffer *seqs, Column *cols, sqlite3_stmt *st, int64_t row) {
     return READ_OK;
 }
 
-static int read_rows(const char *path, int64_t after, int64_t until, Buffer *seqs, Column *cols,
-                     int64_t *rows, const char **sqlite_message) {
+/* The string just added to a column (the row's last), or NULL where it is null. */
+static const unsigned char *last_text(const Column *col, int64_t row, size_t *n) {
+    if (!(col->validity.p[row >> 3] & (1u << (row & 7)))) return NULL;
+    int32_t start, stop;
+    memcpy(&start, col->offsets.p + 4 * row, 4);
+    memcpy(&stop, col->offsets.p + 4 * (row + 1), 4);
+    *n = (size_t)(stop - start);
+    return col->data.p + start;
+}
+
+enum { COL_KIND = 2, COL_DATA = 5 }; /* among the text columns */
+
+static int read_rows(const char *path, int64_t after, int64_t until, Buffer *seqs, Column *cols, int64_t *rows,
+                     const char **sqlite_message, Check *check, Fields *fields) {
     sqlite3 *db = NULL;
     sqlite3_stmt *st = NULL;
     int outcome = READ_OK;
@@ -92,8 +403,22 @@ static int read_rows(const char *path, int64_t after, int64_t until, Buffer *seq
     int step;
     int64_t row = 0;
     while ((step = sqlite3_step(st)) == SQLITE_ROW) {
-        outcome = add_row(seqs, cols, st, row++);
+        /* Checked first: reading a column as text may convert it, and the check needs its type. */
+        if (check != NULL && (outcome = check_row(check, st)) != READ_OK) goto done;
+        outcome = add_row(seqs, cols, st, row);
         if (outcome != READ_OK) goto done;
+        if (fields != NULL && !fields->unsure) {
+            size_t kind_len = 0, data_len = 0;
+            const unsigned char *kind = last_text(&cols[COL_KIND], row, &kind_len);
+            const unsigned char *data = last_text(&cols[COL_DATA], row, &data_len);
+            int scanned = kind == NULL || data == NULL ? 1 : scan_fields(fields, kind, kind_len, data, data_len);
+            if (scanned < 0) {
+                outcome = READ_NOMEM;
+                goto done;
+            }
+            fields->unsure = scanned;
+        }
+        row++;
     }
     if (step != SQLITE_DONE) outcome = READ_SQLITE;
     *rows = row;
@@ -111,15 +436,84 @@ done:
     return outcome;
 }
 
-static PyObject *as_bytes(Buffer *b) {
-    return PyBytes_FromStringAndSize((const char *)(b->p ? b->p : (unsigned char *)""), (Py_ssize_t)b->len);
+/* A buffer handed to Python as it is (no copy): the object owns the memory and frees it when
+ * Arrow, which wraps it through the buffer protocol, lets it go. Copying each column into a
+ * bytes object cost a memcpy of every byte read and a fresh page fault per 4 KiB. */
+typedef struct {
+    PyObject_HEAD
+    unsigned char *p;
+    Py_ssize_t len;
+} Memory;
+
+static int memory_getbuffer(PyObject *self, Py_buffer *view, int flags) {
+    Memory *m = (Memory *)self;
+    return PyBuffer_FillInfo(view, self, m->p ? m->p : (unsigned char *)"", m->len, 1, flags);
 }
 
-static PyObject *read_range(PyObject *self, PyObject *args) {
-    (void)self;
-    const char *path;
-    long long after, until;
-    if (!PyArg_ParseTuple(args, "sLL", &path, &after, &until)) return NULL;
+static void memory_dealloc(PyObject *self) {
+    free(((Memory *)self)->p);
+    Py_TYPE(self)->tp_free(self);
+}
+
+static PyBufferProcs memory_as_buffer = {.bf_getbuffer = memory_getbuffer};
+
+static PyTypeObject MemoryType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ledger._carrow.Memory",
+    .tp_basicsize = sizeof(Memory),
+    .tp_dealloc = memory_dealloc,
+    .tp_as_buffer = &memory_as_buffer,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Bytes read natively, owned here and lent to Arrow through the buffer protocol.",
+};
+
+/* The buffer's memory as a Memory object; the buffer is left empty (the object owns it now). */
+static PyObject *as_memory(Buffer *b) {
+    Memory *m = PyObject_New(Memory, &MemoryType);
+    if (m == NULL) return NULL;
+    m->p = b->p;
+    m->len = (Py_ssize_t)b->len;
+    b->p = NULL;
+    b->len = b->cap = 0;
+    return (PyObject *)m;
+}
+
+/* kind -> key -> type mask, or None where a name is not UTF-8 (DuckDB then types the segment). */
+static PyObject *fields_dict(const Fields *f) {
+    PyObject *out = PyDict_New();
+    if (out == NULL) return NULL;
+    for (size_t i = 0; i < f->cap; i++) {
+        const Slot *s = &f->slots[i];
+        if (s->name == NULL) continue;
+        PyObject *kind = PyUnicode_DecodeUTF8((const char *)s->name, (Py_ssize_t)s->kind_len, NULL);
+        PyObject *key = PyUnicode_DecodeUTF8((const char *)s->name + s->kind_len, (Py_ssize_t)s->key_len, NULL);
+        if (kind == NULL || key == NULL) {
+            Py_XDECREF(kind);
+            Py_XDECREF(key);
+            Py_DECREF(out);
+            if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) return NULL;
+            PyErr_Clear();
+            Py_RETURN_NONE;
+        }
+        PyObject *keys = PyDict_GetItemWithError(out, kind);
+        if (keys == NULL && !PyErr_Occurred()) {
+            keys = PyDict_New();
+            if (keys != NULL && PyDict_SetItem(out, kind, keys) < 0) Py_CLEAR(keys);
+            Py_XDECREF(keys); /* the dict holds it */
+        }
+        PyObject *mask = keys == NULL ? NULL : PyLong_FromUnsignedLong(s->mask);
+        int failed = mask == NULL || PyDict_SetItem(keys, key, mask) < 0;
+        Py_XDECREF(mask);
+        Py_DECREF(kind);
+        Py_DECREF(key);
+        if (failed) {
+            Py_DECREF(out);
+            return NULL;
+        }
+    }
+    return out;
+}
+
+static PyObject *read_any(const char *path, long long after, long long until, Check *check, Fields *fields) {
     Buffer seqs = {0};
     Column cols[TEXT_COLUMNS];
     memset(cols, 0, sizeof cols);
@@ -127,7 +521,7 @@ static PyObject *read_range(PyObject *self, PyObject *args) {
     const char *message = NULL;
     int outcome;
     Py_BEGIN_ALLOW_THREADS
-    outcome = read_rows(path, after, until, &seqs, cols, &rows, &message);
+    outcome = read_rows(path, after, until, &seqs, cols, &rows, &message, check, fields);
     Py_END_ALLOW_THREADS
     PyObject *result = NULL, *columns = NULL;
     if (outcome == READ_NOMEM) {
@@ -145,13 +539,21 @@ static PyObject *read_range(PyObject *self, PyObject *args) {
     columns = PyList_New(TEXT_COLUMNS);
     if (columns == NULL) goto done;
     for (int c = 0; c < TEXT_COLUMNS; c++) {
-        PyObject *validity = cols[c].nulls ? as_bytes(&cols[c].validity) : (Py_INCREF(Py_None), Py_None);
+        PyObject *validity = cols[c].nulls ? as_memory(&cols[c].validity) : (Py_INCREF(Py_None), Py_None);
         PyObject *item = Py_BuildValue("(NLNN)", validity, (long long)cols[c].nulls,
-                                       as_bytes(&cols[c].offsets), as_bytes(&cols[c].data));
+                                       as_memory(&cols[c].offsets), as_memory(&cols[c].data));
         if (item == NULL) goto done;
         PyList_SET_ITEM(columns, c, item);
     }
-    result = Py_BuildValue("(LNO)", (long long)rows, as_bytes(&seqs), columns);
+    if (check == NULL) {
+        result = Py_BuildValue("(LNO)", (long long)rows, as_memory(&seqs), columns);
+    } else {
+        PyObject *found = fields->unsure ? (Py_INCREF(Py_None), Py_None) : fields_dict(fields);
+        if (found == NULL) goto done;
+        result = Py_BuildValue("(LNO(iLLLs#)N)", (long long)rows, as_memory(&seqs), columns, check->outcome,
+                               check->bad_seq, check->found_seq, check->expected - 1, check->chain,
+                               (Py_ssize_t)check->chain_len, found);
+    }
 done:
     Py_XDECREF(columns);
     free(seqs.p);
@@ -163,9 +565,40 @@ done:
     return result;
 }
 
+static PyObject *read_range(PyObject *self, PyObject *args) {
+    (void)self;
+    const char *path;
+    long long after, until;
+    if (!PyArg_ParseTuple(args, "sLL", &path, &after, &until)) return NULL;
+    return read_any(path, after, until, NULL, NULL);
+}
+
+static PyObject *read_checked(PyObject *self, PyObject *args) {
+    (void)self;
+    const char *path, *chain;
+    Py_ssize_t chain_len;
+    long long after, until, expected;
+    if (!PyArg_ParseTuple(args, "sLLLs#", &path, &after, &until, &expected, &chain, &chain_len)) return NULL;
+    if (chain_len != HEX_LEN && chain_len != 0) {
+        PyErr_SetString(PyExc_ValueError, "previous chain must be 64 hex characters or empty");
+        return NULL;
+    }
+    Check check = {.expected = expected, .chain_len = (size_t)chain_len, .outcome = CHECK_OK};
+    memcpy(check.chain, chain, (size_t)chain_len);
+    Fields fields = {0};
+    PyObject *result = read_any(path, after, until, &check, &fields);
+    free(check.envelope.p);
+    fields_free(&fields);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"read", read_range, METH_VARARGS,
      "read(path, after_seq, until_seq) -> (rows, seq_bytes, [(validity, nulls, offsets, data)] * 8)"},
+    {"read_checked", read_checked, METH_VARARGS,
+     "read_checked(path, after_seq, until_seq, expected_seq, previous_chain)\n"
+     "    -> (rows, seq_bytes, columns, (outcome, bad_seq, found_seq, last_good_seq, last_good_chain),\n"
+     "        {kind: {key: type mask}} | None)"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -174,4 +607,31 @@ static struct PyModuleDef module = {
     .m_doc = "Native read of an SQLite ledger's rows into Arrow buffers.", .m_size = -1, .m_methods = methods,
 };
 
-PyMODINIT_FUNC PyInit__carrow(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__carrow(void) {
+    init_escapes();
+    if (PyType_Ready(&MemoryType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    PyObject *names = PyTuple_New(8);
+    if (names == NULL) goto fail;
+    for (int i = 0; i < 8; i++) {
+        PyObject *name = PyUnicode_FromString(TYPE_NAMES[i]);
+        if (name == NULL) {
+            Py_DECREF(names);
+            goto fail;
+        }
+        PyTuple_SET_ITEM(names, i, name);
+    }
+    if (PyModule_AddObject(m, "TYPE_NAMES", names) < 0) {
+        Py_DECREF(names);
+        goto fail;
+    }
+    if (PyModule_AddIntConstant(m, "OK", CHECK_OK) || PyModule_AddIntConstant(m, "DELETED", CHECK_DELETED)
+        || PyModule_AddIntConstant(m, "EDITED", CHECK_EDITED)
+        || PyModule_AddIntConstant(m, "RELINKED", CHECK_RELINKED))
+        goto fail;
+    return m;
+fail:
+    Py_DECREF(m);
+    return NULL;
+}

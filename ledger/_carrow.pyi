@@ -1,5 +1,24 @@
 # Types of the native row reader (ledger/_carrow.c).
 
+class Memory:
+    """Bytes read natively, lent to Arrow through the buffer protocol (pyarrow.py_buffer)."""
+
+OK: int
+DELETED: int
+EDITED: int
+RELINKED: int
+# DuckDB's json_type names, in the order of the bits of a field's type mask.
+TYPE_NAMES: tuple[str, ...]
+
 def read(
     path: str, after_seq: int, until_seq: int, /
-) -> tuple[int, bytes, list[tuple[bytes | None, int, bytes, bytes]]]: ...
+) -> tuple[int, Memory, list[tuple[Memory | None, int, Memory, Memory]]]: ...
+def read_checked(
+    path: str, after_seq: int, until_seq: int, expected_seq: int, previous_chain: str, /
+) -> tuple[
+    int,
+    Memory,
+    list[tuple[Memory | None, int, Memory, Memory]],
+    tuple[int, int, int, int, str],
+    dict[str, dict[str, int]] | None,
+]: ...

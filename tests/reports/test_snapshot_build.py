@@ -14,8 +14,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from ledger import Analytics, Ledger, NewEvent, open_ledger, read_jsonl
+from ledger._events import GENESIS
 from ledger._rows import native_reader, read_rows, rows_to_table
 from ledger._snapshot import Snapshot, table_fields
+from ledger._snapshot_rows import checked_reader, read_checked, single_kind
 from reports import audit, open_source
 from reports._views import projections
 from tests._synthetic import generate
@@ -192,3 +194,105 @@ def test_rows_missing_from_the_database_are_a_broken_chain_for_a_verified_source
         assert src.analytics.derived is not None and src.analytics.derived.gaps == 1
     finally:
         src.close()
+
+
+def _typed_natively(table: object, ledger: Ledger) -> dict[str, dict[str, list[str]]] | None:
+    path = checked_reader(ledger)
+    assert path is not None, "the native reader and verifier are built at install (setup.py)"
+    head = ledger.head()
+    assert head is not None
+    return read_checked(path, 0, head.seq, GENESIS).fields
+
+
+def test_fields_typed_in_the_read_equal_duckdbs(synthetic: Ledger) -> None:
+    """The fields the native read types as it steps the rows are those DuckDB's json_type finds,
+    on every shape of value: negative and 18-digit integers, floats, nulls, booleans, nesting,
+    escapes and non-ASCII text in values and keys."""
+    synthetic.append_many(
+        [
+            NewEvent(
+                "note.added",
+                {
+                    "text": f"shape {i}",
+                    "neg": -(10**18 - 1) if i % 2 else -1,
+                    "big": 10**18 - 1 if i % 3 else 2**59,
+                    "float": [1.5, 1e300, -2.5e-8][i % 3],
+                    "maybe": None if i % 2 else 'text \u00e9 "q" \\ \n',
+                    "flag": bool(i % 2),
+                    "nested": {"a": [1, {"b": "}"}], "c": "]"} if i % 2 else [[], "{"],
+                    "zero": 0,
+                    "\u00e9t\u00e9": i,
+                },
+            )
+            for i in range(6)
+        ]
+    )
+    table = rows_to_table(list(synthetic.raw_rows()))
+    native = _typed_natively(table, synthetic)
+    assert native == table_fields(table)
+    assert native is not None
+    assert native["note.added"]["float"] == ["DOUBLE"] and native["note.added"]["nested"] == [
+        "ARRAY",
+        "OBJECT",
+    ]
+    assert native["note.added"]["neg"] == ["BIGINT"] and native["note.added"]["n"] == ["UBIGINT"]
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"text": "", "tab\tkey": 2},
+        {"text": "", "big": 2**63},
+        {"text": "", "neg": -(2**63)},
+    ],
+    ids=["escaped-key", "past-18-digits", "most-negative"],
+)
+def test_what_it_cannot_type_it_leaves_to_duckdb(
+    synthetic: Ledger, tmp_path: Path, data: dict[str, object]
+) -> None:
+    """A key with an escape and integers of 19 digits or more (where DuckDB's reading is its own):
+    the segment's fields come from DuckDB, as before."""
+    synthetic.append_many([NewEvent("note.added", data)])
+    table = rows_to_table(list(synthetic.raw_rows()))
+    assert _typed_natively(table, synthetic) is None
+    analytics = Analytics(synthetic, tmp_path / "snapshots", projections())
+    analytics.connection()
+    assert analytics.snapshot.fields() == table_fields(table)
+    analytics.close()
+
+
+def test_rows_read_in_parts_are_checked_across_the_seams(
+    synthetic: Ledger, sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Threads read parts of a range, each following the chain stored before it: a clean ledger
+    reads as one proven range equal to the driver's rows; an edit in any part names its seq."""
+    monkeypatch.setattr("ledger._snapshot_rows._SPLIT", 10)
+    path = checked_reader(synthetic)
+    head = synthetic.head()
+    assert path is not None and head is not None
+    by_driver = rows_to_table(list(synthetic.raw_rows()))
+    whole = read_checked(path, 0, head.seq, GENESIS, threads=3)
+    assert whole.table.equals(by_driver)
+    assert (whole.checked.bad_seq, whole.checked.last_seq, whole.checked.last_chain) == (
+        None,
+        head.seq,
+        head.chain,
+    )
+    chain_at_20 = str(by_driver.column("chain")[19].as_py())
+    assert read_checked(path, 20, head.seq, chain_at_20, threads=2).checked.bad_seq is None
+    edited = head.seq - 5  # in the last part
+    tamper_sqlite(sqlite_url, [f"UPDATE events SET data = '{{\"x\":1}}' WHERE seq = {edited}"])
+    found = read_checked(path, 0, head.seq, GENESIS, threads=3).checked
+    assert found.bad_seq == edited and found.problem is not None and "edited" in found.problem
+    tamper_sqlite(sqlite_url, ["DELETE FROM events WHERE seq = 12"])  # a seam's row, in the first part
+    found = read_checked(path, 0, head.seq, GENESIS, threads=3).checked
+    assert found.bad_seq == 12 and found.last_seq == 11
+
+
+def test_one_kind_projections_are_recognised_and_nothing_else() -> None:
+    assert single_kind("SELECT seq FROM events WHERE kind = 'request.sent'") == "request.sent"
+    assert single_kind("SELECT 1 FROM (SELECT seq FROM events WHERE kind = 'it''s' ) e") == "it's"
+    assert single_kind("SELECT seq FROM events WHERE kind = 'a' OR kind = 'b'") is None
+    assert single_kind("SELECT seq FROM events WHERE kind = 'a' AND seq > 2") is None
+    assert single_kind("SELECT * FROM events a JOIN events b USING (seq) WHERE kind = 'a'") is None
+    assert all(single_kind(sql) is not None for sql in projections().values())

@@ -1,0 +1,199 @@
+"""A snapshot segment's rows read, checked and typed in one native pass, and split by kind.
+
+Writing a segment used to read its rows natively into Arrow while the native verifier
+read the same seq range of the file again on another thread, and then parsed every
+row's data in DuckDB once more to find each kind's fields and their JSON types. Here
+``ledger/_carrow.c`` does all three as it steps the rows once: each row's digest is
+recomputed from its canonical envelope and its chain link followed before its bytes are
+copied (so the rows kept are the rows checked, not rows read beside a check), and the
+top-level keys of its data are typed as DuckDB's ``json_type`` names them. A row whose
+data is not a canonical object with plain keys leaves the typing to DuckDB
+(:func:`ledger._snapshot.table_fields`), which stays the reference.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import sqlite3
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from types import ModuleType
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ._rows import SCHEMA, native_reader
+from ._store import Ledger
+from ._verify import _DELETED, _EDITED, _RELINKED, RangeResult, native_path
+
+_carrow: ModuleType | None
+try:
+    from . import _carrow
+except ImportError:  # installed without a C compiler or headers: read, then check apart
+    _carrow = None
+
+# Threads split a range only when each part is at least this long.
+_SPLIT = 100_000
+
+
+@dataclass(frozen=True)
+class CheckedRows:
+    """Rows of a seq range, what their check found, and their fields (None: DuckDB types them)."""
+
+    table: pa.Table
+    checked: RangeResult
+    fields: dict[str, dict[str, list[str]]] | None
+
+
+def checked_reader(ledger: Ledger) -> str | None:
+    """The SQLite file whose rows are read and checked in one native pass, or None (the reader or
+    the verifier is not native: rows are read, then checked apart)."""
+    path = native_reader(ledger)
+    if path is None or native_path(ledger) is None or _carrow is None:
+        return None
+    return path
+
+
+def _table(count: int, seqs: object, columns: list[tuple[object | None, int, object, object]]) -> pa.Table:
+    arrays: list[pa.Array] = [pa.Array.from_buffers(pa.int64(), count, [None, pa.py_buffer(seqs)])]
+    for validity, nulls, offsets, data in columns:
+        buffers = [
+            None if validity is None else pa.py_buffer(validity),
+            pa.py_buffer(offsets),
+            pa.py_buffer(data),
+        ]
+        arrays.append(pa.Array.from_buffers(pa.string(), count, buffers, null_count=nulls))
+    return pa.Table.from_arrays(arrays, schema=SCHEMA)
+
+
+def _stored_chains(path: str, seqs: list[int]) -> dict[int, str]:
+    if not seqs:
+        return {}
+    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as con:
+        marks = ", ".join("?" for _ in seqs)
+        rows = con.execute(f"SELECT seq, chain FROM events WHERE seq IN ({marks})", seqs).fetchall()
+    return {int(seq): str(chain) for seq, chain in rows}
+
+
+def read_checked(path: str, after: int, until: int, previous: str, threads: int = 2) -> CheckedRows:
+    """Rows ``after < seq <= until`` of the SQLite file at ``path``, each checked against the chain
+    before it (``previous``: the chain at ``after``, proven), as one table in seq order.
+
+    Threads read parts of the range; a part after the first follows the chain the database
+    stores at its first seq minus one, and must start where the part before ended, on that chain.
+    """
+    assert _carrow is not None
+    parts = max(1, min(threads, (until - after) // _SPLIT))
+    step = -(-(until - after) // parts) if until > after else 1
+    bounds = [(a, min(a + step, until)) for a in range(after, until, step)] or [(after, until)]
+    chains = _stored_chains(path, [a for a, _ in bounds[1:]])
+    starts = [previous, *(chains.get(a, "") for a, _ in bounds[1:])]
+    carrow = _carrow
+
+    def read(part: int) -> tuple[pa.Table, tuple[int, int, int, int, str], dict[str, dict[str, int]] | None]:
+        a, b = bounds[part]
+        count, seqs, columns, check, fields = carrow.read_checked(path, a, b, a + 1, starts[part])
+        return _table(count, seqs, columns), check, fields
+
+    with ThreadPoolExecutor(len(bounds), thread_name_prefix="kvledger-snapshot-read") as pool:
+        results = list(pool.map(read, range(len(bounds))))
+    table = pa.concat_tables([r[0] for r in results]) if len(results) > 1 else results[0][0]
+    last_seq, chain = after, previous
+    checked: RangeResult | None = None
+    merged: dict[str, dict[str, int]] | None = {}
+    for (a, b), start, (_, (outcome, bad, found, last_good, last_chain), fields) in zip(
+        bounds, starts, results, strict=True
+    ):
+        if fields is None:
+            merged = None
+        elif merged is not None:
+            for kind, keys in fields.items():
+                known = merged.setdefault(kind, {})
+                for key, mask in keys.items():
+                    known[key] = known.get(key, 0) | mask
+        if checked is not None:
+            continue
+        if (a, start) != (last_seq, chain):
+            # The row before this part changed between the reads, or the part before stopped early.
+            checked = RangeResult(last_seq, chain, last_seq + 1, _RELINKED)
+        elif outcome == carrow.DELETED:
+            checked = RangeResult(
+                last_good, last_chain, bad, _DELETED.format(seq=found, expected=last_good + 1)
+            )
+        elif outcome != carrow.OK:
+            checked = RangeResult(
+                last_good, last_chain, bad, _EDITED if outcome == carrow.EDITED else _RELINKED
+            )
+        elif last_good < b:
+            checked = RangeResult(
+                last_good, last_chain, last_good + 1, f"seq {last_good + 1} is missing (rows deleted)"
+            )
+        else:
+            last_seq, chain = last_good, last_chain
+    return CheckedRows(table, checked or RangeResult(last_seq, chain), _named(merged))
+
+
+def _named(masks: dict[str, dict[str, int]] | None) -> dict[str, dict[str, list[str]]] | None:
+    """Type masks as the sorted json_type names :func:`ledger._snapshot.table_fields` gives."""
+    if masks is None or _carrow is None:
+        return None
+    names = _carrow.TYPE_NAMES
+    return {
+        kind: {
+            key: sorted(names[bit] for bit in range(len(names)) if mask >> bit & 1)
+            for key, mask in sorted(keys.items())
+        }
+        for kind, keys in sorted(masks.items())
+    }
+
+
+# A projection that reads ``events`` once, filtered on one kind and nothing else: it sees the same
+# rows when given only that kind's rows.
+_ONE_KIND = re.compile(r"\bFROM events WHERE kind = '((?:[^']|'')*)'(?=\s*\)|\s*$)")
+_EVENTS = re.compile(r"\bevents\b")
+
+
+def single_kind(sql: str) -> str | None:
+    """The one kind ``sql`` reads, where its only use of ``events`` is ``FROM events WHERE kind =
+    '<kind>'`` with no other condition; None otherwise (it is given every row)."""
+    if len(_EVENTS.findall(sql)) != 1:
+        return None
+    found = _ONE_KIND.search(sql)
+    return None if found is None else found.group(1).replace("''", "'")
+
+
+def columns_read(sqls: list[str]) -> list[str]:
+    """The columns of :data:`SCHEMA` that ``sqls`` name (every column where one selects ``*``):
+    a projection given only these sees what it reads (DuckDB's binder refuses any other)."""
+    if any("*" in sql for sql in sqls):
+        return list(SCHEMA.names)
+    words = set(re.findall(r"\w+", " ".join(sqls)))
+    return [name for name in SCHEMA.names if name in words or name == "kind"]
+
+
+def by_kind(table: pa.Table, columns: list[str] | None = None) -> dict[str, pa.Table]:
+    """Each kind's rows of ``table`` (only ``columns``, default all), in seq order: one stable sort
+    and one take, then slices, so that each projection scans only its kind's rows rather than
+    filtering all of them."""
+    if table.num_rows == 0:
+        return {}
+    encoded = pc.dictionary_encode(table.column("kind")).combine_chunks()
+    indices = encoded.indices
+    order = pc.sort_indices(indices)  # stable: each kind's rows stay in seq order
+    grouped = (table if columns is None else table.select(columns)).take(order)
+    counts = pc.value_counts(indices)
+    sizes = {
+        int(value): int(count)
+        for value, count in zip(
+            counts.field("values").to_pylist(), counts.field("counts").to_pylist(), strict=True
+        )
+        if value is not None
+    }
+    out: dict[str, pa.Table] = {}
+    offset = 0
+    for index, kind in enumerate(encoded.dictionary.to_pylist()):
+        size = sizes.get(index, 0)
+        out[str(kind)] = grouped.slice(offset, size)
+        offset += size
+    return out
