@@ -50,7 +50,8 @@ def checked_reader(ledger: Ledger) -> str | None:
     """The SQLite file whose rows are read and checked in one native pass, or None (the reader or
     the verifier is not native: rows are read, then checked apart)."""
     path = native_reader(ledger)
-    if path is None or native_path(ledger) is None or _carrow is None:
+    # A _carrow built before its source gained read_checked reads, and the verifier checks apart.
+    if path is None or native_path(ledger) is None or not hasattr(_carrow, "read_checked"):
         return None
     return path
 
