@@ -649,26 +649,26 @@ class Snapshot:
         """Each projection of ``derive`` for the segment ``name`` from its rows in memory; returns
         (SQL, file digest, rows) triples. A projection that reads one kind is given only that
         kind's rows; where there are none, its file is the one it gave for no rows before."""
-        out: list[tuple[str, str, int]] = []
         if not derive:
-            return out
+            return []
         kinds = {sql: single_kind(sql) for sql in derive.values()}
         one_kind = [sql for sql, kind in kinds.items() if kind is not None]
         parts = by_kind(table, columns_read(one_kind)) if one_kind else {}
-        con = _duck()
-        try:
-            for sql, kind in kinds.items():
-                folder = self._projection_dir(sql)
-                folder.mkdir(exist_ok=True)
-                if kind is not None and kind not in parts:
-                    empty = self._empty.get(sql) or self._empty_file(sql, state)
-                    if empty is not None:
-                        # A DuckDB COPY of no rows costs 4 ms or more of CPU; its bytes do not
-                        # depend on the segment, so the bytes proven before are written again.
-                        _write_bytes(folder / name, empty[0])
-                        out.append((sql, empty[1], 0))
-                        continue
-                rows = table if kind is None else parts.get(kind, parts_empty(table, parts))
+
+        def project(sql: str) -> tuple[str, str, int]:
+            kind = kinds[sql]
+            folder = self._projection_dir(sql)
+            folder.mkdir(exist_ok=True)
+            if kind is not None and kind not in parts:
+                empty = self._empty.get(sql) or self._empty_file(sql, state)
+                if empty is not None:
+                    # A DuckDB COPY of no rows costs 4 ms or more of CPU; its bytes do not
+                    # depend on the segment, so the bytes proven before are written again.
+                    _write_bytes(folder / name, empty[0])
+                    return sql, empty[1], 0
+            rows = table if kind is None else parts.get(kind, parts_empty(table, parts))
+            con = _duck()
+            try:
                 con.register("events", rows)
                 try:
                     digest, count = _copy_parquet(con, sql, folder / name)
@@ -679,13 +679,16 @@ class Snapshot:
                     con.unregister("events")
                     con.register("events", table)
                     digest, count = _copy_parquet(con, sql, folder / name)
-                con.unregister("events")
-                if rows.num_rows == 0:
-                    self._empty[sql] = ((folder / name).read_bytes(), digest)
-                out.append((sql, digest, count))
-        finally:
-            con.close()
-        return out
+            finally:
+                con.close()
+            if rows.num_rows == 0:
+                self._empty[sql] = ((folder / name).read_bytes(), digest)
+            return sql, digest, count
+
+        # Two at a time: DuckDB runs each off the GIL, and most projections are too small for
+        # its own threads (a refresh's few rows per kind), so one core would otherwise idle.
+        with ThreadPoolExecutor(2, thread_name_prefix="kvledger-snapshot-derive") as pool:
+            return list(pool.map(project, kinds))
 
     def _empty_file(self, sql: str, state: dict[str, Any]) -> tuple[bytes, str] | None:
         """The bytes and digest of a file ``sql`` gave for no rows, as recorded and still proven."""
