@@ -99,21 +99,6 @@ class Replica:
 
 
 @contextmanager
-def replica(engines: Engines, log_dir: Path, name: str, lmcache_port: int | None = None) -> Iterator[Replica]:
-    port = free_port()
-    with running(
-        vllm_argv(engines, port, lmcache_port),
-        name=name,
-        log_dir=log_dir,
-        extra_env=engine_env(engines),
-        health_url=f"http://127.0.0.1:{port}/health",
-        startup_timeout=240,
-        grace=15,
-    ) as proc:
-        yield Replica(f"http://127.0.0.1:{port}", proc)
-
-
-@contextmanager
 def shared_stack(engines: Engines, log_dir: Path) -> Iterator[tuple[Process, str, Replica, Replica]]:
     """LMCache service + two replicas using it (started concurrently)."""
     svc_port, http_port = free_port(), free_port()
