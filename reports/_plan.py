@@ -50,15 +50,73 @@ def run_plans(src: Any, run: str | None) -> list[dict[str, Any]]:
     return runs
 
 
-def _counts(src: Any, run_id: str) -> dict[str, dict[tuple[str, str, bool], int]]:
-    counts: dict[str, dict[tuple[str, str, bool], int]] = defaultdict(dict)
-    for r in src.rows(
-        """SELECT block_id, workload, step, warmup, count(*) AS n FROM kv_requests
-           WHERE run_id = $run AND probe IS NULL GROUP BY ALL""",
-        {"run": run_id},
-    ):
-        counts[r["block_id"]][(str(r["workload"]), str(r["step"]), bool(r["warmup"]))] = int(r["n"])
-    return counts
+class _Observed:
+    """What every run did, as the plan checks compare it, read once per source by grouped
+    queries: one query per run scanned the ledger's requests once per run (quadratic in runs)."""
+
+    def __init__(self, src: Any) -> None:
+        self.src = src
+        self._blocks: dict[str, list[dict[str, Any]]] | None = None
+        self._counts: dict[str, dict[str, dict[tuple[str, str, bool], int]]] | None = None
+        self._sizes: dict[str, dict[str, set[int]]] | None = None
+        self._chunks: dict[str, set[int]] | None = None
+        self._methods: dict[str, set[str]] | None = None
+
+    def blocks(self, run_id: str) -> list[dict[str, Any]]:
+        if self._blocks is None:
+            self._blocks = defaultdict(list)
+            for b in self.src.rows(
+                "SELECT run_id, block_id, position, arm, finish_status FROM kv_run_blocks ORDER BY seq"
+            ):
+                self._blocks[b.pop("run_id")].append(b)
+        return self._blocks.get(run_id, [])
+
+    def counts(self, run_id: str) -> dict[str, dict[tuple[str, str, bool], int]]:
+        if self._counts is None:
+            self._counts = defaultdict(lambda: defaultdict(dict))
+            for run, block, workload, step, warmup, n in self.src.tuples(
+                """SELECT run_id, block_id, workload, step, warmup, count(*) AS n FROM kv_requests
+                   WHERE probe IS NULL GROUP BY ALL"""
+            ):
+                self._counts[run][block][(str(workload), str(step), bool(warmup))] = int(n)
+        return self._counts.get(run_id, {})
+
+    def sizes(self, run_id: str) -> dict[str, set[int]]:
+        if self._sizes is None:
+            self._sizes = defaultdict(lambda: defaultdict(set))
+            for run, workload, tokens in self.src.tuples(
+                """SELECT DISTINCT q.run_id, CASE WHEN q.warmup THEN 'warmup' ELSE q.workload END AS workload,
+                          q.nominal_tokens
+                   FROM kv_requests q JOIN kv_run_blocks b USING (block_id)
+                   WHERE b.finish_status = 'completed' AND q.nominal_tokens IS NOT NULL AND q.probe IS NULL"""
+            ):
+                self._sizes[run][str(workload)].add(int(tokens))
+        return self._sizes.get(run_id, {})
+
+    def chunk_sizes(self, run_id: str) -> set[int]:
+        if self._chunks is None:
+            self._chunks = defaultdict(set)
+            for run, chunk in self.src.tuples(
+                """SELECT DISTINCT run_id, chunk_size FROM kv_assertions
+                   WHERE "check" = 'full_prefix_hit' AND chunk_size IS NOT NULL"""
+            ):
+                self._chunks[run].add(int(chunk))
+        return self._chunks.get(run_id, set())
+
+    def ttft_methods(self, run_id: str) -> set[str]:
+        if self._methods is None:
+            self._methods = defaultdict(set)
+            for run, method in self.src.tuples(
+                "SELECT DISTINCT run_id, ttft_method FROM kv_requests WHERE ttft_method IS NOT NULL"
+            ):
+                self._methods[run].add(str(method))
+        return self._methods.get(run_id, set())
+
+
+def _observed(src: Any) -> _Observed:
+    """The source's :class:`_Observed` (the source's tables do not change under it)."""
+    observed: _Observed = src.once("plan-observed", lambda: _Observed(src))
+    return observed
 
 
 def _block_counts(plan: dict[str, Any], sent: dict[tuple[str, str, bool], int]) -> list[str]:
@@ -84,15 +142,7 @@ def _block_counts(plan: dict[str, Any], sent: dict[tuple[str, str, bool], int]) 
 
 def _sizes(src: Any, run_id: str, plan: dict[str, Any]) -> list[str]:
     """Each registered workload's nominal sizes against those its requests had."""
-    ran: dict[str, set[int]] = defaultdict(set)
-    for r in src.rows(
-        """SELECT DISTINCT CASE WHEN q.warmup THEN 'warmup' ELSE q.workload END AS workload, q.nominal_tokens
-           FROM kv_requests q JOIN kv_run_blocks b USING (block_id)
-           WHERE q.run_id = $run AND b.finish_status = 'completed' AND q.nominal_tokens IS NOT NULL
-             AND q.probe IS NULL""",
-        {"run": run_id},
-    ):
-        ran[str(r["workload"])].add(int(r["nominal_tokens"]))
+    ran = _observed(src).sizes(run_id)
     out = []
     for workload, sizes in sorted((plan["sizes"] or {}).items()):
         want = sorted(int(x) for x in sizes)
@@ -107,14 +157,7 @@ def _thresholds(src: Any, run_id: str, plan: dict[str, Any]) -> list[str]:
     t = plan["thresholds"] or {}
     out = []
     if "chunk_size" in t:
-        used = {
-            int(r["chunk_size"])
-            for r in src.rows(
-                """SELECT DISTINCT chunk_size FROM kv_assertions
-                   WHERE run_id = $run AND "check" = 'full_prefix_hit' AND chunk_size IS NOT NULL""",
-                {"run": run_id},
-            )
-        }
+        used = _observed(src).chunk_sizes(run_id)
         if used - {t["chunk_size"]}:
             out.append(f"full_prefix_hit checked with chunk {sorted(used)}, registered {t['chunk_size']}")
     if "min_block_pairs_for_inference" in t and t["min_block_pairs_for_inference"] != MIN_PAIRS_FOR_TEST:
@@ -123,14 +166,7 @@ def _thresholds(src: Any, run_id: str, plan: dict[str, Any]) -> list[str]:
             f"registered {t['min_block_pairs_for_inference']}"
         )
     if t.get("ttft_method"):
-        used_methods = {
-            str(r["ttft_method"])
-            for r in src.rows(
-                """SELECT DISTINCT ttft_method FROM kv_requests
-                   WHERE run_id = $run AND ttft_method IS NOT NULL""",
-                {"run": run_id},
-            )
-        }
+        used_methods = _observed(src).ttft_methods(run_id)
         if used_methods - {t["ttft_method"]}:
             out.append(f"TTFT dated by {sorted(used_methods)}, registered {t['ttft_method']}")
     return out
@@ -152,10 +188,7 @@ def plan_deviations(src: Any, r: dict[str, Any]) -> list[Deviation]:
     if plan["seed"] != r["seed"]:
         out.append((None, run_id, f"plan registered seed {plan['seed']}, the run used {r['seed']}"))
     order: list[str] = list(plan["order"] or [])
-    blocks = src.rows(
-        "SELECT block_id, position, arm, finish_status FROM kv_run_blocks WHERE run_id = $run ORDER BY seq",
-        {"run": run_id},
-    )
+    blocks = _observed(src).blocks(run_id)
     for b in blocks:
         pos = b["position"]
         if pos is None or not 0 <= pos < len(order):
@@ -166,7 +199,7 @@ def plan_deviations(src: Any, r: dict[str, Any]) -> list[Deviation]:
             )
     if r["finish_status"] == "completed" and len(blocks) != len(order):
         out.append((None, run_id, f"{len(blocks)} blocks ran, {len(order)} registered ({'–'.join(order)})"))
-    counts = _counts(src, run_id)
+    counts = _observed(src).counts(run_id)
     for b in blocks:
         if b["finish_status"] != "completed":
             continue  # a failed or aborted block is excluded and reported on its own

@@ -21,10 +21,11 @@ built on a second cursor while the report is derived (DuckDB works off the GIL).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import duckdb
 
@@ -33,6 +34,8 @@ from ledger import Analytics, Head, Ledger, Verification, open_ledger
 from ledger._snapshot import Mismatch, Proof
 
 from ._views import create_audit_views, create_views, projections
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -46,6 +49,15 @@ class Source:
     _cache: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     _verification: Future[Verification] | None = None
     _rederivation: Future[float] | None = None
+    _once: dict[str, Any] = field(default_factory=dict)
+
+    def once(self, key: str, build: Callable[[], T]) -> T:
+        """``build()``, run once per source and key: for what several checks derive from the same
+        tables (the snapshot under a source does not change)."""
+        if key not in self._once:
+            self._once[key] = build()
+        value: T = self._once[key]
+        return value
 
     def rederive(self) -> float:
         """Build the audit's re-derivations (reports/_views.py AUDIT_VIEWS) once per source
