@@ -703,17 +703,18 @@ COUNTERS: dict[str, str] = {
 def _counter_samples() -> str:
     """The hit-counter samples of every scrape, one row per series (the rest of a scrape is
     not read): ``kv_x_counter_samples``, kept as a projection like the other extractions."""
-    of = " ".join(
-        f"WHEN s.key = '{m}' OR starts_with(s.key, '{m}{{') THEN '{c}'" for c, m in COUNTERS.items()
-    )
-    # The samples object is parsed once into a map (json_each costs about four times as much).
+    of = " ".join(f"WHEN key = '{m}' OR starts_with(key, '{m}{{') THEN '{c}'" for c, m in COUNTERS.items())
+    # The samples' keys and values as two lists unnested side by side (json_keys and the `.*`
+    # wildcard both walk the object in its order): half the CPU of a cast to MAP(VARCHAR, JSON),
+    # which cost a quarter of json_each. A samples value that is not an object gives no row.
     sql = (
-        f"SELECT e.seq, e.run_id, e.block_id, CASE {of} END AS counter, s.key AS series, "
-        "hash(s.key) AS series_hash, TRY_CAST(s.value AS DOUBLE) AS value "
-        "FROM (SELECT seq, run_id, block_id, "
-        "unnest(map_entries(TRY_CAST(data->'samples' AS MAP(VARCHAR, JSON)))) AS s "
-        "FROM events WHERE kind = 'metrics.scraped') e "
-        f"WHERE (CASE {of} END) IS NOT NULL"
+        "SELECT seq, run_id, block_id, counter, key AS series, hash(key) AS series_hash, "
+        "TRY_CAST(value AS DOUBLE) AS value "
+        f"FROM (SELECT seq, run_id, block_id, key, value, CASE {of} END AS counter "
+        "FROM (SELECT seq, run_id, block_id, unnest(json_keys(data, '$.samples')) AS key, "
+        "unnest(json_extract_string(data, '$.samples.*')) AS value "
+        "FROM events WHERE kind = 'metrics.scraped')) "
+        "WHERE counter IS NOT NULL"
     )
     EXTRACTIONS["kv_x_counter_samples"] = sql
     return "SELECT * FROM kv_x_counter_samples"
