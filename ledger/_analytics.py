@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +17,7 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ._errors import QueryError
 from ._rows import read_rows, rows_to_table
@@ -166,19 +167,50 @@ def derive_from_rows(
             # Rows missing or out of place are the database as it is: its verification names them
             # (chain-broken), and the tables show what it holds, as a report of it does.
             derived.gaps += table.num_rows != stop - after or not _seqs_follow(table, after + 1)
-            con.register("kv_rows_chunk", table)
-            con.execute("CREATE OR REPLACE TEMP VIEW events AS SELECT * FROM kv_rows_chunk")
+            by_kind = _split_by_kind(table, projections.values())
             for name, sql in projections.items():
+                # Each projection reads its own kind's rows only (its WHERE still applies): a scan
+                # of every row's kind per projection cost more than most projections' parse.
+                kind = _one_kind(sql)
+                con.register("events", table if kind is None else by_kind.get(kind, table.slice(0, 0)))
                 verb = f"CREATE TABLE {_quote(name)} AS" if index == 0 else f"INSERT INTO {_quote(name)}"
                 con.execute(f"{verb} {sql}")
-            con.execute("DROP VIEW events")
-            con.unregister("kv_rows_chunk")
+                con.unregister("events")
             derived.rows += table.num_rows
             if table.num_rows:
                 derived.head_seq = int(table.column("seq")[-1].as_py())
                 derived.head_chain = str(table.column("chain")[-1].as_py())
     derived.seconds = time.perf_counter() - started
     return derived
+
+
+_KIND_FILTER = re.compile(r"\bkind = '((?:[^']|'')*)'")
+
+
+def _one_kind(sql: str) -> str | None:
+    """The one kind a projection's SQL reads (``kind = '...'``), or None if it names several."""
+    kinds = set(_KIND_FILTER.findall(sql))
+    return kinds.pop().replace("''", "'") if len(kinds) == 1 else None
+
+
+def _split_by_kind(table: pa.Table, sqls: Iterable[str]) -> dict[str, pa.Table]:
+    """The rows of each kind in ``table``, in seq order, with the columns that ``sqls`` may
+    name (a column's name anywhere in them keeps it): one stable sort by kind, one copy, then
+    zero-copy slices."""
+    if not table.num_rows:
+        return {}
+    kinds = pc.dictionary_encode(table.column("kind")).combine_chunks()
+    text = "\n".join(sqls)
+    table = table.select([c for c in table.column_names if re.search(rf"\b{re.escape(c)}\b", text)])
+    order = pc.array_sort_indices(kinds.indices)  # stable: seq order within a kind
+    grouped = table.take(order)
+    counts = pc.value_counts(kinds.indices)
+    sizes = dict(zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist(), strict=True))
+    out, start = {}, 0
+    for code, kind in enumerate(kinds.dictionary.to_pylist()):
+        out[str(kind)] = grouped.slice(start, sizes.get(code, 0))
+        start += sizes.get(code, 0)
+    return out
 
 
 def _timed_read(ledger: Ledger, after: int, stop: int) -> tuple[pa.Table, float]:
