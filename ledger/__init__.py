@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 # The error tree is imported at once: it has no dependencies, and standard-library-only modules
@@ -28,6 +27,7 @@ from ._errors import (
     SchemaError,
     TargetError,
 )
+from ._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -78,17 +78,7 @@ _EXPORTS: dict[str, str] = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(module, __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
 
 
 def verify(

@@ -603,6 +603,22 @@ static PyObject *make_event(PyObject **values) {
     return event;
 }
 
+/* A Sealed's data as an object (a new reference): the one it carries, else its canonical text
+ * parsed; NULL with an exception set on failure. */
+static PyObject *sealed_data(PyObject *s) {
+    PyObject *data = PyTuple_GET_ITEM(s, 7);
+    return data == Py_None ? PyObject_CallOneArg(parse_json, PyTuple_GET_ITEM(s, 5)) : Py_NewRef(data);
+}
+
+/* The nine fields of the stored Event of Sealed ``s`` (borrowed references). */
+static void stored_values(PyObject *s, PyObject *seq, PyObject *data, PyObject *chain, PyObject **values) {
+    values[0] = seq;
+    for (int k = 0; k < 5; k++) values[k + 1] = PyTuple_GET_ITEM(s, k);
+    values[6] = data;
+    values[7] = PyTuple_GET_ITEM(s, 6);
+    values[8] = chain;
+}
+
 static PyObject *link_rows(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *sealed_list;
     long long seq;
@@ -638,22 +654,14 @@ static PyObject *link_rows(PyObject *Py_UNUSED(self), PyObject *args) {
         seq++;
         PyObject *seq_value = PyLong_FromLongLong(seq);
         chain_text = PyUnicode_FromStringAndSize(chain, HEX_LEN);
-        PyObject *data = PyTuple_GET_ITEM(s, 7);
-        data = data == Py_None ? PyObject_CallOneArg(parse_json, PyTuple_GET_ITEM(s, 5)) : Py_NewRef(data);
+        PyObject *data = sealed_data(s);
         if (seq_value == NULL || chain_text == NULL || data == NULL) {
             Py_XDECREF(seq_value);
             Py_XDECREF(data);
             goto fail;
         }
-        PyObject *values[9] = {seq_value,
-                               PyTuple_GET_ITEM(s, 0),
-                               PyTuple_GET_ITEM(s, 1),
-                               PyTuple_GET_ITEM(s, 2),
-                               PyTuple_GET_ITEM(s, 3),
-                               PyTuple_GET_ITEM(s, 4),
-                               data,
-                               PyTuple_GET_ITEM(s, 6),
-                               chain_text};
+        PyObject *values[9];
+        stored_values(s, seq_value, data, chain_text, values);
         PyObject *event = make_event(values);
         values[6] = PyTuple_GET_ITEM(s, 5); /* the row holds the data's canonical text */
         PyObject *row = PyTuple_New(9);
@@ -859,19 +867,11 @@ static PyObject *insert_rows(PyObject *Py_UNUSED(self), PyObject *args) {
         PyObject *s = PyList_GET_ITEM(sealed_list, i);
         PyObject *seq_value = PyLong_FromLongLong(seq + 1 + i);
         PyObject *row_chain = PyUnicode_FromStringAndSize(rows[i].chain, HEX_LEN);
-        PyObject *data = PyTuple_GET_ITEM(s, 7);
-        data = data == Py_None ? PyObject_CallOneArg(parse_json, PyTuple_GET_ITEM(s, 5)) : Py_NewRef(data);
+        PyObject *data = sealed_data(s);
         PyObject *event = NULL;
         if (seq_value != NULL && row_chain != NULL && data != NULL) {
-            PyObject *values[9] = {seq_value,
-                                   PyTuple_GET_ITEM(s, 0),
-                                   PyTuple_GET_ITEM(s, 1),
-                                   PyTuple_GET_ITEM(s, 2),
-                                   PyTuple_GET_ITEM(s, 3),
-                                   PyTuple_GET_ITEM(s, 4),
-                                   data,
-                                   PyTuple_GET_ITEM(s, 6),
-                                   row_chain};
+            PyObject *values[9];
+            stored_values(s, seq_value, data, row_chain, values);
             event = make_event(values);
         }
         Py_XDECREF(seq_value);
