@@ -308,7 +308,9 @@ class Snapshot:
 
     def _save(self, state: dict[str, Any]) -> None:
         tmp = self._state_path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(state, indent=1))
+        # Compact: at 10M events the state lists about 600 files (270 kB); indented, its encoding
+        # took 6 ms of every refresh against 2.4 ms.
+        tmp.write_text(json.dumps(state, separators=(",", ":")))
         os.replace(tmp, self._state_path)
 
     @contextmanager
