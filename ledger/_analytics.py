@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 
 from ._errors import QueryError
 from ._rows import read_rows, rows_to_table
-from ._snapshot import Proof, Snapshot, _seqs_follow, sql_literal
+from ._snapshot import Proof, Snapshot, _seqs_follow, key_path, sql_literal
 from ._store import Ledger
 
 # Rows read from the database at a time when projections are derived from them.
@@ -63,7 +63,7 @@ def _column_type(types: set[str]) -> str:
 
 
 def _field_expr(field: str, sql_type: str) -> str:
-    path = "$." + _quote(field)
+    path = key_path(field)
     if sql_type == "JSON":
         return f"json_extract(data, '{path}')"
     return f"TRY_CAST(json_extract_string(data, '{path}') AS {sql_type})"

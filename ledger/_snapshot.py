@@ -134,7 +134,7 @@ def table_fields(table: pa.Table) -> dict[str, dict[str, list[str]]]:
         ).fetchall()
         fields: dict[str, dict[str, list[str]]] = {}
         for kind, names in keys:
-            paths = ", ".join("'$." + _quote_key(name) + "'" for name in names)
+            paths = ", ".join(f"'{key_path(name)}'" for name in names)
             found = con.execute(
                 f"SELECT DISTINCT i, t FROM (SELECT unnest(range({len(names)})) AS i, "
                 f"unnest(json_type(data, [{paths}])) AS t FROM segment WHERE kind = $kind) "
@@ -150,9 +150,11 @@ def table_fields(table: pa.Table) -> dict[str, dict[str, list[str]]]:
     return fields
 
 
-def _quote_key(name: str) -> str:
-    """A top-level key as a JSON path step inside an SQL string literal."""
-    return ('"' + name.replace('"', '\\"') + '"').replace("'", "''")
+def key_path(name: str) -> str:
+    """The JSON path of top-level key ``name`` as the text of an SQL string literal (without
+    its quotes): backslashes and double quotes escaped for the path, single quotes doubled."""
+    step = name.replace("\\", "\\\\").replace('"', '\\"')
+    return ('$."' + step + '"').replace("'", "''")
 
 
 def _merge_fields(into: dict[str, dict[str, list[str]]], new: dict[str, dict[str, list[str]]]) -> None:

@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from ledger import Analytics, Ledger, NewEvent, open_ledger, read_jsonl
+from ledger import Analytics, Ledger, NewEvent, open_ledger, query, read_jsonl
 from ledger._events import GENESIS
 from ledger._rows import native_reader, read_rows, rows_to_table
 from ledger._snapshot import Snapshot, table_fields
@@ -296,3 +296,15 @@ def test_one_kind_projections_are_recognised_and_nothing_else() -> None:
     assert single_kind("SELECT seq FROM events WHERE kind = 'a' AND seq > 2") is None
     assert single_kind("SELECT * FROM events a JOIN events b USING (seq) WHERE kind = 'a'") is None
     assert all(single_kind(sql) is not None for sql in projections().values())
+
+
+def test_data_keys_with_quotes_backslashes_and_dots_have_their_columns(sqlite_url: str) -> None:
+    """Each awkward top-level key gets a typed column in its kind's view, as the driver reads it."""
+    keys = ['say "hi"', "it's", "back\\slash", "a.b", "plain"]
+    led = open_ledger(sqlite_url)
+    rows = [{"text": "t", **{k: i * 10 + n for n, k in enumerate(keys)}} for i in range(3)]
+    led.append_many([NewEvent("note.added", row) for row in rows])
+    led.close()
+    columns = ", ".join('"' + k.replace('"', '""') + '"' for k in keys)
+    got = query(sqlite_url, f"SELECT {columns} FROM note_added ORDER BY seq", fmt="arrow").to_pylist()
+    assert got == [{k: i * 10 + n for n, k in enumerate(keys)} for i in range(3)]
