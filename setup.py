@@ -13,7 +13,7 @@ COMPILE_ARGS = ["-O2", "-Wall", "-Wextra"]
 NATIVE_VERIFIER = Extension(
     "ledger._cverify",
     sources=["ledger/_cverify.c"],
-    depends=["ledger/_native.h", "ledger/_buffer.h"],
+    depends=["ledger/_native.h", "ledger/_buffer.h", "ledger/_rowcheck.h"],
     libraries=["sqlite3", "crypto"],
     optional=True,
     extra_compile_args=COMPILE_ARGS,
@@ -22,7 +22,7 @@ NATIVE_VERIFIER = Extension(
 NATIVE_SEALER = Extension(
     "ledger._cseal",
     sources=["ledger/_cseal.c"],
-    depends=["ledger/_native.h", "ledger/_buffer.h"],
+    depends=["ledger/_native.h", "ledger/_buffer.h", "ledger/_rowcheck.h"],
     # SQLite: the batch's insert on the connection Python's sqlite3 module opened.
     libraries=["crypto", "sqlite3"],
     optional=True,
@@ -34,7 +34,7 @@ NATIVE_SEALER = Extension(
 NATIVE_ARROW_READER = Extension(
     "ledger._carrow",
     sources=["ledger/_carrow.c"],
-    depends=["ledger/_native.h", "ledger/_buffer.h"],
+    depends=["ledger/_native.h", "ledger/_buffer.h", "ledger/_rowcheck.h"],
     libraries=["sqlite3", "crypto"],
     optional=True,
     extra_compile_args=COMPILE_ARGS,

@@ -36,6 +36,7 @@
 /* Columns run to megabytes: start their buffers at 64 KiB. */
 #define BUFFER_FIRST_CAP 65536
 #include "_native.h"
+#include "_rowcheck.h"
 
 #define TEXT_COLUMNS 8
 
@@ -58,46 +59,6 @@ typedef struct {
     int outcome;
     Buffer envelope;
 } Check;
-
-static int text_of(sqlite3_stmt *st, int col, int nullable, Text *t) {
-    int type = sqlite3_column_type(st, col);
-    t->is_null = type == SQLITE_NULL;
-    if (t->is_null) return nullable ? 0 : -1;
-    if (type != SQLITE_TEXT && type != SQLITE_BLOB) return -1;
-    t->p = sqlite3_column_blob(st, col);
-    t->n = (size_t)sqlite3_column_bytes(st, col);
-    return 0;
-}
-
-static void sha256_hex(const void *data, size_t n, const void *more, size_t more_n, char *out) {
-    unsigned char md[32];
-    SHA256_CTX ctx;
-    SHA256_Init(&ctx);
-    SHA256_Update(&ctx, data, n);
-    if (more_n) SHA256_Update(&ctx, more, more_n);
-    SHA256_Final(md, &ctx);
-    to_hex(md, out);
-}
-
-static int column_is(sqlite3_stmt *st, int col, const char *hex) {
-    if (sqlite3_column_type(st, col) != SQLITE_TEXT || sqlite3_column_bytes(st, col) != HEX_LEN) return 0;
-    return memcmp(sqlite3_column_text(st, col), hex, HEX_LEN) == 0;
-}
-
-/* The canonical envelope of the current row, as ledger/_events.envelope_text writes it. */
-static int envelope(Buffer *b, sqlite3_stmt *st) {
-    Text id, ts, kind, run_id, block_id, data;
-    if (text_of(st, 1, 0, &id) || text_of(st, 2, 0, &ts) || text_of(st, 3, 0, &kind)
-        || text_of(st, 4, 1, &run_id) || text_of(st, 5, 1, &block_id) || text_of(st, 6, 0, &data))
-        return -1;
-    b->len = 0;
-    if (PUT_LITERAL(b, "{\"block_id\":") || put_string(b, &block_id) || PUT_LITERAL(b, ",\"data\":")
-        || put(b, data.p, data.n) || PUT_LITERAL(b, ",\"id\":") || put_string(b, &id)
-        || PUT_LITERAL(b, ",\"kind\":") || put_string(b, &kind) || PUT_LITERAL(b, ",\"run_id\":")
-        || put_string(b, &run_id) || PUT_LITERAL(b, ",\"ts\":") || put_string(b, &ts) || PUT_LITERAL(b, "}"))
-        return -2;
-    return 0;
-}
 
 /* Check the current row (before any column is converted); after a failure rows are only read. */
 static int check_row(Check *c, sqlite3_stmt *st) {

@@ -21,53 +21,10 @@
 #include <string.h>
 
 #include "_native.h"
+#include "_rowcheck.h"
 
 /* Outcomes; ledger/_verify.py owns the messages. */
 enum { SCAN_OK = 0, SCAN_DELETED = 1, SCAN_EDITED = 2, SCAN_RELINKED = 3 };
-
-/* A column's bytes; NULL only where the envelope allows it. */
-static int text_of(sqlite3_stmt *st, int col, int nullable, Text *t) {
-    int type = sqlite3_column_type(st, col);
-    t->is_null = type == SQLITE_NULL;
-    if (t->is_null) return nullable ? 0 : -1;
-    if (type != SQLITE_TEXT && type != SQLITE_BLOB) return -1;
-    t->p = sqlite3_column_blob(st, col); /* text or blob bytes, unconverted */
-    t->n = (size_t)sqlite3_column_bytes(st, col);
-    return 0;
-}
-
-/* Two parts, so the chain link needs no copy of the previous chain and the digest. */
-static void sha256_hex(const void *data, size_t n, const void *more, size_t more_n, char *out) {
-    unsigned char md[32];
-    SHA256_CTX ctx;
-    SHA256_Init(&ctx);
-    SHA256_Update(&ctx, data, n);
-    if (more_n) SHA256_Update(&ctx, more, more_n);
-    SHA256_Final(md, &ctx);
-    to_hex(md, out);
-}
-
-/* A stored hex column equals ``hex`` (a non-text value never does). */
-static int column_is(sqlite3_stmt *st, int col, const char *hex) {
-    if (sqlite3_column_type(st, col) != SQLITE_TEXT || sqlite3_column_bytes(st, col) != HEX_LEN) return 0;
-    return memcmp(sqlite3_column_text(st, col), hex, HEX_LEN) == 0;
-}
-
-/* The canonical envelope of the current row into ``b``; -1 on a column that cannot hold it. */
-static int envelope(Buffer *b, sqlite3_stmt *st) {
-    /* Columns: 0 seq, 1 id, 2 ts, 3 kind, 4 run_id, 5 block_id, 6 data, 7 digest, 8 chain. */
-    Text id, ts, kind, run_id, block_id, data;
-    if (text_of(st, 1, 0, &id) || text_of(st, 2, 0, &ts) || text_of(st, 3, 0, &kind)
-        || text_of(st, 4, 1, &run_id) || text_of(st, 5, 1, &block_id) || text_of(st, 6, 0, &data))
-        return -1;
-    b->len = 0;
-    if (PUT_LITERAL(b, "{\"block_id\":") || put_string(b, &block_id) || PUT_LITERAL(b, ",\"data\":")
-        || put(b, data.p, data.n) || PUT_LITERAL(b, ",\"id\":") || put_string(b, &id)
-        || PUT_LITERAL(b, ",\"kind\":") || put_string(b, &kind) || PUT_LITERAL(b, ",\"run_id\":")
-        || put_string(b, &run_id) || PUT_LITERAL(b, ",\"ts\":") || put_string(b, &ts) || PUT_LITERAL(b, "}"))
-        return -2;
-    return 0;
-}
 
 typedef struct {
     long long expected;      /* the next seq that should come */
