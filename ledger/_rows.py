@@ -58,9 +58,11 @@ def native_reader(ledger: Ledger) -> str | None:
     return native_path(ledger, "auto")
 
 
-def _native(path: str, after: int, until: int) -> pa.Table:
-    assert _carrow is not None
-    count, seqs, columns = _carrow.read(path, after, until)
+def native_table(
+    count: int, seqs: object, columns: list[tuple[object | None, int, object, object]]
+) -> pa.Table:
+    """The Arrow table over the buffers the native reader filled (no copy): seq, then the
+    text columns as (validity, null count, offsets, data)."""
     arrays: list[pa.Array] = [pa.Array.from_buffers(pa.int64(), count, [None, pa.py_buffer(seqs)])]
     for validity, nulls, offsets, data in columns:
         buffers = [
@@ -70,6 +72,11 @@ def _native(path: str, after: int, until: int) -> pa.Table:
         ]
         arrays.append(pa.Array.from_buffers(pa.string(), count, buffers, null_count=nulls))
     return pa.Table.from_arrays(arrays, schema=SCHEMA)
+
+
+def _native(path: str, after: int, until: int) -> pa.Table:
+    assert _carrow is not None
+    return native_table(*_carrow.read(path, after, until))
 
 
 def read_rows(ledger: Ledger, after_seq: int, until_seq: int, threads: int = 2) -> pa.Table:

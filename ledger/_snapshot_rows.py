@@ -23,7 +23,7 @@ from types import ModuleType
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ._rows import SCHEMA, native_reader
+from ._rows import SCHEMA, native_reader, native_table
 from ._store import Ledger
 from ._verify import _DELETED, _EDITED, _RELINKED, RangeResult, native_path
 
@@ -56,18 +56,6 @@ def checked_reader(ledger: Ledger) -> str | None:
     return path
 
 
-def _table(count: int, seqs: object, columns: list[tuple[object | None, int, object, object]]) -> pa.Table:
-    arrays: list[pa.Array] = [pa.Array.from_buffers(pa.int64(), count, [None, pa.py_buffer(seqs)])]
-    for validity, nulls, offsets, data in columns:
-        buffers = [
-            None if validity is None else pa.py_buffer(validity),
-            pa.py_buffer(offsets),
-            pa.py_buffer(data),
-        ]
-        arrays.append(pa.Array.from_buffers(pa.string(), count, buffers, null_count=nulls))
-    return pa.Table.from_arrays(arrays, schema=SCHEMA)
-
-
 def _stored_chains(path: str, seqs: list[int]) -> dict[int, str]:
     if not seqs:
         return {}
@@ -95,7 +83,7 @@ def read_checked(path: str, after: int, until: int, previous: str, threads: int 
     def read(part: int) -> tuple[pa.Table, tuple[int, int, int, int, str], dict[str, dict[str, int]] | None]:
         a, b = bounds[part]
         count, seqs, columns, check, fields = carrow.read_checked(path, a, b, a + 1, starts[part])
-        return _table(count, seqs, columns), check, fields
+        return native_table(count, seqs, columns), check, fields
 
     with ThreadPoolExecutor(len(bounds), thread_name_prefix="kvledger-snapshot-read") as pool:
         results = list(pool.map(read, range(len(bounds))))
