@@ -112,13 +112,15 @@ def test_sim_dead_replica_after_truncation(sink: LedgerSink, via: str) -> None:
 
 
 def test_sim_slow_start_past_the_timeout_is_recorded(sink: LedgerSink, via: str) -> None:
-    # 3000 simulated seconds at the tests' scale: 0.3 s, past a 0.1 s timeout.
-    with SimDeployment(1, time_scale=TIME_SCALE, fault="slow-start:requests=1:delay=3000") as d:
-        (late,) = _send(d.replica_urls[0], sink, via, timeout_s=0.1)
+    # 20,000 simulated seconds at the tests' scale: a 2 s prefill, past a 0.8 s timeout that
+    # still leaves the headers (sent before the prefill) time to come on a loaded machine.
+    delay_s, timeout_s = 20_000 * TIME_SCALE, 0.8
+    with SimDeployment(1, time_scale=TIME_SCALE, fault="slow-start:requests=1:delay=20000") as d:
+        (late,) = _send(d.replica_urls[0], sink, via, timeout_s=timeout_s)
         (fine,) = _send(d.replica_urls[0], sink, via)  # queued behind the first's prefill
     assert late.error == "timeout" and not late.ok and late.ttft_s is None
     assert late.status == 200  # the headers came before the prefill, as vLLM sends them
-    assert late.e2e_s is not None and 0.09 < late.e2e_s < 1.0
+    assert late.e2e_s is not None and 0.9 * timeout_s < late.e2e_s < delay_s
     assert fine.ok, fine.error
     _recorded(sink, late)
 
