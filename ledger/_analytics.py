@@ -13,7 +13,7 @@ import shutil
 import tempfile
 import time
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,11 +21,11 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from ._errors import QueryError
 from ._rows import read_rows, rows_to_table
 from ._snapshot import Proof, Snapshot, _seqs_follow, key_path, sql_literal
+from ._snapshot_rows import by_kind, columns_read, single_kind
 from ._store import Ledger
 
 # DuckDB's memory for a report (see duckdb_config): with the chunk of rows in flight and
@@ -175,7 +175,8 @@ def derive_from_rows(
     derived = Derived()
     started = time.perf_counter()
     bounds = [(a, min(a + _CHUNK, until_seq)) for a in range(0, until_seq, _CHUNK)]
-    kinds = {name: _one_kind(sql) for name, sql in projections.items()}
+    kinds = {name: single_kind(sql) for name, sql in projections.items()}
+    read_by_kind = columns_read([sql for name, sql in projections.items() if kinds[name] is not None])
     with ThreadPoolExecutor(1, thread_name_prefix="kvledger-read-rows") as reader:
         pending = reader.submit(_timed_read, ledger, *bounds[0]) if bounds else None
         for index, (after, stop) in enumerate(bounds or [(0, 0)]):
@@ -194,7 +195,7 @@ def derive_from_rows(
             if table.num_rows:
                 derived.head_seq = int(table.column("seq")[-1].as_py())
                 derived.head_chain = str(table.column("chain")[-1].as_py())
-            by_kind = _split_by_kind(table, projections.values())
+            parts = by_kind(table, read_by_kind)
             empty = table.schema.empty_table()
             if all(kinds.values()):
                 table = empty  # the chunk's raw rows go now: only its kinds' copies are read
@@ -202,44 +203,15 @@ def derive_from_rows(
                 # Each projection reads its own kind's rows only (its WHERE still applies): a scan
                 # of every row's kind per projection cost more than most projections' parse.
                 kind = kinds[name]
-                if index and kind is not None and kind not in by_kind:
+                if index and kind is not None and kind not in parts:
                     continue  # nothing of its kind in this chunk
-                con.register("events", table if kind is None else by_kind.get(kind, empty))
+                con.register("events", table if kind is None else parts.get(kind, empty))
                 verb = f"CREATE TABLE {_quote(name)} AS" if index == 0 else f"INSERT INTO {_quote(name)}"
                 con.execute(f"{verb} {sql}")
                 con.unregister("events")
-            del by_kind, table, empty
+            del parts, table, empty
     derived.seconds = time.perf_counter() - started
     return derived
-
-
-_KIND_FILTER = re.compile(r"\bkind = '((?:[^']|'')*)'")
-
-
-def _one_kind(sql: str) -> str | None:
-    """The one kind a projection's SQL reads (``kind = '...'``), or None if it names several."""
-    kinds = set(_KIND_FILTER.findall(sql))
-    return kinds.pop().replace("''", "'") if len(kinds) == 1 else None
-
-
-def _split_by_kind(table: pa.Table, sqls: Iterable[str]) -> dict[str, pa.Table]:
-    """The rows of each kind in ``table``, in seq order, with the columns that ``sqls`` may
-    name (a column's name anywhere in them keeps it): one stable sort by kind, one copy, then
-    zero-copy slices."""
-    if not table.num_rows:
-        return {}
-    kinds = pc.dictionary_encode(table.column("kind")).combine_chunks()
-    text = "\n".join(sqls)
-    table = table.select([c for c in table.column_names if re.search(rf"\b{re.escape(c)}\b", text)])
-    order = pc.array_sort_indices(kinds.indices)  # stable: seq order within a kind
-    grouped = table.take(order)
-    counts = pc.value_counts(kinds.indices)
-    sizes = dict(zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist(), strict=True))
-    out, start = {}, 0
-    for code, kind in enumerate(kinds.dictionary.to_pylist()):
-        out[str(kind)] = grouped.slice(start, sizes.get(code, 0))
-        start += sizes.get(code, 0)
-    return out
 
 
 def _timed_read(ledger: Ledger, after: int, stop: int) -> tuple[pa.Table, float]:
