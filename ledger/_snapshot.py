@@ -510,12 +510,17 @@ class Snapshot:
     def _sql_digest(sql: str) -> str:
         return hashlib.sha256(sql.encode()).hexdigest()[:20]
 
+    def _projection_entry(self, sql: str, state: dict[str, Any]) -> dict[str, Any] | None:
+        """The state's record of ``sql``'s files, where it is one for this very SQL."""
+        entry = state["projections"].get(self._sql_digest(sql))
+        if not isinstance(entry, dict) or entry.get("sql") != sql or not isinstance(entry.get("files"), dict):
+            return None
+        return entry
+
     def _project(self, sql: str, segments: list[Segment], state: dict[str, Any]) -> None:
         """Prove each projection file of ``sql`` or derive it again from its proven segment."""
         folder = self._projection_dir(sql)
-        entry = state["projections"].get(self._sql_digest(sql))
-        if not isinstance(entry, dict) or entry.get("sql") != sql or not isinstance(entry.get("files"), dict):
-            entry = {"sql": sql, "files": {}}
+        entry = self._projection_entry(sql, state) or {"sql": sql, "files": {}}
         records: dict[str, Any] = entry["files"]
         missing = []
         with self.proof.timed():
@@ -696,8 +701,8 @@ class Snapshot:
 
     def _empty_file(self, sql: str, state: dict[str, Any]) -> tuple[bytes, str] | None:
         """The bytes and digest of a file ``sql`` gave for no rows, as recorded and still proven."""
-        entry = state["projections"].get(self._sql_digest(sql))
-        if not isinstance(entry, dict) or entry.get("sql") != sql or not isinstance(entry.get("files"), dict):
+        entry = self._projection_entry(sql, state)
+        if entry is None:
             return None
         for name, record in entry["files"].items():
             if not (_is_segment_name(name) and isinstance(record, dict) and record.get("rows") == 0):
@@ -715,13 +720,10 @@ class Snapshot:
     def _record(self, segment: Segment, derived: list[tuple[str, str, int]], state: dict[str, Any]) -> None:
         """Record the projection files just derived from ``segment`` with their digests."""
         for sql, digest, rows in derived:
-            entry = state["projections"].get(self._sql_digest(sql))
-            if (
-                not isinstance(entry, dict)
-                or entry.get("sql") != sql
-                or not isinstance(entry.get("files"), dict)
-            ):
-                entry = state["projections"][self._sql_digest(sql)] = {"sql": sql, "files": {}}
+            entry = self._projection_entry(sql, state)
+            if entry is None:
+                entry = {"sql": sql, "files": {}}
+                state["projections"][self._sql_digest(sql)] = entry
             path = self._projection_dir(sql) / segment.path.name
             self.proof.remember(path, digest)
             entry["files"][segment.path.name] = {"sha256": digest, "from": segment.sha256, "rows": rows}
