@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from functools import cached_property
 from typing import Any
 
 from ._stats import MIN_PAIRS_FOR_TEST
@@ -56,61 +57,73 @@ class _Observed:
 
     def __init__(self, src: Any) -> None:
         self.src = src
-        self._blocks: dict[str, list[dict[str, Any]]] | None = None
-        self._counts: dict[str, dict[str, dict[tuple[str, str, bool], int]]] | None = None
-        self._sizes: dict[str, dict[str, set[int]]] | None = None
-        self._chunks: dict[str, set[int]] | None = None
-        self._methods: dict[str, set[str]] | None = None
 
     def blocks(self, run_id: str) -> list[dict[str, Any]]:
-        if self._blocks is None:
-            self._blocks = defaultdict(list)
-            for b in self.src.rows(
-                "SELECT run_id, block_id, position, arm, finish_status FROM kv_run_blocks ORDER BY seq"
-            ):
-                self._blocks[b.pop("run_id")].append(b)
         return self._blocks.get(run_id, [])
 
     def counts(self, run_id: str) -> dict[str, dict[tuple[str, str, bool], int]]:
-        if self._counts is None:
-            self._counts = defaultdict(lambda: defaultdict(dict))
-            for run, block, workload, step, warmup, n in self.src.tuples(
-                """SELECT run_id, block_id, workload, step, warmup, count(*) AS n FROM kv_requests
-                   WHERE probe IS NULL GROUP BY ALL"""
-            ):
-                self._counts[run][block][(str(workload), str(step), bool(warmup))] = int(n)
         return self._counts.get(run_id, {})
 
     def sizes(self, run_id: str) -> dict[str, set[int]]:
-        if self._sizes is None:
-            self._sizes = defaultdict(lambda: defaultdict(set))
-            for run, workload, tokens in self.src.tuples(
-                """SELECT DISTINCT q.run_id, CASE WHEN q.warmup THEN 'warmup' ELSE q.workload END AS workload,
-                          q.nominal_tokens
-                   FROM kv_requests q JOIN kv_run_blocks b USING (block_id)
-                   WHERE b.finish_status = 'completed' AND q.nominal_tokens IS NOT NULL AND q.probe IS NULL"""
-            ):
-                self._sizes[run][str(workload)].add(int(tokens))
         return self._sizes.get(run_id, {})
 
     def chunk_sizes(self, run_id: str) -> set[int]:
-        if self._chunks is None:
-            self._chunks = defaultdict(set)
-            for run, chunk in self.src.tuples(
-                """SELECT DISTINCT run_id, chunk_size FROM kv_assertions
-                   WHERE "check" = 'full_prefix_hit' AND chunk_size IS NOT NULL"""
-            ):
-                self._chunks[run].add(int(chunk))
         return self._chunks.get(run_id, set())
 
     def ttft_methods(self, run_id: str) -> set[str]:
-        if self._methods is None:
-            self._methods = defaultdict(set)
-            for run, method in self.src.tuples(
-                "SELECT DISTINCT run_id, ttft_method FROM kv_requests WHERE ttft_method IS NOT NULL"
-            ):
-                self._methods[run].add(str(method))
         return self._methods.get(run_id, set())
+
+    @cached_property
+    def _blocks(self) -> dict[str, list[dict[str, Any]]]:
+        blocks: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for b in self.src.rows(
+            "SELECT run_id, block_id, position, arm, finish_status FROM kv_run_blocks ORDER BY seq"
+        ):
+            blocks[b.pop("run_id")].append(b)
+        return blocks
+
+    @cached_property
+    def _counts(self) -> dict[str, dict[str, dict[tuple[str, str, bool], int]]]:
+        counts: dict[str, dict[str, dict[tuple[str, str, bool], int]]] = defaultdict(
+            lambda: defaultdict(dict)
+        )
+        for run, block, workload, step, warmup, n in self.src.tuples(
+            """SELECT run_id, block_id, workload, step, warmup, count(*) AS n FROM kv_requests
+               WHERE probe IS NULL GROUP BY ALL"""
+        ):
+            counts[run][block][(str(workload), str(step), bool(warmup))] = int(n)
+        return counts
+
+    @cached_property
+    def _sizes(self) -> dict[str, dict[str, set[int]]]:
+        sizes: dict[str, dict[str, set[int]]] = defaultdict(lambda: defaultdict(set))
+        for run, workload, tokens in self.src.tuples(
+            """SELECT DISTINCT q.run_id, CASE WHEN q.warmup THEN 'warmup' ELSE q.workload END AS workload,
+                      q.nominal_tokens
+               FROM kv_requests q JOIN kv_run_blocks b USING (block_id)
+               WHERE b.finish_status = 'completed' AND q.nominal_tokens IS NOT NULL AND q.probe IS NULL"""
+        ):
+            sizes[run][str(workload)].add(int(tokens))
+        return sizes
+
+    @cached_property
+    def _chunks(self) -> dict[str, set[int]]:
+        chunks: dict[str, set[int]] = defaultdict(set)
+        for run, chunk in self.src.tuples(
+            """SELECT DISTINCT run_id, chunk_size FROM kv_assertions
+               WHERE "check" = 'full_prefix_hit' AND chunk_size IS NOT NULL"""
+        ):
+            chunks[run].add(int(chunk))
+        return chunks
+
+    @cached_property
+    def _methods(self) -> dict[str, set[str]]:
+        methods: dict[str, set[str]] = defaultdict(set)
+        for run, method in self.src.tuples(
+            "SELECT DISTINCT run_id, ttft_method FROM kv_requests WHERE ttft_method IS NOT NULL"
+        ):
+            methods[run].add(str(method))
+        return methods
 
 
 def _observed(src: Any) -> _Observed:
