@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import struct
 import sys
 import time
 import weakref
@@ -53,6 +52,10 @@ from httpx import (
     UnsupportedProtocol,
     WriteError,
 )
+
+from ._stamps import ANC_SIZE as _ANC_SIZE
+from ._stamps import SO_TIMESTAMPNS as _SO_TIMESTAMPNS
+from ._stamps import stamp_age_ns
 
 __all__ = ["Pool", "Response", "pool_for"]
 
@@ -119,10 +122,6 @@ def _resolve(fut: asyncio.Future[None], exc: BaseException | None = None) -> Non
 
 
 _READ_SIZE = 256 * 1024
-_SO_TIMESTAMPNS = 35  # Linux's SO_TIMESTAMPNS(_OLD); the cmsg type equals the option
-_STAMP = struct.Struct("@qq")  # struct timespec
-_ANC_SIZE = socket.CMSG_SPACE(_STAMP.size)
-_MAX_STAMP_AGE_NS = 5_000_000_000
 
 
 def _kernel_stamps(sock: socket.socket) -> bool:
@@ -210,14 +209,10 @@ class _Connection:
         if resp is not None:
             resp.read_wall = wall
             resp.stamped = False
-            if resp.use_stamps:
-                for level, kind, raw in anc:
-                    if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(raw) >= _STAMP.size:
-                        sec, nsec = _STAMP.unpack_from(raw)
-                        age = wall - (sec * 1_000_000_000 + nsec)
-                        if 0 <= age < _MAX_STAMP_AGE_NS:  # else a clock step: keep the read's own time
-                            now, wall = now - age / 1e9, wall - age
-                            resp.stamped = True
+            age = stamp_age_ns(anc, wall) if resp.use_stamps else None
+            if age is not None:
+                now, wall = now - age / 1e9, wall - age
+                resp.stamped = True
         self.data_received(data, now, wall)
 
     def write(self, message: bytes) -> None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import socket
-import struct
 import sys
 import time
 import weakref
@@ -27,14 +26,12 @@ from typing import Any
 
 from aiohttp import web
 
+from collectors._stamps import ANC_SIZE, SO_TIMESTAMPNS, stamp_age_ns
+
 __all__ = ["StampingListener", "arrival", "arrival_middleware"]
 
-# Linux's SO_TIMESTAMPNS(_OLD), which the socket module does not name; the cmsg type equals it.
-_SO_TIMESTAMPNS: int | None = 35 if sys.platform.startswith("linux") else None
-_TIMESPEC = struct.Struct("@qq")
-_ANC_SIZE = socket.CMSG_SPACE(_TIMESPEC.size) if _SO_TIMESTAMPNS is not None else 0
-# A stamp older than this, or in the future, is a clock step: the read's own time is used.
-_MAX_AGE_S = 5.0
+# Kernel stamps where the platform gives them (Linux); the client's reads use the same.
+_SO_TIMESTAMPNS: int | None = SO_TIMESTAMPNS if sys.platform.startswith("linux") else None
 
 # Open stamped connections by file descriptor (unique among open sockets), for the handler.
 _OPEN: weakref.WeakValueDictionary[int, _StampedConnection] = weakref.WeakValueDictionary()
@@ -52,7 +49,7 @@ class _StampedConnection(socket.socket):
             if data and self.arrived is None:
                 self.arrived = time.monotonic()
             return data
-        data, ancillary, _, _ = self.recvmsg(bufsize, _ANC_SIZE, flags)
+        data, ancillary, _, _ = self.recvmsg(bufsize, ANC_SIZE, flags)
         if data and self.arrived is None:
             self.arrived = _monotonic_stamp(ancillary)
         return data
@@ -60,14 +57,9 @@ class _StampedConnection(socket.socket):
 
 def _monotonic_stamp(ancillary: list[tuple[int, int, bytes]]) -> float:
     """The read's kernel receive time on the monotonic clock (now, where it carries none)."""
-    mono, wall = time.monotonic(), time.time()
-    for level, kind, raw in ancillary:
-        if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(raw) >= _TIMESPEC.size:
-            sec, nsec = _TIMESPEC.unpack_from(raw)
-            age = wall - (sec + nsec / 1e9)
-            if 0 <= age < _MAX_AGE_S:
-                return mono - age
-    return mono
+    mono = time.monotonic()
+    age = stamp_age_ns(ancillary, time.time_ns())
+    return mono if age is None else mono - age / 1e9
 
 
 class StampingListener(socket.socket):
