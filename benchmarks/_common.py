@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import resource
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -73,6 +74,15 @@ def fill(ledger: Ledger, count: int, batch: int = 20_000, template: int = 50_000
             ]
         )
     return time.perf_counter() - start
+
+
+def cpu_seconds(children: bool = False) -> float:
+    """CPU seconds of this process (all its threads), and of its finished children if asked
+    (verify's worker processes)."""
+    usage = [resource.getrusage(resource.RUSAGE_SELF)]
+    if children:
+        usage.append(resource.getrusage(resource.RUSAGE_CHILDREN))
+    return sum(u.ru_utime + u.ru_stime for u in usage)
 
 
 @contextmanager

@@ -38,7 +38,7 @@ from ledger._analytics import duckdb_config
 from reports import audit, derive_report, open_source, to_json
 from tests._synthetic import Generator, Screening, _with_plans
 
-from ._common import emit, timed
+from ._common import cpu_seconds, emit, timed
 
 SIZES = {"250k": 250_000, "1m": 1_000_000, "2m": 2_000_000, "10m": 10_000_000}
 
@@ -86,12 +86,6 @@ def default_keep() -> Path:
     """Where generated ledgers are kept between runs: outside the clone, by generator version."""
     base = Path(os.environ.get("KVLEDGER_CACHE") or Path.home() / ".cache" / "kvledger")
     return base / "bench" / f"report-{generator_version()}"
-
-
-def _cpu() -> float:
-    """CPU seconds of this process and its finished children (verify's worker processes)."""
-    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 def _reset_peak_rss() -> None:
@@ -146,7 +140,7 @@ def measure(directory: Path, label: str, count: int, repeat: int = 1) -> dict[st
     runs = []
     for _ in range(repeat):
         load_before = os.getloadavg()[0]
-        cpu0 = _cpu()
+        cpu0 = cpu_seconds(children=True)
         with timed() as open_t:
             src = open_source(ledger, snapshot_root, verify=True)  # views over the warm snapshot
         proof = src.snapshot_proof
@@ -159,7 +153,7 @@ def measure(directory: Path, label: str, count: int, repeat: int = 1) -> dict[st
             rederive_build = src.rederive()
         with timed() as audit_t:
             findings = audit(src)
-        cpu = _cpu() - cpu0
+        cpu = cpu_seconds(children=True) - cpu0
         derived = src.analytics.derived
         src.close()
         peak_rss_mb = _peak_rss_mb()

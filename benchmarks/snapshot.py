@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import shutil
 import tempfile
 import time
@@ -27,22 +26,17 @@ from typing import Any
 from ledger import Analytics, open_ledger
 from reports._views import projections
 
-from ._common import emit, timed
+from ._common import cpu_seconds, emit, timed
 from .report import SIZES, _ledger, default_keep, envelopes, fill
 
 
-def _cpu() -> float:
-    me = resource.getrusage(resource.RUSAGE_SELF)
-    return me.ru_utime + me.ru_stime
-
-
 def _build(ledger: Any, root: Path) -> tuple[float, float, Any]:
-    cpu = _cpu()
+    cpu = cpu_seconds()
     with timed() as wall:
         analytics = Analytics(ledger, root, projections())
         analytics.connection()
         analytics.close()
-    return wall[0], _cpu() - cpu, analytics.proof
+    return wall[0], cpu_seconds() - cpu, analytics.proof
 
 
 def main() -> None:

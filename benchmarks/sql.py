@@ -14,21 +14,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import resource
 import sqlite3
 import time
 from pathlib import Path
 
 from ledger import Analytics
 
-from ._common import emit, timed
+from ._common import cpu_seconds, emit, timed
 from .report import SIZES, _ledger, default_keep
-
-
-def _cpu() -> float:
-    me = resource.getrusage(resource.RUSAGE_SELF)
-    return me.ru_utime + me.ru_stime
-
 
 QUERY = "SELECT run_id, count(*) AS n FROM response_received GROUP BY run_id ORDER BY run_id"
 
@@ -55,12 +48,12 @@ def main() -> None:
             analytics.close()
         runs = []
         for _ in range(args.repeat):
-            cpu = _cpu()
+            cpu = cpu_seconds()
             with timed() as t:
                 analytics = Analytics(ledger, snapshots)
                 table = analytics.sql(QUERY)
                 analytics.close()
-            runs.append((t[0], analytics.proof.seconds, _cpu() - cpu))
+            runs.append((t[0], analytics.proof.seconds, cpu_seconds() - cpu))
         with contextlib.closing(sqlite3.connect(str(ledger.url.database))) as con:
             (responses,) = con.execute(
                 "SELECT count(*) FROM events WHERE kind = 'response.received'"
