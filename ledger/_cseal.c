@@ -273,9 +273,10 @@ static int encode_dict(Buffer *b, PyObject *v, int depth, PyObject **copy) {
         }
         if (depth == 0 && n <= SHAPE_MAX) shape_store(items, n);
     }
-    /* Sized once for all its keys, as orjson.loads would build it; no resize on the way. */
-    PyObject *out = _PyDict_NewPresized(n);
-    if (out == NULL) {
+    /* Sized once for all its keys, as orjson.loads would build it; no resize on the way.
+     * Without ``copy`` (no recorded Event will hold it) only the text is written. */
+    PyObject *out = NULL;
+    if (copy != NULL && (out = _PyDict_NewPresized(n)) == NULL) {
         rc = FAST_ERROR;
         goto done;
     }
@@ -298,17 +299,17 @@ static int encode_dict(Buffer *b, PyObject *v, int depth, PyObject **copy) {
                 break;
             }
         }
-        rc = encode(b, item->value, depth + 1, &item_copy);
-        if (rc == FAST_OK) {
+        rc = encode(b, item->value, depth + 1, out ? &item_copy : NULL);
+        if (rc == FAST_OK && out != NULL) {
             if (PyDict_SetItem(out, item->key, item_copy) < 0) rc = FAST_ERROR;
             Py_DECREF(item_copy);
         }
     }
     if (rc == FAST_OK && PUT_LITERAL(b, "}")) rc = FAST_ERROR;
-    if (rc == FAST_OK)
+    if (rc == FAST_OK && copy != NULL)
         *copy = out;
     else
-        Py_DECREF(out);
+        Py_XDECREF(out);
 done:
     if (items != small) PyMem_Free(items);
     return rc;
@@ -316,31 +317,32 @@ done:
 
 static int encode_list(Buffer *b, PyObject *v, int depth, PyObject **copy) {
     Py_ssize_t n = PyList_GET_SIZE(v);
-    PyObject *out = PyList_New(n);
-    if (out == NULL || PUT_LITERAL(b, "[")) {
+    PyObject *out = copy != NULL ? PyList_New(n) : NULL;
+    if ((copy != NULL && out == NULL) || PUT_LITERAL(b, "[")) {
         Py_XDECREF(out);
         return FAST_ERROR;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *item_copy = NULL;
         /* The list cannot change under us: no Python code runs while encoding. */
-        int rc = (i && PUT_LITERAL(b, ",")) ? FAST_ERROR : encode(b, PyList_GET_ITEM(v, i), depth + 1, &item_copy);
+        int rc = (i && PUT_LITERAL(b, ",")) ? FAST_ERROR
+                                            : encode(b, PyList_GET_ITEM(v, i), depth + 1, out ? &item_copy : NULL);
         if (rc != FAST_OK) {
-            Py_DECREF(out);
+            Py_XDECREF(out);
             return rc;
         }
-        PyList_SET_ITEM(out, i, item_copy);
+        if (out != NULL) PyList_SET_ITEM(out, i, item_copy);
     }
     if (PUT_LITERAL(b, "]")) {
-        Py_DECREF(out);
+        Py_XDECREF(out);
         return FAST_ERROR;
     }
-    *copy = out;
+    if (copy != NULL) *copy = out;
     return FAST_OK;
 }
 
 /* Append the canonical JSON of ``v``; ``*copy`` gets what orjson.loads would give back
- * (new containers, the same immutable scalars). */
+ * (new containers, the same immutable scalars); a NULL ``copy`` asks for the text alone. */
 static int encode(Buffer *b, PyObject *v, int depth, PyObject **copy) {
     int rc;
     if (depth > MAX_DEPTH) return FAST_FALLBACK;
@@ -371,7 +373,7 @@ static int encode(Buffer *b, PyObject *v, int depth, PyObject **copy) {
     } else {
         return FAST_FALLBACK; /* tuples, subclasses, other types: orjson's rules, via Python */
     }
-    if (rc == FAST_OK) *copy = Py_NewRef(v);
+    if (rc == FAST_OK && copy != NULL) *copy = Py_NewRef(v);
     return rc;
 }
 
@@ -489,8 +491,9 @@ static PyObject *make_sealed(PyObject **fields) {
 
 static PyObject *get(PyObject *event, PyObject *name) { return PyObject_GetAttr(event, name); }
 
-/* One event on the fast path: a Sealed, Py_None to ask Python, or NULL on an error. */
-static PyObject *seal_fast(Buffer *b, PyObject *event) {
+/* One event on the fast path: a Sealed, Py_None to ask Python, or NULL on an error. Without
+ * ``parsed`` the Sealed carries None for the data (no recorded Event will be built from it). */
+static PyObject *seal_fast(Buffer *b, PyObject *event, int parsed) {
     PyObject *id = get(event, name_id), *ts = get(event, name_ts), *kind = get(event, name_kind),
              *run_id = get(event, name_run_id), *block_id = get(event, name_block_id),
              *data = get(event, name_data), *copy = NULL, *result = NULL;
@@ -512,7 +515,7 @@ static PyObject *seal_fast(Buffer *b, PyObject *event) {
         goto done;
     }
     size_t data_start = b->len;
-    int rc = encode(b, data, 0, &copy);
+    int rc = encode(b, data, 0, parsed ? &copy : NULL);
     if (rc != FAST_OK) {
         if (rc == FAST_FALLBACK) result = Py_NewRef(Py_None);
         else if (!PyErr_Occurred()) PyErr_NoMemory();
@@ -534,6 +537,7 @@ static PyObject *seal_fast(Buffer *b, PyObject *event) {
         Py_DECREF(data_json);
         goto done;
     }
+    if (copy == NULL) copy = Py_NewRef(Py_None);
     PyObject *fields[8] = {id, ts, kind, run_id, block_id, data_json, digest_text, copy};
     id = ts = kind = run_id = block_id = copy = NULL; /* make_sealed takes them */
     result = make_sealed(fields);
@@ -556,7 +560,11 @@ static int configured(void) {
     return 1;
 }
 
-static PyObject *seal_many(PyObject *Py_UNUSED(self), PyObject *events) {
+static PyObject *seal_many(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"events", "parsed", NULL};
+    PyObject *events;
+    int parsed = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|p:seal_many", keywords, &events, &parsed)) return NULL;
     if (!configured()) return NULL;
     PyObject *sequence = PySequence_Fast(events, "events must be a sequence");
     if (sequence == NULL) return NULL;
@@ -566,7 +574,7 @@ static PyObject *seal_many(PyObject *Py_UNUSED(self), PyObject *events) {
     if (out == NULL) goto fail;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *event = PySequence_Fast_GET_ITEM(sequence, i);
-        PyObject *sealed = seal_fast(&b, event);
+        PyObject *sealed = seal_fast(&b, event, parsed);
         if (sealed == Py_None) {
             Py_DECREF(sealed);
             sealed = PyObject_CallOneArg(python_seal, event);
@@ -624,14 +632,16 @@ static PyObject *link_rows(PyObject *Py_UNUSED(self), PyObject *args) {
     long long seq;
     const char *chain_in;
     Py_ssize_t chain_len;
-    if (!PyArg_ParseTuple(args, "O!Ls#", &PyList_Type, &sealed_list, &seq, &chain_in, &chain_len)) return NULL;
+    int with_events = 1;
+    if (!PyArg_ParseTuple(args, "O!Ls#|p", &PyList_Type, &sealed_list, &seq, &chain_in, &chain_len, &with_events))
+        return NULL;
     if (!configured()) return NULL;
     if (chain_len != HEX_LEN) {
         PyErr_SetString(PyExc_ValueError, "the previous chain must be 64 hex characters");
         return NULL;
     }
     Py_ssize_t n = PyList_GET_SIZE(sealed_list);
-    PyObject *rows = PyList_New(n), *events = PyList_New(n), *chain_text = NULL;
+    PyObject *rows = PyList_New(n), *events = with_events ? PyList_New(n) : Py_NewRef(Py_None), *chain_text = NULL;
     Buffer link_text = {NULL, 0, 0};
     char chain[HEX_LEN];
     memcpy(chain, chain_in, HEX_LEN);
@@ -654,7 +664,7 @@ static PyObject *link_rows(PyObject *Py_UNUSED(self), PyObject *args) {
         seq++;
         PyObject *seq_value = PyLong_FromLongLong(seq);
         chain_text = PyUnicode_FromStringAndSize(chain, HEX_LEN);
-        PyObject *data = sealed_data(s);
+        PyObject *data = with_events ? sealed_data(s) : Py_NewRef(Py_None);
         if (seq_value == NULL || chain_text == NULL || data == NULL) {
             Py_XDECREF(seq_value);
             Py_XDECREF(data);
@@ -662,7 +672,7 @@ static PyObject *link_rows(PyObject *Py_UNUSED(self), PyObject *args) {
         }
         PyObject *values[9];
         stored_values(s, seq_value, data, chain_text, values);
-        PyObject *event = make_event(values);
+        PyObject *event = with_events ? make_event(values) : Py_NewRef(Py_None);
         values[6] = PyTuple_GET_ITEM(s, 5); /* the row holds the data's canonical text */
         PyObject *row = PyTuple_New(9);
         if (event == NULL || row == NULL) {
@@ -678,7 +688,10 @@ static PyObject *link_rows(PyObject *Py_UNUSED(self), PyObject *args) {
         Py_DECREF(data);
         Py_CLEAR(chain_text);
         PyList_SET_ITEM(rows, i, row);
-        PyList_SET_ITEM(events, i, event);
+        if (with_events)
+            PyList_SET_ITEM(events, i, event);
+        else
+            Py_DECREF(event);
     }
     free(link_text.p);
     link_text.p = NULL;
@@ -799,7 +812,9 @@ static PyObject *insert_rows(PyObject *Py_UNUSED(self), PyObject *args) {
     long long seq;
     const char *chain_in;
     Py_ssize_t chain_len;
-    if (!PyArg_ParseTuple(args, "OO!Ls#", &connection, &PyList_Type, &sealed_list, &seq, &chain_in, &chain_len))
+    int with_events = 1;
+    if (!PyArg_ParseTuple(args, "OO!Ls#|p", &connection, &PyList_Type, &sealed_list, &seq, &chain_in, &chain_len,
+                          &with_events))
         return NULL;
     if (!configured()) return NULL;
     if (ConnectionType == NULL || !Py_IS_TYPE(connection, (PyTypeObject *)ConnectionType)) {
@@ -861,9 +876,10 @@ static PyObject *insert_rows(PyObject *Py_UNUSED(self), PyObject *args) {
         PyErr_SetString(error, message);
         goto done;
     }
-    events = PyList_New(n);
+    /* Without events the caller wants only the new head: no Event, seq or chain object is made. */
+    events = with_events ? PyList_New(n) : Py_NewRef(Py_None);
     if (events == NULL) goto done;
-    for (Py_ssize_t i = 0; i < n; i++) {
+    for (Py_ssize_t i = 0; i < n && with_events; i++) {
         PyObject *s = PyList_GET_ITEM(sealed_list, i);
         PyObject *seq_value = PyLong_FromLongLong(seq + 1 + i);
         PyObject *row_chain = PyUnicode_FromStringAndSize(rows[i].chain, HEX_LEN);
@@ -912,20 +928,21 @@ static PyMethodDef methods[] = {
      "configure(Sealed, Event, seal, parse_json, vocabulary_spec)\n\n"
      "Name the types to build, the Python seal to fall back on and the vocabulary (done by\n"
      "ledger._events at import)."},
-    {"seal_many", seal_many, METH_O,
-     "seal_many(events) -> list[Sealed]\n\n"
-     "Seal each NewEvent as ledger._events.seal does (the events it cannot take, it hands to it)."},
+    {"seal_many", (PyCFunction)(void (*)(void))seal_many, METH_VARARGS | METH_KEYWORDS,
+     "seal_many(events, parsed=True) -> list[Sealed]\n\n"
+     "Seal each NewEvent as ledger._events.seal does (the events it cannot take, it hands to it).\n"
+     "Without ``parsed`` a Sealed may carry None for its parsed data (no recorded Event wanted)."},
     {"link", link_rows, METH_VARARGS,
-     "link(sealed, last_seq, last_chain) -> (rows, events, chain)\n\n"
+     "link(sealed, last_seq, last_chain, events=True) -> (rows, events, chain)\n\n"
      "Number and chain ``sealed`` after ``last_seq``/``last_chain``: the rows to insert, the\n"
-     "recorded Events and the new head's chain."},
+     "recorded Events (None without ``events``) and the new head's chain."},
     {"configure_sqlite", configure_sqlite, METH_VARARGS,
      "configure_sqlite(Connection, IntegrityError, OperationalError, module_path, probe) -> bool\n\n"
      "Whether insert() may use the handle of Python's sqlite3 connections (done by ledger._events)."},
     {"insert", insert_rows, METH_VARARGS,
-     "insert(connection, sealed, last_seq, last_chain) -> (events, chain)\n\n"
+     "insert(connection, sealed, last_seq, last_chain, events=True) -> (events, chain)\n\n"
      "Chain ``sealed`` after ``last_seq``/``last_chain`` and insert the rows on ``connection``'s\n"
-     "open write transaction: the recorded Events and the new head's chain."},
+     "open write transaction: the recorded Events (None without ``events``) and the new head's chain."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -947,5 +964,9 @@ PyMODINIT_FUNC PyInit__cseal(void) {
     name_data = event_fields[6];
     name_id = event_fields[1];
     name_ts = event_fields[2];
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    /* Read by ledger/_events: seal_many(parsed=False), link(..., False) and insert(..., False) are
+     * there (a build older than its source lacks them, and extend then builds and drops the events). */
+    if (m != NULL && PyModule_AddIntConstant(m, "WITHOUT_EVENTS", 1) < 0) Py_CLEAR(m);
+    return m;
 }

@@ -25,6 +25,10 @@ except ImportError:  # installed without a C compiler or headers: the Python pat
 
 GENESIS = "0" * 64
 
+# A build of _cseal older than its source (an editable install not rebuilt yet) lacks the calls
+# without recorded events: Ledger.extend then has them built and dropped.
+_WITHOUT_EVENTS = bool(getattr(_cseal, "WITHOUT_EVENTS", 0))
+
 _uuid_match = UUID_PATTERN.fullmatch
 _ts_match = RFC3339_PATTERN.fullmatch
 _sha256 = hashlib.sha256
@@ -202,10 +206,14 @@ def native_sealing(sealer: str | None = None) -> bool:
     return _cseal is not None and (sealer or os.environ.get("KVLEDGER_SEALER", "auto")) != "python"
 
 
-def seal_many(events: Sequence[NewEvent], native: bool = True) -> list[Sealed]:
-    """:func:`seal` for each event, natively where ``native`` and built (same results, same errors)."""
+def seal_many(events: Sequence[NewEvent], native: bool = True, *, parsed: bool = True) -> list[Sealed]:
+    """:func:`seal` for each event, natively where ``native`` and built (same results, same errors).
+
+    Without ``parsed`` the native seal leaves ``Sealed.data`` None (it skips the copy of the
+    data that a recorded :class:`Event` would hold); the text and digest are the same.
+    """
     if native and _cseal is not None:
-        return _cseal.seal_many(events)
+        return _cseal.seal_many(events, False) if not parsed and _WITHOUT_EVENTS else _cseal.seal_many(events)
     return [seal(e) for e in events]
 
 
@@ -213,21 +221,27 @@ Row = tuple[int, str, str, str, str | None, str | None, str, str, str]
 
 
 def link(
-    sealed: list[Sealed], seq: int, chain: str, native: bool = True
-) -> tuple[list[Row], list[Event], str]:
-    """Number and chain ``sealed`` after ``seq``/``chain``: the rows, the recorded events, the new chain."""
+    sealed: list[Sealed], seq: int, chain: str, native: bool = True, *, events: bool = True
+) -> tuple[list[Row], list[Event] | None, str]:
+    """Number and chain ``sealed`` after ``seq``/``chain``: the rows, the recorded events (None
+    without ``events``), the new chain."""
     if native and _cseal is not None:
-        return _cseal.link(sealed, seq, chain)
+        if not events and _WITHOUT_EVENTS:
+            return _cseal.link(sealed, seq, chain, False)
+        native_rows, native_events, chain = _cseal.link(sealed, seq, chain)
+        return native_rows, native_events if events else None, chain
     rows: list[Row] = []
     for s in sealed:
         seq += 1
         chain = _sha256((chain + s.digest).encode()).hexdigest()  # next_chain, inlined
         rows.append((seq, s.id, s.ts, s.kind, s.run_id, s.block_id, s.data_json, s.digest, chain))
-    events = [
+    if not events:
+        return rows, None, chain
+    recorded_events = [
         recorded(row, parse_json(row[6]) if s.data is None else s.data)
         for row, s in zip(rows, sealed, strict=True)
     ]
-    return rows, events, chain
+    return rows, recorded_events, chain
 
 
 _new = object.__new__
@@ -295,12 +309,18 @@ if _cseal is not None:
 NATIVE_SQLITE_INSERT = _native_sqlite_insert()
 
 
-def insert_sqlite(connection: Any, sealed: list[Sealed], seq: int, chain: str) -> tuple[list[Event], str]:
+def insert_sqlite(
+    connection: Any, sealed: list[Sealed], seq: int, chain: str, *, events: bool = True
+) -> tuple[list[Event] | None, str]:
     """Chain ``sealed`` after ``seq``/``chain`` and insert its rows natively on ``connection``
-    (a ``sqlite3.Connection`` inside ``BEGIN IMMEDIATE``): the recorded events, the new chain.
+    (a ``sqlite3.Connection`` inside ``BEGIN IMMEDIATE``): the recorded events (None without
+    ``events``), the new chain.
 
     The same rows and events as :func:`link` followed by ``executemany``; only where
     :data:`NATIVE_SQLITE_INSERT`.
     """
     assert _cseal is not None and NATIVE_SQLITE_INSERT
-    return _cseal.insert(connection, sealed, seq, chain)
+    if not events and _WITHOUT_EVENTS:
+        return _cseal.insert(connection, sealed, seq, chain, False)
+    recorded_events, chain = _cseal.insert(connection, sealed, seq, chain)
+    return recorded_events if events else None, chain

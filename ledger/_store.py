@@ -73,14 +73,32 @@ class Ledger:
         """Append a batch atomically: all of it is committed, or none.
 
         Re-appending an id with the same content is a no-op; with other
-        content it raises :class:`ConflictError` naming the id.
+        content it raises :class:`ConflictError` naming the id. Returns the
+        batch as recorded (an existing event for a known id); :meth:`extend`
+        does the same append and returns only the new head.
         """
         sealed = _dedupe(seal_many(events, self.native))
         if not sealed:
             return []
         connection = self.database.raw_connection()
         try:
-            return self._append_sealed(connection, sealed)
+            return self._append_sealed(connection, sealed)[0]
+        finally:
+            connection.close()
+
+    def extend(self, events: Sequence[NewEvent]) -> Head | None:
+        """:meth:`append_many` for a caller that drops the recorded events (a producer).
+
+        The same validation, atomic transaction, lock, idempotency and errors; it
+        returns only the ledger's head after the batch (None for an empty batch on an
+        empty ledger), so no :class:`Event` or copy of the data is made per event.
+        """
+        sealed = _dedupe(seal_many(events, self.native, parsed=False))
+        if not sealed:
+            return self.head()
+        connection = self.database.raw_connection()
+        try:
+            return self._append_sealed(connection, sealed, recorded=False)[1]
         finally:
             connection.close()
 
@@ -88,38 +106,43 @@ class Ledger:
         """Append events already validated by :func:`seal` (the import path)."""
         connection = self.database.raw_connection()
         try:
-            return self._append_sealed(connection, _dedupe(list(sealed)))
+            return self._append_sealed(connection, _dedupe(list(sealed)))[0]
         finally:
             connection.close()
 
-    def _append_sealed(self, connection: Any, sealed: list[Sealed]) -> list[Event]:
+    def _append_sealed(
+        self, connection: Any, sealed: list[Sealed], *, recorded: bool = True
+    ) -> tuple[list[Event], Head]:
+        """The recorded events (empty without ``recorded``) and the head after the batch."""
         # Optimistic: most batches hold only new ids, so insert at once and let the
         # UNIQUE(id) constraint catch the rest; only then look the known ids up.
         integrity_error = self.database.dialect.dbapi.IntegrityError  # type: ignore[union-attr]
         try:
-            return self._write(connection, sealed, lookup=False)
+            return self._write(connection, sealed, lookup=False, recorded=recorded)
         except integrity_error:
-            return self._write(connection, sealed, lookup=True)
+            return self._write(connection, sealed, lookup=True, recorded=recorded)
 
-    def _write(self, connection: Any, sealed: list[Sealed], *, lookup: bool) -> list[Event]:
+    def _write(
+        self, connection: Any, sealed: list[Sealed], *, lookup: bool, recorded: bool
+    ) -> tuple[list[Event], Head]:
         """One transaction under the append lock; with ``lookup``, known ids are skipped."""
         cursor = connection.cursor()
         try:
             self.dialect.begin_write(cursor)
             known = self._known(cursor, sealed) if lookup else {}
             fresh = [s for s in sealed if s.id not in known] if known else sealed
-            recorded = self._insert(connection, cursor, fresh)
+            events, head = self._insert(connection, cursor, fresh, recorded)
             self.dialect.commit(connection, cursor)
         except BaseException:
             self.dialect.rollback(connection, cursor)
             raise
         finally:
             cursor.close()
-        if not known:
-            return recorded
-        by_id = {e.id: e for e in recorded}
+        if not known or not recorded:
+            return events, head
+        by_id = {e.id: e for e in events}
         by_id.update(known)
-        return [by_id[s.id] for s in sealed]
+        return [by_id[s.id] for s in sealed], head
 
     def _known(self, cursor: Any, sealed: list[Sealed]) -> dict[str, Event]:
         """Events already recorded under these ids; a differing digest is a conflict."""
@@ -135,19 +158,23 @@ class Ledger:
                 raise ConflictError(s.id)
         return known
 
-    def _insert(self, connection: Any, cursor: Any, fresh: list[Sealed]) -> list[Event]:
-        if not fresh:
-            return []
+    def _insert(
+        self, connection: Any, cursor: Any, fresh: list[Sealed], recorded: bool
+    ) -> tuple[list[Event], Head]:
+        """Chain and insert ``fresh`` after the head: its events (none without ``recorded``), the head."""
         cursor.execute("SELECT seq, chain FROM events ORDER BY seq DESC LIMIT 1")
         row = cursor.fetchone()
         seq, chain = (int(row[0]), row[1]) if row else (0, GENESIS)
+        if not fresh:  # every id known: the head stays
+            return [], Head(seq, chain)
         if self.native_insert:
-            recorded, chain = insert_sqlite(connection.dbapi_connection, fresh, seq, chain)
+            events, chain = insert_sqlite(connection.dbapi_connection, fresh, seq, chain, events=recorded)
         else:
-            rows, recorded, chain = link(fresh, seq, chain, self.native)
+            rows, events, chain = link(fresh, seq, chain, self.native, events=recorded)
             self.dialect.insert_events(cursor, rows)
-        cursor.execute(self.dialect.insert_head, (seq + len(fresh), chain, utc_now()))
-        return recorded
+        seq += len(fresh)
+        cursor.execute(self.dialect.insert_head, (seq, chain, utc_now()))
+        return events or [], Head(seq, chain)
 
     # -- read -------------------------------------------------------------------
 

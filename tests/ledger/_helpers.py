@@ -61,25 +61,29 @@ def mp() -> Any:
 
 
 def concurrent_writer(url: str, worker: int, count: int) -> None:
-    """Append ``count`` events: mostly in batches, every tenth one alone."""
+    """Append ``count`` events: mostly in batches, every tenth one alone; odd workers through
+    ``extend`` (no recorded events returned), even ones through ``append_many``."""
     rng = random.Random(worker)
     ledger = open_ledger(url, create=False)
+    append = ledger.extend if worker % 2 else ledger.append_many
     done = 0
     while done < count:
         size = 1 if rng.random() < 0.2 else min(rng.randrange(20, 200), count - done)
-        ledger.append_many([note(f"w{worker}-{done + i}", worker=worker) for i in range(size)])
+        append([note(f"w{worker}-{done + i}", worker=worker) for i in range(size)])
         done += size
     ledger.close()
 
 
 def batch_writer(url: str, worker: int, report: Any) -> None:
-    """Append batches forever; after each commit report ``(batch_id, size)`` down the pipe."""
+    """Append batches forever; after each commit report ``(batch_id, size)`` down the pipe.
+    Odd workers append through ``extend``, even ones through ``append_many``."""
     rng = random.Random(worker)
     ledger = open_ledger(url, create=False)
+    append = ledger.extend if worker % 2 else ledger.append_many
     number = 0
     while True:
         batch_id = f"b{worker}-{number}"
         size = rng.randrange(1, 400)
-        ledger.append_many([note(batch_id, i=i, size=size) for i in range(size)])
+        append([note(batch_id, i=i, size=size) for i in range(size)])
         report.send((batch_id, size))
         number += 1

@@ -233,6 +233,46 @@ class LedgerContract(VerifyContract):
             )
         assert led.count() == 1
 
+    def test_extend_stores_what_append_many_stores(self, led: Ledger, tmp_path: Path) -> None:
+        """extend: the same rows, digests and chain as append_many, and the head after the batch."""
+        run = new_id()
+        batches = [
+            [
+                NewEvent("note.added", {"text": f"é{i}", "v": [i / 3, {"b": None, "a": i}]}, run_id=run)
+                for i in range(start, start + 40)
+            ]
+            for start in range(0, 120, 40)
+        ]
+        assert led.extend([]) is None  # nothing in the batch, nothing in the ledger
+        reference = open_ledger(f"sqlite:///{tmp_path / 'reference.db'}")
+        for batch in batches:
+            head = led.extend(batch)
+            recorded = reference.append_many(batch)
+            assert head == led.head() == reference.head()
+            assert head is not None and (head.seq, head.chain) == (recorded[-1].seq, recorded[-1].chain)
+        assert list(led.raw_rows()) == list(reference.raw_rows())
+        assert list(led.events()) == list(reference.events())
+        reference.close()
+        assert led.extend([]) == led.head()
+        assert verify(led).ok and led.recorded_heads()[-1] == led.head()
+
+    def test_extend_idempotent_atomic_and_conflicting(self, led: Ledger) -> None:
+        first = note("once")
+        head = led.extend([first])
+        assert led.extend([first]) == head  # a known id: nothing recorded, the head stays
+        assert led.recorded_heads() == [head]
+        again = led.extend([first, note("new"), first])
+        assert again is not None and again.seq == 2 and led.count() == 2
+        assert [e.data["text"] for e in led.events()] == ["once", "new"]
+        bad = NewEvent("request.sent", {"request_id": "r"})
+        with pytest.raises(EventError) as info:
+            led.extend([*notes(3), bad])
+        assert "data.replica" in str(info.value)
+        with pytest.raises(ConflictError) as conflict:
+            led.extend([note("x"), NewEvent("note.added", {"text": "changed"}, id=first.id, ts=first.ts)])
+        assert first.id in str(conflict.value)
+        assert led.count() == 2 and led.head() == again and verify(led).ok
+
     def test_envelope_checked(self, led: Ledger) -> None:
         for bad, field in [
             (NewEvent("note.added", {"text": "x"}, id="NOT-A-UUID"), "id"),

@@ -94,10 +94,20 @@ def _outcome(function: Any, event: NewEvent) -> Any:
     return sealed, orjson.dumps(sealed.data)
 
 
+def _text_outcome(function: Any, event: NewEvent) -> Any:
+    """What a seal without the parsed data must agree on: the error, or every field but the data."""
+    try:
+        return tuple(function(event)[:7])
+    except Exception as exc:
+        return type(exc), str(exc)
+
+
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(events())
 def test_native_seal_matches_python(event: NewEvent) -> None:
     assert _outcome(lambda e: seal_many([e])[0], event) == _outcome(seal, event)
+    # Unparsed (Ledger.extend): the same text, digest and errors, without the copy of the data.
+    assert _text_outcome(lambda e: seal_many([e], parsed=False)[0], event) == _text_outcome(seal, event)
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -119,6 +129,11 @@ def test_native_chain_matches_python(datas: list[dict[str, Any]], run_id: str | 
     assert (rows, chain) == (expected_rows, expected_chain)
     assert recorded == expected_recorded
     assert [orjson.dumps(e.data) for e in recorded] == [orjson.dumps(e.data) for e in expected_recorded]
+    # Without recorded events (Ledger.extend): the same rows and chain from unparsed seals.
+    unparsed = seal_many(batch, parsed=False)
+    assert [s[:7] for s in unparsed] == [s[:7] for s in reference]  # data: None where sealed natively
+    assert link(unparsed, *start, native=True, events=False) == (expected_rows, None, expected_chain)
+    assert link(reference, *start, native=False, events=False) == (expected_rows, None, expected_chain)
 
 
 def test_native_sealer_is_there() -> None:
@@ -137,6 +152,7 @@ def test_examples_of_both_outcomes() -> None:
     """One event the native path takes whole, one it hands over (NaN) and gets the same error for."""
     fine = NewEvent("note.added", {"text": "é\n\x00", "v": [1.5e-5, 2**64 - 1, None, {"b": 1, "a": 2}]})
     assert seal_many([fine]) == [seal(fine)]
+    assert seal_many([fine], parsed=False) == [seal(fine)._replace(data=None)]  # no copy of the data
     refused = NewEvent("note.added", {"text": "x", "v": float("nan")})
     with pytest.raises(Exception, match="NaN") as native_error:
         seal_many([refused])
