@@ -65,7 +65,7 @@ def fill(ledger: Ledger, count: int, batch: int = 20_000, template: int = 50_000
     start = time.perf_counter()
     for offset in range(0, count, batch):
         ts = utc_now()
-        ledger.append_many(
+        ledger.extend(
             [
                 NewEvent(
                     "response.received", datas[i % len(datas)], run_id=runs[i % RUNS], id=new_id(), ts=ts

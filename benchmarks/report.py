@@ -63,10 +63,10 @@ def fill(ledger: Ledger, runs: Iterator[list[dict[str, Any]]], batch: int = 50_0
     for run in runs:
         pending += [NewEvent(e["kind"], e["data"], e["run_id"], e["block_id"], e["id"], e["ts"]) for e in run]
         if len(pending) >= batch:
-            ledger.append_many(pending)
+            ledger.extend(pending)
             count, pending = count + len(pending), []
     if pending:
-        ledger.append_many(pending)
+        ledger.extend(pending)
     return count + len(pending)
 
 

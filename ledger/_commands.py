@@ -107,8 +107,7 @@ def _import_results(tool: str, file: Path, db_url: str) -> None:
     events = getattr(importlib.import_module(module_name), attribute)(tool, file)  # refused: nothing made
     ledger = open_ledger(db_url, create=True)
     try:
-        ledger.append_many(events)
-        head = ledger.head()
+        head = ledger.extend(events)
     finally:
         ledger.close()
     run_id, requests = events[0].run_id, len(events) - 1
