@@ -23,10 +23,12 @@ import duckdb
 import pyarrow as pa
 
 from ._errors import QueryError
-from ._rows import read_rows, rows_to_table
+from ._events import GENESIS
+from ._rows import SCHEMA, native_table, read_rows, rows_to_table
 from ._snapshot import Proof, Snapshot, _seqs_follow, key_path, sql_literal
-from ._snapshot_rows import by_kind, columns_read, single_kind
+from ._snapshot_rows import _carrow, by_kind, checked_reader, columns_read, single_kind
 from ._store import Ledger
+from ._verify import _NO_LOWER_BOUND, RangeResult
 
 # DuckDB's memory for a report (see duckdb_config): with the chunk of rows in flight and
 # Python's report, a 10M-event ledger's audit stays under 2 GB.
@@ -214,6 +216,81 @@ def derive_from_rows(
     return derived
 
 
+def checked_source(ledger: Ledger, projections: Mapping[str, str]) -> str | None:
+    """The SQLite file whose rows :func:`derive_checked` reads, checks and splits by kind in one
+    native pass, or None (the reader or verifier is not native, an older build lacks the call,
+    or a projection reads more than one kind's rows)."""
+    path = checked_reader(ledger)
+    if path is None or not hasattr(_carrow, "read_checked_by_kind"):
+        return None
+    return path if all(single_kind(sql) for sql in projections.values()) else None
+
+
+def derive_checked(
+    con: duckdb.DuckDBPyConnection, path: str, projections: Mapping[str, str], until_seq: int
+) -> tuple[Derived, RangeResult] | None:
+    """:func:`derive_from_rows` over rows that are verified as they are read: each chunk's rows are
+    checked link by link from GENESIS (digest recomputed from the envelope, chain followed, seq in
+    order, nothing below seq 1) by ``ledger/_carrow.c`` as it steps them, and handed over split
+    by kind, so the tables come from exactly the rows the check passed, and that check is the
+    chain verification of seq 1..``until_seq`` (no second read of the file beside it).
+
+    Returns the tables' figures and the check's outcome, or None, with no table left, where a
+    chunk's check fails or ``until_seq`` is 0: the caller then derives from the rows as the
+    database holds them and verifies apart, which names the first bad seq as it always did."""
+    assert _carrow is not None
+    if until_seq <= 0:
+        return None
+    carrow = _carrow
+    derived = Derived()
+    started = time.perf_counter()
+    bounds = [(a, min(a + _CHUNK, until_seq)) for a in range(0, until_seq, _CHUNK)]
+    kinds: dict[str, list[str]] = {}
+    for name, sql in projections.items():
+        kinds.setdefault(str(single_kind(sql)), []).append(name)
+    empty = SCHEMA.empty_table()
+
+    def read(after: int, stop: int, previous: str) -> tuple[Any, float]:
+        began = time.perf_counter()
+        # The first chunk has no lower bound: a row slipped in below seq 1 fails its check.
+        lower = _NO_LOWER_BOUND if after == 0 else after
+        return carrow.read_checked_by_kind(
+            path, lower, stop, after + 1, previous
+        ), time.perf_counter() - began
+
+    failed = False
+    with ThreadPoolExecutor(1, thread_name_prefix="kvledger-read-rows") as reader:
+        pending = reader.submit(read, *bounds[0], GENESIS)
+        for index, (_, stop) in enumerate(bounds):
+            (_, groups, check), took = pending.result()
+            derived.read_seconds += took
+            outcome, _, _, last_good, chain = check
+            if outcome != carrow.OK or last_good != stop:
+                failed = True
+                break
+            if index + 1 < len(bounds):
+                pending = reader.submit(read, *bounds[index + 1], chain)
+            derived.head_seq, derived.head_chain = stop, chain
+            tables = {kind: native_table(count, seqs, columns) for kind, count, seqs, columns in groups}
+            del groups
+            derived.rows += sum(t.num_rows for t in tables.values())
+            for kind, names in kinds.items():
+                if index and kind not in tables:
+                    continue  # nothing of its kind in this chunk
+                con.register("events", tables.get(kind, empty))
+                for name in names:
+                    verb = f"CREATE TABLE {_quote(name)} AS" if index == 0 else f"INSERT INTO {_quote(name)}"
+                    con.execute(f"{verb} {projections[name]}")
+                con.unregister("events")
+            del tables
+    if failed:
+        for name in projections:
+            con.execute(f"DROP TABLE IF EXISTS {_quote(name)}")
+        return None
+    derived.seconds = time.perf_counter() - started
+    return derived, RangeResult(derived.head_seq, str(derived.head_chain))
+
+
 def _timed_read(ledger: Ledger, after: int, stop: int) -> tuple[pa.Table, float]:
     started = time.perf_counter()
     return read_rows(ledger, after, stop, threads=1), time.perf_counter() - started
@@ -246,6 +323,9 @@ class Analytics:
         self.up_to_seq = up_to_seq
         self.from_rows = from_rows
         self.derived: Derived | None = None
+        # The chain check of seq 1..derived.head_seq made as the rows were read (derive_checked),
+        # or None where the tables were derived from rows read apart from any check.
+        self.checked: RangeResult | None = None
         self._con: duckdb.DuckDBPyConnection | None = None
         self._spill: Path | None = None
 
@@ -267,9 +347,13 @@ class Analytics:
                 # The projections are derived again from the database's rows, not read from the
                 # cache: the cache is proven as always (its mismatches are still reported), but
                 # nothing it holds reaches a number.
-                self.derived = derive_from_rows(
-                    con, self.ledger, self.projections, self.snapshot.proof.head_seq
-                )
+                until = self.snapshot.proof.head_seq
+                path = checked_source(self.ledger, self.projections)
+                done = None if path is None else derive_checked(con, path, self.projections, until)
+                if done is not None:
+                    self.derived, self.checked = done
+                else:
+                    self.derived = derive_from_rows(con, self.ledger, self.projections, until)
             self._con = connect(segments, self.snapshot.fields(), con)
             for name, sql in self.projections.items() if not self.from_rows else ():
                 self._con.execute(

@@ -22,3 +22,10 @@ def read_checked(
     tuple[int, int, int, int, str],
     dict[str, dict[str, int]] | None,
 ]: ...
+def read_checked_by_kind(
+    path: str, after_seq: int, until_seq: int, expected_seq: int, previous_chain: str, /
+) -> tuple[
+    int,
+    list[tuple[str | None, int, Memory, list[tuple[Memory | None, int, Memory, Memory]]]],
+    tuple[int, int, int, int, str],
+]: ...

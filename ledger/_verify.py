@@ -294,19 +294,59 @@ def _scan_native(path: str, last: int, workers: int | None) -> RangeResult:
         return merge(list(executor.map(lambda part: _native_range(path, *part), ranges(last, count * 2))))
 
 
-def verify_ledger(
-    ledger: Any, expected_head: str | None = None, workers: int | None = None, verifier: str | None = None
-) -> Verification:
-    """Verify ``ledger`` (a :class:`ledger.Ledger`), in parallel when it is large
-    (``verifier``: see :func:`native_path`)."""
-    # Heads first: each is committed with its events, so all of them lie at or below
-    # the last seq read next, even while writers append.
+@dataclass(frozen=True)
+class Heads:
+    """What a verification reads before its scan: the recorded heads, then the last seq and the
+    chains at the heads' seqs (each head is committed with its events, so all of them lie at or
+    below the last seq read after them, even while writers append)."""
+
+    heads: list[tuple[int, str]]
+    last: int
+    chains_at: dict[int, str]
+
+
+def read_heads(ledger: Any) -> Heads:
+    """The recorded heads, then the last seq (see :class:`Heads`)."""
     heads = [(h.seq, h.chain) for h in ledger.recorded_heads()]
     with ledger.database.connect() as conn:
         last = int(conn.exec_driver_sql("SELECT coalesce(max(seq), 0) FROM events").scalar_one())
         chains_at = dict(
             conn.exec_driver_sql("SELECT e.seq, e.chain FROM heads h JOIN events e ON e.seq = h.seq").all()
         )
+    return Heads(heads, last, chains_at)
+
+
+def verify_after(path: str, read: Heads, scanned: RangeResult) -> Verification:
+    """The verification of the SQLite file at ``path`` whose seq 1..``scanned.last_seq`` were
+    checked clean from GENESIS as they were read (``scanned``; ``read`` before that check began):
+    the rows after them up to ``read.last`` are checked natively from that chain, then the heads,
+    as :func:`verify_ledger` concludes."""
+    assert _cverify is not None and scanned.bad_seq is None
+    scan = scanned
+    if read.last > scanned.last_seq:
+        after = scanned.last_seq
+        outcome, bad, found, last_good, chain = _cverify.scan(
+            path, after, read.last, after + 1, scanned.last_chain
+        )
+        if outcome == _cverify.OK:
+            scan = _missing_tail(RangeResult(last_good, chain), read.last)
+        else:
+            problem = (
+                _DELETED.format(seq=found, expected=last_good + 1)
+                if outcome == _cverify.DELETED
+                else _NATIVE_PROBLEMS[outcome]
+            )
+            scan = RangeResult(last_good, chain, bad, problem)
+    return conclude(scan, read.heads, read.chains_at, None)
+
+
+def verify_ledger(
+    ledger: Any, expected_head: str | None = None, workers: int | None = None, verifier: str | None = None
+) -> Verification:
+    """Verify ``ledger`` (a :class:`ledger.Ledger`), in parallel when it is large
+    (``verifier``: see :func:`native_path`)."""
+    read = read_heads(ledger)
+    heads, last, chains_at = read.heads, read.last, read.chains_at
     path = native_path(ledger, verifier)
     if path is not None:
         return conclude(_scan_native(path, last, workers), heads, chains_at, expected_head)

@@ -31,7 +31,9 @@ import duckdb
 
 import ledger as ledger_api
 from ledger import Analytics, Head, Ledger, Verification, open_ledger
+from ledger._analytics import checked_source
 from ledger._snapshot import Mismatch, Proof
+from ledger._verify import read_heads, verify_after
 
 from ._views import create_audit_views, create_views, projections
 
@@ -161,17 +163,32 @@ def open_source(
     ``ledger attest`` ask for it).
     """
     ledger = open_ledger(url_or_ledger, create=False) if isinstance(url_or_ledger, str) else url_or_ledger
-    started, verified_from = None, None
+    started, verified_from, heads_read = None, None, None
+    views = projections()
+    checked_path = checked_source(ledger, views) if verify else None
     if verify:
         # The verification reads the ledger's last seq after this: it covers at least this head,
         # and the snapshot goes no further.
         head_now = ledger.head()
         verified_from = head_now.seq if head_now else 0
-        started = _verify_in_background(ledger)
+        if checked_path is None:
+            started = _verify_in_background(ledger)
+        else:
+            # The rows the tables are derived from are checked as they are read: that read is the
+            # verification of seq 1..head, and only what was appended since is scanned after it.
+            heads_read = read_heads(ledger)
     # Verified sources derive their tables from the database's rows, never from the cache's
     # projection files: those are proven only against digests kept beside them.
-    analytics = Analytics(ledger, snapshot_root, projections(), up_to_seq=verified_from, from_rows=verify)
+    analytics = Analytics(ledger, snapshot_root, views, up_to_seq=verified_from, from_rows=verify)
     con = analytics.connection()
+    if checked_path is not None and heads_read is not None:
+        if analytics.checked is not None:
+            started = Future()
+            started.set_result(verify_after(checked_path, heads_read, analytics.checked))
+        else:
+            # A check failed (or nothing to read): the tables came from the rows as the database
+            # holds them, and the ledger is verified apart, which names the first bad seq.
+            started = _verify_in_background(ledger)
     create_views(con, until_seq)
     derived = analytics.derived
     if derived is not None and until_seq is None:

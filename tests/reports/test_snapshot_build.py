@@ -13,11 +13,14 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from ledger import Analytics, Ledger, NewEvent, open_ledger, query, read_jsonl
+import ledger._analytics as analytics_module
+from ledger import Analytics, Ledger, NewEvent, open_ledger, query, read_jsonl, verify
+from ledger._analytics import checked_source, derive_checked, derive_from_rows
 from ledger._events import GENESIS
 from ledger._rows import native_reader, read_rows, rows_to_table
 from ledger._snapshot import Snapshot, table_fields
 from ledger._snapshot_rows import checked_reader, read_checked, single_kind
+from ledger._verify import RangeResult, read_heads, verify_after
 from reports import audit, open_source
 from reports._views import projections
 from tests._synthetic import generate
@@ -308,3 +311,85 @@ def test_data_keys_with_quotes_backslashes_and_dots_have_their_columns(sqlite_ur
     columns = ", ".join('"' + k.replace('"', '""') + '"' for k in keys)
     got = query(sqlite_url, f"SELECT {columns} FROM note_added ORDER BY seq", fmt="arrow").to_pylist()
     assert got == [{k: i * 10 + n for n, k in enumerate(keys)} for i in range(3)]
+
+
+def _tables(con: duckdb.DuckDBPyConnection) -> dict[str, list[tuple[object, ...]]]:
+    """Each projection's rows in the order they were inserted."""
+    return {name: con.execute(f'SELECT * FROM "{name}"').fetchall() for name in projections()}
+
+
+def test_checked_derivation_equals_the_derivation_from_rows_and_verifies(
+    synthetic: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows checked as they are read and split by kind in C give the tables the rows read apart
+    give, row for row and in order, over chunks of every size; and their check, with the rows
+    appended after it scanned, is the ledger's verification."""
+    head = synthetic.head()
+    assert head is not None
+    path = checked_source(synthetic, projections())
+    assert path is not None, "the native reader and verifier are built at install (setup.py)"
+    plain_con = duckdb.connect(":memory:")
+    plain = derive_from_rows(plain_con, synthetic, projections(), head.seq)
+    expected = _tables(plain_con)
+    assert any(len(rows) > 1 for rows in expected.values())
+    for chunk in (7, 64, head.seq - 1, head.seq, 250_000):
+        monkeypatch.setattr(analytics_module, "_CHUNK", chunk)
+        con = duckdb.connect(":memory:")
+        read = read_heads(synthetic)
+        done = derive_checked(con, path, projections(), head.seq)
+        assert done is not None
+        derived, checked = done
+        assert (derived.rows, derived.head_seq, derived.head_chain) == (
+            plain.rows,
+            plain.head_seq,
+            plain.head_chain,
+        )
+        assert checked == RangeResult(head.seq, head.chain)
+        assert _tables(con) == expected
+        assert verify_after(path, read, checked) == verify(synthetic)
+        con.close()
+    synthetic.append_many([NewEvent("note.added", {"text": "after", "n": 9})])
+    assert verify_after(path, read_heads(synthetic), checked) == verify(synthetic)
+    assert verify(synthetic).head_seq == head.seq + 1
+
+
+@pytest.mark.parametrize(
+    "statements",
+    [
+        ['UPDATE events SET data = \'{"n":1,"text":"x"}\' WHERE seq = 30'],
+        ["DELETE FROM events WHERE seq = 30"],
+        ["UPDATE events SET chain = digest WHERE seq = 30"],
+        [
+            "INSERT INTO events (seq, id, ts, kind, run_id, block_id, data, digest, chain) "
+            "SELECT 0, 'planted-' || id, ts, kind, run_id, block_id, data, digest, chain "
+            "FROM events WHERE seq = 1"
+        ],
+    ],
+    ids=["edited", "deleted", "relinked", "below-seq-1"],
+)
+def test_a_failed_check_derives_and_verifies_as_before(
+    synthetic: Ledger, sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, statements: list[str]
+) -> None:
+    """Where the check in the read fails, no table of it is left: the tables are derived from the
+    rows as the database holds them and the verification runs apart, naming the same first bad
+    seq as ``ledger verify``."""
+    head = synthetic.head()
+    assert head is not None
+    open_source(synthetic, tmp_path / "snapshots").close()  # the snapshot of the untampered rows
+    tamper_sqlite(sqlite_url, statements)
+    monkeypatch.setattr(analytics_module, "_CHUNK", 16)
+    path = checked_source(synthetic, projections())
+    assert path is not None
+    con = duckdb.connect(":memory:")
+    assert derive_checked(con, path, projections(), head.seq) is None
+    assert con.execute("SELECT count(*) FROM duckdb_tables()").fetchone() == (0,)
+    expected = verify(synthetic)
+    assert not expected.ok
+    src = open_source(synthetic, tmp_path / "snapshots", verify=True)
+    try:
+        assert src.analytics.checked is None and src.analytics.derived is not None
+        assert src.verification() == expected
+        (broken,) = [f for f in audit(src) if f.code == "chain-broken"]
+        assert broken.severity == "blocking"
+    finally:
+        src.close()
