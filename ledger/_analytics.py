@@ -59,9 +59,11 @@ def duckdb_config(spill: Path) -> dict[str, str | bool | int | float | list[str]
     them to ``spill`` (a temporary folder, never the caller's working directory).
     ``KVLEDGER_DUCKDB_MEMORY`` and ``KVLEDGER_DUCKDB_THREADS`` override the limit and the
     threads (default: one per core)."""
+    limit = os.environ.get("KVLEDGER_DUCKDB_MEMORY") or DUCKDB_MEMORY_LIMIT
     config: dict[str, str | bool | int | float | list[str]] = {
-        "memory_limit": os.environ.get("KVLEDGER_DUCKDB_MEMORY") or DUCKDB_MEMORY_LIMIT,
+        "memory_limit": limit,
         "temp_directory": str(spill),
+        "checkpoint_threshold": limit,
     }
     if os.environ.get("KVLEDGER_DUCKDB_THREADS"):
         config["threads"] = os.environ["KVLEDGER_DUCKDB_THREADS"]
