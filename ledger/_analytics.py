@@ -26,7 +26,7 @@ from ._errors import QueryError
 from ._events import GENESIS
 from ._rows import SCHEMA, native_table, read_rows, rows_to_table
 from ._snapshot import Proof, Snapshot, _seqs_follow, key_path, sql_literal
-from ._snapshot_rows import _carrow, by_kind, checked_reader, columns_read, single_kind
+from ._snapshot_rows import _carrow, _stored_chains, by_kind, checked_reader, columns_read, single_kind
 from ._store import Ledger
 from ._verify import _NO_LOWER_BOUND, RangeResult
 
@@ -252,29 +252,47 @@ def derive_checked(
         kinds.setdefault(str(single_kind(sql)), []).append(name)
     empty = SCHEMA.empty_table()
 
-    def read(after: int, stop: int, previous: str) -> tuple[Any, float]:
+    # Each chunk is read in two parts side by side; a part after the first starts on the chain the
+    # database stores before it, which must be the chain the part before ended on, checked.
+    parts = [[(a, a + (b - a) // 2), (a + (b - a) // 2, b)] if b - a > 1 else [(a, b)] for a, b in bounds]
+    stored = _stored_chains(path, [a for chunk in parts for a, _ in chunk if a > 0])
+
+    def start_of(after: int) -> str:
+        return GENESIS if after == 0 else stored.get(after, "")
+
+    def read(after: int, stop: int) -> tuple[Any, float]:
         began = time.perf_counter()
-        # The first chunk has no lower bound: a row slipped in below seq 1 fails its check.
+        # The first part has no lower bound: a row slipped in below seq 1 fails its check.
         lower = _NO_LOWER_BOUND if after == 0 else after
         return carrow.read_checked_by_kind(
-            path, lower, stop, after + 1, previous
+            path, lower, stop, after + 1, start_of(after)
         ), time.perf_counter() - began
 
-    failed = False
-    with ThreadPoolExecutor(1, thread_name_prefix="kvledger-read-rows") as reader:
-        pending = reader.submit(read, *bounds[0], GENESIS)
+    failed, chain = False, GENESIS
+    with ThreadPoolExecutor(2, thread_name_prefix="kvledger-read-rows") as reader:
+        pending = [reader.submit(read, *part) for part in parts[0]]
         for index, (_, stop) in enumerate(bounds):
-            (_, groups, check), took = pending.result()
-            derived.read_seconds += took
-            outcome, _, _, last_good, chain = check
-            if outcome != carrow.OK or last_good != stop:
-                failed = True
+            pieces: dict[str, list[pa.Table]] = {}
+            slowest = 0.0
+            for (after, until), future in zip(parts[index], pending, strict=True):
+                (_, groups, check), took = future.result()
+                slowest = max(slowest, took)
+                outcome, _, _, last_good, last_chain = check
+                if start_of(after) != chain or outcome != carrow.OK or last_good != until:
+                    failed = True
+                    break
+                chain = last_chain
+                for kind, count, seqs, columns in groups:
+                    pieces.setdefault(kind, []).append(native_table(count, seqs, columns))
+                del groups
+            if failed:
                 break
+            derived.read_seconds += slowest  # the parts are read side by side
             if index + 1 < len(bounds):
-                pending = reader.submit(read, *bounds[index + 1], chain)
+                pending = [reader.submit(read, *part) for part in parts[index + 1]]
             derived.head_seq, derived.head_chain = stop, chain
-            tables = {kind: native_table(count, seqs, columns) for kind, count, seqs, columns in groups}
-            del groups
+            tables = {kind: pa.concat_tables(p) if len(p) > 1 else p[0] for kind, p in pieces.items()}
+            del pieces
             derived.rows += sum(t.num_rows for t in tables.values())
             for kind, names in kinds.items():
                 if index and kind not in tables:
