@@ -35,6 +35,7 @@ from typing import Any
 from sqlalchemy.engine import make_url
 
 from ledger import NewEvent, open_ledger
+from ledger._backends import WAL_AUTOCHECKPOINT
 
 from ._common import emit, make_events, timed
 
@@ -137,6 +138,7 @@ def bench_raw(directory: Path, rows: list[tuple[Any, ...]], batch: int, indexed:
     con = sqlite3.connect(directory / f"raw{int(indexed)}.db", isolation_level=None)
     con.execute("PRAGMA journal_mode=WAL")
     con.execute("PRAGMA synchronous=NORMAL")
+    con.execute(f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT}")
     con.execute(_PLAIN)
     if indexed:
         for statement in _INDEXES:
