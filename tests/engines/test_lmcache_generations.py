@@ -1,9 +1,10 @@
 """The vllm target's two LMCache generations, its hash seed and its GPU identity (no engines needed).
 
-LMCache 0.5.6 (the CPU engines) shares through the multiprocess service and
-``LMCacheMPConnector``; 0.5.3 (the GPU bundle, torch 2.11) through
-``LMCacheConnectorV1`` and an ``lm://`` server. The real 0.5.6 path runs in
-test_vllm_screening.py; the 0.5.3 path needs CUDA (the GPU study).
+From LMCache 0.5.3 on (0.5.6 in the CPU engines, 0.5.3 in the GPU bundle) the
+target shares through the multiprocess service and ``LMCacheMPConnector``;
+earlier releases, or ``lmcache_mode=remote``, through ``LMCacheConnectorV1``
+and an ``lm://`` server. The real 0.5.6 path runs in test_vllm_screening.py;
+0.5.3 needs CUDA (the committed GPU studies, tests/data/gpu and gpu-mp).
 """
 
 from __future__ import annotations
@@ -47,8 +48,8 @@ def _target(tmp_path: Path, lmcache: str = "0.5.6", device: str = "cuda", **para
 
 def test_generation_follows_the_installed_lmcache() -> None:
     assert version_tuple("0.5.6.dev3+g1a2b") == (0, 5, 6)
-    assert [choose_mode(v) for v in ("0.5.3", "0.5.5", "0.5.6", "0.6.0")] == ["remote", "remote", "mp", "mp"]
-    assert choose_mode("0.5.3", "mp") == "mp"
+    assert [choose_mode(v) for v in ("0.5.2", "0.5.3", "0.5.6", "0.6.0")] == ["remote", "mp", "mp", "mp"]
+    assert choose_mode("0.5.3", "remote") == "remote" and choose_mode("0.5.2", "mp") == "mp"
     with pytest.raises(ParamError, match="lmcache_mode"):
         choose_mode("0.5.3", "shared")
 
@@ -89,7 +90,7 @@ def test_mp_generation_allocator_flag() -> None:
 
 
 def test_config_names_generation_seed_and_allocator(tmp_path: Path) -> None:
-    mp, remote = _target(tmp_path), _target(tmp_path, lmcache="0.5.3")
+    mp, remote = _target(tmp_path), _target(tmp_path, lmcache="0.5.3", lmcache_mode="remote")
     on = remote.config("ON")
     assert on["lmcache"]["mode"] == "remote" and on["kv_connector"]["kv_connector"] == "LMCacheConnectorV1"
     assert on["lmcache"]["env"]["LMCACHE_REMOTE_URL"] == "lm://127.0.0.1" and on["hash_seed"] == 0
@@ -99,9 +100,9 @@ def test_config_names_generation_seed_and_allocator(tmp_path: Path) -> None:
         for t in (
             mp,
             remote,
-            _target(tmp_path, lmcache="0.5.3", hash_seed=7),
-            _target(tmp_path, lmcache="0.5.3", lmcache_allocator="mixed"),
-            _target(tmp_path, lmcache="0.5.3", hash_seed="unset"),
+            _target(tmp_path, lmcache="0.5.3", lmcache_mode="remote", hash_seed=7),
+            _target(tmp_path, lmcache="0.5.3", lmcache_mode="remote", lmcache_allocator="mixed"),
+            _target(tmp_path, lmcache="0.5.3", lmcache_mode="remote", hash_seed="unset"),
         )
     }
     assert len(digests) == 5  # each choice is covered by config_sha256

@@ -1,18 +1,25 @@
 """The two LMCache generations the vllm target speaks, chosen by the installed LMCache version.
 
-- ``mp`` (LMCache 0.5.6 and later, the CPU engines): a multiprocess service
-  (``lmcache server``) that every ON replica reaches through vLLM's
-  ``LMCacheMPConnector``. Its L1 allocator is lazy unless ``--no-l1-use-lazy``
-  (the mixed allocator) is given.
-- ``remote`` (earlier releases, e.g. 0.5.3, the last built against torch
-  2.11): ``LMCacheConnectorV1`` inside each replica, configured by
-  ``LMCACHE_*`` variables, sharing through an ``lm://`` server
-  (``python -m lmcache.v1.server HOST PORT``, a bare TCP server). Its local
-  CPU backend's allocator is chosen by ``enable_lazy_memory_allocator``
+- ``mp`` (LMCache 0.5.3 and later: 0.5.6 in the CPU engines, 0.5.3 in the GPU
+  bundle): a multiprocess service (``lmcache server``) that every ON replica
+  reaches through vLLM's ``LMCacheMPConnector``. Its L1 allocator is lazy
+  unless ``--no-l1-use-lazy`` (the mixed allocator) is given.
+- ``remote`` (earlier releases, or ``lmcache_mode=remote``):
+  ``LMCacheConnectorV1`` inside each replica, configured by ``LMCACHE_*``
+  variables, sharing through an ``lm://`` server (``python -m
+  lmcache.v1.server HOST PORT``, a bare TCP server). Its local CPU backend's
+  allocator is chosen by ``enable_lazy_memory_allocator``
   (``LMCACHE_ENABLE_LAZY_MEMORY_ALLOCATOR``); in 0.5.3 a lazy request falls
   back to ``MixedMemoryAllocator`` with a warning
   (``lmcache/v1/storage_backend/local_cpu_backend.py``), so the mixed one is
   in use either way.
+
+Why ``mp`` from 0.5.3: on two H200s with vLLM 0.26, LMCache 0.5.3's in-process
+connector loaded KV that changed the answers (vLLM 0.26 packs K and V into one
+page; that connector copies the older layout) and keyed chunks without vLLM's
+``cache_salt``, with every hit counter exact. The same release's multiprocess
+service, same model and shape, passed every check (``tests/data/gpu`` against
+``tests/data/gpu-mp``, docs/gpu-study.md). ``remote`` stays to reproduce that.
 
 Replicas hash token chunks with Python's ``hash`` unless told otherwise: each
 replica of an ON block needs the same ``PYTHONHASHSEED`` or they share
@@ -32,7 +39,7 @@ from . import _argv_templates as cmds
 __all__ = ["MODES", "MP_SINCE", "Generation", "choose_mode", "version_tuple"]
 
 MODES = ("mp", "remote")
-MP_SINCE = (0, 5, 6)
+MP_SINCE = (0, 5, 3)
 """The first LMCache release the target drives through the multiprocess service."""
 REMOTE_CONNECTOR = "LMCacheConnectorV1"
 ALLOCATORS = ("mixed", "lazy")

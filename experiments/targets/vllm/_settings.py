@@ -36,7 +36,7 @@ PARAMS: dict[str, Any] = {
     "kv_cache_gb": 1,  # VLLM_CPU_KVCACHE_SPACE on CPU hosts
     "gpu_memory_utilization": None,
     "lmcache_l1_gb": 1,  # the service's L1 (mp), or each replica's local CPU cache (remote)
-    "lmcache_mode": None,  # "mp" / "remote"; None: by the installed LMCache (mp from 0.5.6)
+    "lmcache_mode": None,  # "mp" / "remote"; None: by the installed LMCache (mp from 0.5.3)
     "lmcache_allocator": None,  # "mixed" / "lazy"; None: LMCache's default (recorded either way)
     "hash_seed": None,  # PYTHONHASHSEED of every replica; None: 0 (managed) / unknown (attach); "unset"
     "replica_command": None,  # argv template; None: python -m vllm.entrypoints.openai.api_server ...
