@@ -94,7 +94,7 @@ def test_coverage_of_a_gpu_config_from_these_records(
 
 @pytest.mark.parametrize("ops_named", [False, True])
 def test_the_gpu_studys_on_launch(build_lite: Any, records: list[dict[str, Any]], ops_named: bool) -> None:
-    """LMCache 0.5.3 as the vllm target launches it on the GPU study: remote mode, allocator not requested.
+    """LMCache 0.5.3 as the first GPU study (tests/data/gpu) launched it: remote mode, no allocator asked.
 
     0.5.3's local CPU backend uses the mixed allocator whatever is asked, so the
     launch records ``allocator.in_use: mixed`` and the mixed paths, which passed
