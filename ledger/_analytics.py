@@ -250,7 +250,12 @@ def derive_checked(
     kinds: dict[str, list[str]] = {}
     for name, sql in projections.items():
         kinds.setdefault(str(single_kind(sql)), []).append(name)
-    empty = SCHEMA.empty_table()
+    # Only the columns the projections name are copied out of the rows (all are checked).
+    named = set(columns_read(list(projections.values())))
+    text = SCHEMA.names[1:]
+    mask = sum(1 << index for index, name in enumerate(text) if name in named)
+    schema = pa.schema([SCHEMA.field("seq"), *(SCHEMA.field(name) for name in text if name in named)])
+    empty = schema.empty_table()
 
     # Each chunk is read in two parts side by side; a part after the first starts on the chain the
     # database stores before it, which must be the chain the part before ended on, checked.
@@ -265,7 +270,7 @@ def derive_checked(
         # The first part has no lower bound: a row slipped in below seq 1 fails its check.
         lower = _NO_LOWER_BOUND if after == 0 else after
         return carrow.read_checked_by_kind(
-            path, lower, stop, after + 1, start_of(after)
+            path, lower, stop, after + 1, start_of(after), mask
         ), time.perf_counter() - began
 
     failed, chain = False, GENESIS
@@ -283,7 +288,7 @@ def derive_checked(
                     break
                 chain = last_chain
                 for kind, count, seqs, columns in groups:
-                    pieces.setdefault(kind, []).append(native_table(count, seqs, columns))
+                    pieces.setdefault(kind, []).append(native_table(count, seqs, columns, schema))
                 del groups
             if failed:
                 break

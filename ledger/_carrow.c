@@ -23,11 +23,13 @@
  * DuckDB's json_keys and json_type name them (bits in TYPE_NAMES order), or None where a
  * row's data is anything but a canonical object with plain keys (then DuckDB types them).
  *
- * read_checked_by_kind(path, after_seq, until_seq, expected_seq, previous_chain) -> (rows,
- * [(kind, rows, seqs, columns)], check): the rows checked as read_checked checks them, each
+ * read_checked_by_kind(path, after_seq, until_seq, expected_seq, previous_chain[, columns]) ->
+ * (rows, [(kind, rows, seqs, columns)], check): the rows checked as read_checked checks them, each
  * kind's rows into buffers of their own (in seq order within the kind, kinds in the order
  * they first appear), so that a verified report derives each kind's table from the rows its
  * verification read, without a second read of the file or a sort and copy of the rows by kind.
+ * ``columns``, a mask of the text columns to copy (bit 0 id ... bit 7 chain; default all), spares
+ * the copies of what the caller never reads (every column is still checked).
  */
 #define PY_SSIZE_T_CLEAN
 /* OpenSSL's direct SHA256_* calls, as in _cverify.c (EVP costs about 30 ns more per hash). */
@@ -297,12 +299,16 @@ static int scan_fields(Fields *f, const unsigned char *kind, size_t kind_len, co
 
 /* ---- The read. ---- */
 
-static int add_row(Buffer *seqs, Column *cols, sqlite3_stmt *st, int64_t row) {
+/* All text columns, or those of a mask's bits (bit c: text column c). */
+#define ALL_COLUMNS ((1u << TEXT_COLUMNS) - 1)
+
+static int add_row(Buffer *seqs, Column *cols, sqlite3_stmt *st, int64_t row, unsigned mask) {
     if (reserve(seqs, 8) < 0) return READ_NOMEM;
     int64_t seq = sqlite3_column_int64(st, 0);
     memcpy(seqs->p + seqs->len, &seq, 8);
     seqs->len += 8;
     for (int c = 0; c < TEXT_COLUMNS; c++) {
+        if (!(mask & (1u << c))) continue;
         Column *col = &cols[c];
         if ((row & 7) == 0) {
             if (reserve(&col->validity, 1) < 0) return READ_NOMEM;
@@ -418,7 +424,7 @@ static Group *group_of(Groups *g, sqlite3_stmt *st) {
 
 /* Into seqs and cols, or, where groups is given, into each kind's group. */
 static int read_rows(const char *path, int64_t after, int64_t until, Buffer *seqs, Column *cols, int64_t *rows,
-                     const char **sqlite_message, Check *check, Fields *fields, Groups *groups) {
+                     const char **sqlite_message, Check *check, Fields *fields, Groups *groups, unsigned mask) {
     sqlite3 *db = NULL;
     sqlite3_stmt *st = NULL;
     int outcome = READ_OK;
@@ -449,12 +455,12 @@ static int read_rows(const char *path, int64_t after, int64_t until, Buffer *seq
                 outcome = READ_NOMEM;
                 goto done;
             }
-            if ((outcome = add_row(&group->seqs, group->cols, st, group->rows)) != READ_OK) goto done;
+            if ((outcome = add_row(&group->seqs, group->cols, st, group->rows, mask)) != READ_OK) goto done;
             group->rows++;
             row++;
             continue;
         }
-        outcome = add_row(seqs, cols, st, row);
+        outcome = add_row(seqs, cols, st, row, ALL_COLUMNS);
         if (outcome != READ_OK) goto done;
         if (fields != NULL && !fields->unsure) {
             size_t kind_len = 0, data_len = 0;
@@ -570,7 +576,7 @@ static PyObject *read_any(const char *path, long long after, long long until, Ch
     const char *message = NULL;
     int outcome;
     Py_BEGIN_ALLOW_THREADS
-    outcome = read_rows(path, after, until, &seqs, cols, &rows, &message, check, fields, NULL);
+    outcome = read_rows(path, after, until, &seqs, cols, &rows, &message, check, fields, NULL, ALL_COLUMNS);
     Py_END_ALLOW_THREADS
     PyObject *result = NULL, *columns = NULL;
     if (outcome == READ_NOMEM) {
@@ -641,19 +647,22 @@ static PyObject *read_checked(PyObject *self, PyObject *args) {
     return result;
 }
 
-/* A read's columns as Python's [(validity | None, nulls, offsets, data)]; the buffers pass to it. */
-static PyObject *columns_list(Column *cols) {
-    PyObject *columns = PyList_New(TEXT_COLUMNS);
+/* A read's columns (those of mask) as Python's [(validity | None, nulls, offsets, data)]; the
+ * buffers pass to it. */
+static PyObject *columns_list(Column *cols, unsigned mask) {
+    PyObject *columns = PyList_New(0);
     if (columns == NULL) return NULL;
     for (int c = 0; c < TEXT_COLUMNS; c++) {
+        if (!(mask & (1u << c))) continue;
         PyObject *validity = cols[c].nulls ? as_memory(&cols[c].validity) : (Py_INCREF(Py_None), Py_None);
         PyObject *item = Py_BuildValue("(NLNN)", validity, (long long)cols[c].nulls,
                                        as_memory(&cols[c].offsets), as_memory(&cols[c].data));
-        if (item == NULL) {
+        int failed = item == NULL || PyList_Append(columns, item) < 0;
+        Py_XDECREF(item);
+        if (failed) {
             Py_DECREF(columns);
             return NULL;
         }
-        PyList_SET_ITEM(columns, c, item);
     }
     return columns;
 }
@@ -663,11 +672,14 @@ static PyObject *read_checked_by_kind(PyObject *self, PyObject *args) {
     const char *path, *chain;
     Py_ssize_t chain_len;
     long long after, until, expected;
-    if (!PyArg_ParseTuple(args, "sLLLs#", &path, &after, &until, &expected, &chain, &chain_len)) return NULL;
+    unsigned int mask = ALL_COLUMNS;
+    if (!PyArg_ParseTuple(args, "sLLLs#|I", &path, &after, &until, &expected, &chain, &chain_len, &mask))
+        return NULL;
     if (chain_len != HEX_LEN && chain_len != 0) {
         PyErr_SetString(PyExc_ValueError, "previous chain must be 64 hex characters or empty");
         return NULL;
     }
+    mask &= ALL_COLUMNS;
     Check check = {.expected = expected, .chain_len = (size_t)chain_len, .outcome = CHECK_OK};
     memcpy(check.chain, chain, (size_t)chain_len);
     Groups groups = {0};
@@ -676,7 +688,7 @@ static PyObject *read_checked_by_kind(PyObject *self, PyObject *args) {
     int outcome;
     PyObject *result = NULL, *list = NULL;
     Py_BEGIN_ALLOW_THREADS
-    outcome = read_rows(path, after, until, NULL, NULL, &rows, &message, &check, NULL, &groups);
+    outcome = read_rows(path, after, until, NULL, NULL, &rows, &message, &check, NULL, &groups, mask);
     Py_END_ALLOW_THREADS
     if (outcome == READ_NOMEM) {
         PyErr_NoMemory();
@@ -697,7 +709,7 @@ static PyObject *read_checked_by_kind(PyObject *self, PyObject *args) {
         PyObject *kind = x->kind == NULL ? (Py_INCREF(Py_None), Py_None)
                                          : PyUnicode_DecodeUTF8((const char *)x->kind, (Py_ssize_t)x->kind_len,
                                                                 "surrogateescape");
-        PyObject *columns = kind == NULL ? NULL : columns_list(x->cols);
+        PyObject *columns = kind == NULL ? NULL : columns_list(x->cols, mask);
         PyObject *item = columns == NULL ? NULL
                                          : Py_BuildValue("(NLNN)", kind, (long long)x->rows, as_memory(&x->seqs),
                                                          columns);
@@ -724,8 +736,9 @@ static PyMethodDef methods[] = {
      "    -> (rows, seq_bytes, columns, (outcome, bad_seq, found_seq, last_good_seq, last_good_chain),\n"
      "        {kind: {key: type mask}} | None)"},
     {"read_checked_by_kind", read_checked_by_kind, METH_VARARGS,
-     "read_checked_by_kind(path, after_seq, until_seq, expected_seq, previous_chain)\n"
-     "    -> (rows, [(kind, rows, seq_bytes, columns)] in order of first appearance,\n"
+     "read_checked_by_kind(path, after_seq, until_seq, expected_seq, previous_chain, columns=all)\n"
+     "    -> (rows, [(kind, rows, seq_bytes, columns)] in order of first appearance (the text\n"
+     "        columns of the mask's bits, 1 << 0 = id ... 1 << 7 = chain),\n"
      "        (outcome, bad_seq, found_seq, last_good_seq, last_good_chain))"},
     {NULL, NULL, 0, NULL},
 };

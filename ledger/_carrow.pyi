@@ -23,7 +23,7 @@ def read_checked(
     dict[str, dict[str, int]] | None,
 ]: ...
 def read_checked_by_kind(
-    path: str, after_seq: int, until_seq: int, expected_seq: int, previous_chain: str, /
+    path: str, after_seq: int, until_seq: int, expected_seq: int, previous_chain: str, columns: int = 255, /
 ) -> tuple[
     int,
     list[tuple[str | None, int, Memory, list[tuple[Memory | None, int, Memory, Memory]]]],

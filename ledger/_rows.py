@@ -59,10 +59,13 @@ def native_reader(ledger: Ledger) -> str | None:
 
 
 def native_table(
-    count: int, seqs: object, columns: list[tuple[object | None, int, object, object]]
+    count: int,
+    seqs: object,
+    columns: list[tuple[object | None, int, object, object]],
+    schema: pa.Schema = SCHEMA,
 ) -> pa.Table:
     """The Arrow table over the buffers the native reader filled (no copy): seq, then the
-    text columns as (validity, null count, offsets, data)."""
+    text columns as (validity, null count, offsets, data), those of ``schema`` (default all)."""
     arrays: list[pa.Array] = [pa.Array.from_buffers(pa.int64(), count, [None, pa.py_buffer(seqs)])]
     for validity, nulls, offsets, data in columns:
         buffers = [
@@ -71,7 +74,7 @@ def native_table(
             pa.py_buffer(data),
         ]
         arrays.append(pa.Array.from_buffers(pa.string(), count, buffers, null_count=nulls))
-    return pa.Table.from_arrays(arrays, schema=SCHEMA)
+    return pa.Table.from_arrays(arrays, schema=schema)
 
 
 def _native(path: str, after: int, until: int) -> pa.Table:

@@ -152,12 +152,18 @@ def single_kind(sql: str) -> str | None:
     return None if found is None else found.group(1).replace("''", "'")
 
 
+# A string literal of SQL: what it holds names no column (a JSON path's `*`, a field's name).
+_LITERAL = re.compile(r"'(?:[^']|'')*'")
+
+
 def columns_read(sqls: list[str]) -> list[str]:
-    """The columns of :data:`SCHEMA` that ``sqls`` name (every column where one selects ``*``):
-    a projection given only these sees what it reads (DuckDB's binder refuses any other)."""
-    if any("*" in sql for sql in sqls):
+    """The columns of :data:`SCHEMA` that ``sqls`` name outside their string literals (every
+    column where one selects ``*``): a projection given only these sees what it reads (DuckDB's
+    binder refuses any other)."""
+    bare = [_LITERAL.sub("''", sql) for sql in sqls]
+    if any("*" in sql for sql in bare):
         return list(SCHEMA.names)
-    words = set(re.findall(r"\w+", " ".join(sqls)))
+    words = set(re.findall(r"\w+", " ".join(bare)))
     return [name for name in SCHEMA.names if name in words or name == "kind"]
 
 
