@@ -335,16 +335,37 @@ FROM kv_declared d JOIN kv_blocks b
     ),
     # Measured requests of performance blocks, with whether their block (or they) are excluded.
     # Probes (the isolation certificate's and divergence triage's requests) are never measured.
+    # The ordinal numbers a key's repeats in seq order; keys are nearly always unique, so the window
+    # runs over the rows of repeated keys only (narrow), not over every row and all its columns.
     (
         "kv_measured",
         """
+WITH m AS (SELECT * FROM kv_requests WHERE arm IS NOT NULL AND NOT warmup AND probe IS NULL),
+     repeated_keys AS (
+SELECT run_id, pair, arm, workload, step, nominal_tokens, max_tokens, placement, chain, session, "window", turn
+FROM m GROUP BY ALL HAVING count(*) > 1),
+     repeats AS (
+SELECT m.seq, row_number() OVER (PARTITION BY m.run_id, m.pair, m.arm, m.workload, m.step, m.nominal_tokens,
+                                 m.max_tokens, m.placement, m.chain, m.session, m."window", m.turn
+                                 ORDER BY m.seq) AS ordinal
+FROM m SEMI JOIN repeated_keys k
+  ON m.run_id IS NOT DISTINCT FROM k.run_id
+ AND m.pair IS NOT DISTINCT FROM k.pair
+ AND m.arm IS NOT DISTINCT FROM k.arm
+ AND m.workload IS NOT DISTINCT FROM k.workload
+ AND m.step IS NOT DISTINCT FROM k.step
+ AND m.nominal_tokens IS NOT DISTINCT FROM k.nominal_tokens
+ AND m.max_tokens IS NOT DISTINCT FROM k.max_tokens
+ AND m.placement IS NOT DISTINCT FROM k.placement
+ AND m.chain IS NOT DISTINCT FROM k.chain
+ AND m.session IS NOT DISTINCT FROM k.session
+ AND m."window" IS NOT DISTINCT FROM k."window"
+ AND m.turn IS NOT DISTINCT FROM k.turn)
 SELECT r.*,
        r.block_id IN (SELECT block_id FROM kv_excluded_blocks)
        OR r.request_id IN (SELECT target FROM kv_declared WHERE scope = 'request') AS excluded,
-       row_number() OVER (PARTITION BY r.run_id, r.pair, r.arm, r.workload, r.step, r.nominal_tokens,
-                          r.max_tokens, r.placement, r.chain, r.session, r."window", r.turn
-                          ORDER BY r.seq) AS ordinal
-FROM kv_requests r WHERE r.arm IS NOT NULL AND NOT r.warmup AND r.probe IS NULL""",
+       coalesce(o.ordinal, 1) AS ordinal
+FROM m r LEFT JOIN repeats o ON o.seq = r.seq""",
     ),
     # ON matched to OFF: same run, block pair, workload, step, size, output length (max_tokens),
     # placement, chain/session/window, turn (and ordinal, for repeats of one key). A block pair

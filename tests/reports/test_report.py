@@ -153,3 +153,38 @@ def test_tables_are_built_already_rounded(build_lite: Any) -> None:
     assert _clean(tables) == tables
     floats = [v for row in tables["ttft"] for v in row["arms"]["ON"]["observations"]]
     assert floats and all(v == round(v, 6) for v in floats)
+
+
+def test_repeated_keys_are_numbered_in_seq_order(build_lite: Any) -> None:
+    """A measured request whose pairing key (run, pair, arm, workload, step, size, output length,
+    placement, chain, session, window, turn) repeats gets ordinals 1, 2, ... in seq order, as a
+    window over every measured row numbers them; a unique key gets 1."""
+    events, _ = generate()
+    measured = next(
+        e
+        for e in events
+        if e["kind"] == "request.sent"
+        and not e["data"].get("warmup")
+        and e["data"].get("workload") == "micro"
+    )
+    at = events.index(measured) + 1
+    repeats = []
+    for n in range(2):
+        copy = dict(measured, id=f"{measured['id'][:-4]}{n:04x}", data=dict(measured["data"]))
+        copy["data"]["request_id"] = f"repeat-{n}"
+        repeats.append(copy)
+    src = build_lite(events[:at] + repeats + events[at:])
+    keys = (
+        "run_id, pair, arm, workload, step, nominal_tokens, max_tokens, placement, "
+        'chain, session, "window", turn'
+    )
+    reference = src.tuples(
+        f"SELECT seq, row_number() OVER (PARTITION BY {keys} ORDER BY seq) FROM kv_requests "
+        "WHERE arm IS NOT NULL AND NOT warmup AND probe IS NULL ORDER BY seq"
+    )
+    assert src.tuples("SELECT seq, ordinal FROM kv_measured ORDER BY seq") == reference
+    ordinals = src.tuples(
+        "SELECT ordinal FROM kv_measured WHERE request_id IN ($first, 'repeat-0', 'repeat-1') ORDER BY seq",
+        {"first": measured["data"]["request_id"]},
+    )
+    assert ordinals == [(1,), (2,), (3,)]
