@@ -7,6 +7,7 @@ data fields as typed columns. Only reading statements are accepted.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -274,7 +275,16 @@ def derive_checked(
         ), time.perf_counter() - began
 
     failed, chain = False, GENESIS
-    with ThreadPoolExecutor(2, thread_name_prefix="kvledger-read-rows") as reader:
+    # The two readers keep the cores busy: each projection runs on this thread alone (DuckDB's
+    # own workers beside them cost more in switching than they gave).
+    threads = con.execute("SELECT current_setting('threads')").fetchone()
+    con.execute("SET threads = 1")
+    with (
+        contextlib.ExitStack() as restore,
+        ThreadPoolExecutor(2, thread_name_prefix="kvledger-read-rows") as reader,
+    ):
+        if threads is not None:
+            restore.callback(con.execute, f"SET threads = {int(threads[0])}")
         pending = [reader.submit(read, *part) for part in parts[0]]
         for index, (_, stop) in enumerate(bounds):
             pieces: dict[str, list[pa.Table]] = {}

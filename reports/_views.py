@@ -342,7 +342,8 @@ FROM kv_declared d JOIN kv_blocks b
         """
 WITH m AS (SELECT * FROM kv_requests WHERE arm IS NOT NULL AND NOT warmup AND probe IS NULL),
      repeated_keys AS (
-SELECT run_id, pair, arm, workload, step, nominal_tokens, max_tokens, placement, chain, session, "window", turn
+SELECT run_id, pair, arm, workload, step, nominal_tokens, max_tokens, placement, chain, session, "window",
+       turn
 FROM m GROUP BY ALL HAVING count(*) > 1),
      repeats AS (
 SELECT m.seq, row_number() OVER (PARTITION BY m.run_id, m.pair, m.arm, m.workload, m.step, m.nominal_tokens,
