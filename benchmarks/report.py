@@ -10,10 +10,11 @@ snapshot are timed separately and not counted; the timed part is what `ledger
 attest` does (`ledger report --json` plus `ledger audit` in one process): prove
 the cache (ledger/_snapshot.py: every served file re-hashed, segment tiling
 and chains checked against the database; its mismatches are findings), derive
-the report's tables from the database's own rows (read natively beside the
-full chain verification, which starts when the source opens), derive every
-table, render JSON, and run every audit check including the re-derivations,
-built beside the derivation once the views are. The proof's and the derivation
+the report's tables from the database's own rows (read natively and checked
+as they are read, link by link from GENESIS: that read is the full chain
+verification of seq 1..head, and the rows appended since are scanned after it),
+derive every table, render JSON, and run every audit check including the
+re-derivations, built beside the derivation once the views are. The proof's and the derivation
 from rows' seconds are reported on their own, and the peak resident size of
 the timed part. Goals: ≤ 2 s at 1M events; ≤ 15 s and ≤ 2 GB at 10M.
 """
@@ -230,8 +231,8 @@ def main() -> None:
     args = parser.parse_args()
     timed_what = (
         "report (the snapshot's proof, the report's tables derived from the database's rows up to "
-        "the verified head, views, derive, JSON) + audit incl. full chain verification (started at "
-        "open, beside the derivation from rows) and the re-derivations (beside the derivation); "
+        "the verified head, views, derive, JSON) + audit incl. full chain verification (the rows "
+        "checked as the derivation reads them) and the re-derivations (beside the derivation); "
         "generating, filling and the snapshot build are not counted"
     )
     figures: dict[str, Any] = {

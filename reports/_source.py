@@ -11,8 +11,12 @@ re-hashed, every segment's last chain compared with the stored one); files
 that fail are rebuilt and listed in :attr:`Source.snapshot_mismatches`, which
 the audit reports as ``snapshot-mismatch``. With ``verify``, the snapshot
 stops at the head read before the verification started, and the report's
-tables are derived from the database's rows up to that head (read natively
-beside the verification), not from the cache's projection files: a cache file
+tables are derived from the database's rows up to that head, not from the
+cache's projection files. On SQLite with the native reader those rows are
+checked link by link from GENESIS as they are read, and that read is the
+verification of seq 1..head (the rows appended since are scanned after it);
+elsewhere, or where a check fails, the rows are read beside a verification of
+their own, which names the first bad seq as ``ledger verify`` does. A cache file
 forged together with its recorded digest cannot reach a number that ``ledger
 audit --publish`` or ``ledger attest`` publishes. The audit's re-derivations are
 built on a second cursor while the report is derived (DuckDB works off the GIL).
