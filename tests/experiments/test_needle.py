@@ -130,6 +130,10 @@ def _records_row(run: str) -> list[str]:
         ("reach-1", {"4096": 5, "8192": 6, "16384": 8, "32768": 9}),
         ("reach-2", {"8192": 6, "11585": 7, "16384": 8, "32768": 9}),
         ("reach-3", {"8192": 6, "11585": 7, "16384": 8, "32768": 9}),
+        ("reach-4", {"2048": 5, "8192": 6, "16384": 7, "32768": 8}),
+        ("reach-4b", {"2048": 5, "8192": 6, "16384": 7, "32768": 8}),
+        ("reach-5a", {"2048": 5, "8192": 6, "16384": 7, "32768": 8}),
+        ("reach-5b", {"2048": 5, "8192": 6, "16384": 7, "32768": 8}),
     ],
 )
 def test_the_cards_continuation_table_is_derived_from_its_records(run: str, sizes: dict[str, int]) -> None:
@@ -147,12 +151,15 @@ def test_the_cards_continuation_table_is_derived_from_its_records(run: str, size
     assert row[4] == f"{done[0]['frontier']:,}"
     for size, column in sizes.items():
         assert row[column] == f"{round(100 * evaluation['eval'][size]['accuracy'])} %", (run, size)
-    # Nothing served was given up: every size the committed card serves is exact here too.
+    # Nothing served was given up: every size the committed card serves is exact here too, except
+    # in reach-4, which kept moving its frontier and lost 2k (the README says so; the runs after it
+    # held theirs and are exact there again).
     served = load_card().served_max_tokens
-    assert all(v["accuracy"] == 1.0 for k, v in evaluation["eval"].items() if int(k) <= served)
+    exact_where_served = all(v["accuracy"] == 1.0 for k, v in evaluation["eval"].items() if int(k) <= served)
+    assert exact_where_served == (run != "reach-4")
 
 
-def test_the_continuation_weights_are_reach_3s() -> None:
+def test_the_continuation_weights_are_reach_5bs() -> None:
     """``continue/`` holds the weights the last continuation wrote, as its record names them."""
     folder = CHECKPOINT.parent / "continue"
     sums = dict(line.split()[::-1] for line in (folder / "SHA256SUMS").read_text().splitlines())
@@ -160,7 +167,7 @@ def test_the_continuation_weights_are_reach_3s() -> None:
         name: hashlib.sha256((folder / name).read_bytes()).hexdigest()
         for name in ("model.safetensors", "config.json")
     }
-    evaluation = json.loads((CHECKPOINT.parent / "records" / "reach-3.eval.json").read_text())
+    evaluation = json.loads((CHECKPOINT.parent / "records" / "reach-5b.eval.json").read_text())
     trained = json.loads((folder / "config.json").read_text())["needle_training"]
     assert trained == {k: evaluation["training"][k] for k in trained}
     assert (
