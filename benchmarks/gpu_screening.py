@@ -1,11 +1,13 @@
 """The committed GPU screening, re-read: request rate and the seed's Table 3 ratios per size.
 
-``python -m benchmarks gpu-screening [--data DIR]`` (default ``tests/data/gpu``)
+``python -m benchmarks gpu-screening [--data DIR ...]`` (default: every committed
+GPU study, ``tests/data/gpu`` and ``tests/data/gpu-mp``, side by side)
 
-Imports the study's export (``ledger.jsonl.xz``) into a fresh SQLite ledger
-and prints, for its screening run:
+For each study, imports its export (``ledger.jsonl.xz``) into a fresh SQLite
+ledger and prints, for its screening run:
 
-- measured requests per second of wall time (``run.started`` to ``run.finished``);
+- measured requests per second of wall time (``run.started`` to ``run.finished``;
+  the isolation certificate's probe requests are not measured);
 - per prompt size, the median TTFT of the micro chains' steps by arm, and the
   seed's ratios: ON/OFF cross-replica TTFT, cross-replica reuse against the
   first local reuse (ON ``cross`` / ON ``local1``), cold against cross (ON).
@@ -13,7 +15,7 @@ and prints, for its screening run:
 - how many ON blocks had a measured cold request with hits: the audit excludes
   those blocks (namespace-leak), so their figures describe, they compare nothing.
 
-The last line is one JSON object.
+The last line is one JSON object: ``studies``, one entry per study, in order.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from ledger import open_ledger, query
 from ledger._jsonl import import_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT = REPO / "tests" / "data" / "gpu"
+DEFAULT = [REPO / "tests" / "data" / "gpu", REPO / "tests" / "data" / "gpu-mp"]
 
 
 def _seconds(ts: str) -> float:
@@ -46,12 +48,33 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks gpu-screening")
-    parser.add_argument("--data", type=Path, default=DEFAULT, help="a study folder with ledger.jsonl.xz")
+    parser.add_argument(
+        "--data",
+        type=Path,
+        action="append",
+        help="a study folder with ledger.jsonl.xz (repeatable; default: every committed GPU study)",
+    )
     args = parser.parse_args()
-    export = args.data / "ledger.jsonl.xz"
-    if not export.is_file():
-        print(f"error: no committed export at {export}", file=sys.stderr)
+    folders: list[Path] = args.data or DEFAULT
+    missing = [f for f in folders if not (f / "ledger.jsonl.xz").is_file()]
+    if missing:
+        print(f"error: no committed export at {missing[0] / 'ledger.jsonl.xz'}", file=sys.stderr)
         return 2
+    studies = []
+    for i, folder in enumerate(folders):
+        if i:
+            print()
+        result = study(folder)
+        if result is None:
+            return 2
+        studies.append(result)
+    emit({"benchmark": "gpu-screening", "studies": studies})
+    return 0
+
+
+def study(data: Path) -> dict[str, Any] | None:
+    """One study's rate, medians and ratios, printed; its figures (None: it holds no screening)."""
+    export = data / "ledger.jsonl.xz"
     with tempfile.TemporaryDirectory(prefix="kvledger-gpu-") as tmp:
         jsonl = Path(tmp) / "ledger.jsonl"
         with lzma.open(export, "rb") as src, open(jsonl, "wb") as dst:
@@ -68,7 +91,7 @@ def main() -> int:
             ).to_pylist()
             if not runs:
                 print(f"error: {export} holds no screening run", file=sys.stderr)
-                return 2
+                return None
             run = runs[-1]
             rows = query(
                 ledger,
@@ -89,10 +112,13 @@ def main() -> int:
                 WHERE q.run_id = '{run["run_id"]}' AND b.arm = 'ON' AND q.step = 'cold'
                   AND NOT q.warmup""",
             ).to_pylist()[0]
+            # request_sent's columns are the fields its events carry: no probe, no probe column.
+            columns = {r["column_name"] for r in query(ledger, "DESCRIBE request_sent").to_pylist()}
+            unprobed = " AND probe IS NULL" if "probe" in columns else ""
             measured = query(
                 ledger,
                 f"""SELECT count(*) AS n FROM request_sent
-                                      WHERE run_id = '{run["run_id"]}' AND NOT warmup""",
+                    WHERE run_id = '{run["run_id"]}' AND NOT warmup{unprobed}""",
             ).to_pylist()[0]["n"]
         finally:
             ledger.close()
@@ -104,7 +130,7 @@ def main() -> int:
     medians = {k: statistics.median(v) for k, v in groups.items()}
     sizes = sorted({k[2] for k in medians})
     per_size: list[dict[str, Any]] = []
-    print(f"{args.data.name}: screening {run['run_id']}, status {run['data']}")
+    print(f"{data.name}: screening {run['run_id']}, status {run['data']}")
     print(
         f"{measured} measured requests in {wall:.1f} s of wall time: {measured / wall:.2f} requests/s"
         if wall
@@ -141,20 +167,12 @@ def main() -> int:
             f"{size:>8} {ms(m['ON', 'cold'])} {ms(m['ON', 'cross'])} {ms(m['OFF', 'cross'])} "
             f"{ms(m['ON', 'local1'])} {ratios[0]!s:>12} {ratios[1]!s:>12} {ratios[2]!s:>10}"
         )
-    emit(
-        {
-            "benchmark": "gpu-screening",
-            "data": str(args.data),
-            "run_id": run["run_id"],
-            "measured": measured,
-            "on_blocks_with_cold_hits": leaky["leaky"],
-            "wall_s": round(wall, 2) if wall else None,
-            "requests_per_s": round(measured / wall, 3) if wall else None,
-            "sizes": per_size,
-        }
-    )
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return {
+        "data": str(data.relative_to(REPO)) if data.resolve().is_relative_to(REPO) else str(data),
+        "run_id": run["run_id"],
+        "measured": measured,
+        "on_blocks_with_cold_hits": leaky["leaky"],
+        "wall_s": round(wall, 2) if wall else None,
+        "requests_per_s": round(measured / wall, 3) if wall else None,
+        "sizes": per_size,
+    }
