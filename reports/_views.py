@@ -336,37 +336,28 @@ FROM kv_declared d JOIN kv_blocks b
     # Measured requests of performance blocks, with whether their block (or they) are excluded.
     # Probes (the isolation certificate's and divergence triage's requests) are never measured.
     # The ordinal numbers a key's repeats in seq order; keys are nearly always unique, so the window
-    # runs over the rows of repeated keys only (narrow), not over every row and all its columns.
+    # runs over the rows of repeated keys only (narrow), not over every row and all its columns; they
+    # are found by grouping one hash of the twelve key columns, and the wide rows are copied once.
     (
         "kv_measured",
         """
-WITH m AS (SELECT * FROM kv_requests WHERE arm IS NOT NULL AND NOT warmup AND probe IS NULL),
-     repeated_keys AS (
-SELECT run_id, pair, arm, workload, step, nominal_tokens, max_tokens, placement, chain, session, "window",
-       turn
-FROM m GROUP BY ALL HAVING count(*) > 1),
+WITH k AS (SELECT seq, hash(run_id, pair, arm, workload, step, nominal_tokens, max_tokens, placement, chain,
+                           session, "window", turn) AS key_hash
+           FROM kv_requests WHERE arm IS NOT NULL AND NOT warmup AND probe IS NULL),
+     -- Rows whose key's hash repeats: every repeated key's rows, and maybe a few unique keys' (a
+     -- hash collision), which the window below numbers 1 as it partitions by the key itself.
      repeats AS (
-SELECT m.seq, row_number() OVER (PARTITION BY m.run_id, m.pair, m.arm, m.workload, m.step, m.nominal_tokens,
-                                 m.max_tokens, m.placement, m.chain, m.session, m."window", m.turn
-                                 ORDER BY m.seq) AS ordinal
-FROM m SEMI JOIN repeated_keys k
-  ON m.run_id IS NOT DISTINCT FROM k.run_id
- AND m.pair IS NOT DISTINCT FROM k.pair
- AND m.arm IS NOT DISTINCT FROM k.arm
- AND m.workload IS NOT DISTINCT FROM k.workload
- AND m.step IS NOT DISTINCT FROM k.step
- AND m.nominal_tokens IS NOT DISTINCT FROM k.nominal_tokens
- AND m.max_tokens IS NOT DISTINCT FROM k.max_tokens
- AND m.placement IS NOT DISTINCT FROM k.placement
- AND m.chain IS NOT DISTINCT FROM k.chain
- AND m.session IS NOT DISTINCT FROM k.session
- AND m."window" IS NOT DISTINCT FROM k."window"
- AND m.turn IS NOT DISTINCT FROM k.turn)
+SELECT seq, row_number() OVER (PARTITION BY run_id, pair, arm, workload, step, nominal_tokens, max_tokens,
+                               placement, chain, session, "window", turn ORDER BY seq) AS ordinal
+FROM kv_requests
+WHERE seq IN (SELECT seq FROM k
+              WHERE key_hash IN (SELECT key_hash FROM k GROUP BY key_hash HAVING count(*) > 1)))
 SELECT r.*,
        r.block_id IN (SELECT block_id FROM kv_excluded_blocks)
        OR r.request_id IN (SELECT target FROM kv_declared WHERE scope = 'request') AS excluded,
        coalesce(o.ordinal, 1) AS ordinal
-FROM m r LEFT JOIN repeats o ON o.seq = r.seq""",
+FROM kv_requests r LEFT JOIN repeats o ON o.seq = r.seq
+WHERE r.arm IS NOT NULL AND NOT r.warmup AND r.probe IS NULL""",
     ),
     # ON matched to OFF: same run, block pair, workload, step, size, output length (max_tokens),
     # placement, chain/session/window, turn (and ordinal, for repeats of one key). A block pair
