@@ -271,7 +271,13 @@ def _native_range(path: str, first: int, last: int) -> RangeResult:
             ).fetchone()
         connection.close()
         if before is not None and before[0] == first - 1:
-            after, previous = first - 1, str(before[1])
+            # A stored chain that is not 64 bytes of text is followed by no chain (the scan takes
+            # none other); the range before names that row, as the Python path does.
+            stored = before[1]
+            after, previous = (
+                first - 1,
+                stored if isinstance(stored, str) and len(stored.encode()) == 64 else "",
+            )
         # Otherwise the row before is gone: scan from the next one with no chain to follow.
     outcome, bad, found, last_good, chain = _cverify.scan(path, after, last, first, previous)
     if outcome == _cverify.OK:

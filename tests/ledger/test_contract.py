@@ -630,6 +630,8 @@ class TestSQLite(LedgerContract):
         "boundary-deleted": ["DELETE FROM events WHERE seq = 1000"],
         "boundary-next-deleted": ["DELETE FROM events WHERE seq = 1001"],
         "relinked": ["UPDATE events SET chain = digest WHERE seq = 2001"],
+        "boundary-chain-short": ["UPDATE events SET chain = 'abc' WHERE seq = 1000"],
+        "boundary-chain-non-text": ["UPDATE events SET chain = 7 WHERE seq = 1500"],
         "reordered": [
             "UPDATE events SET seq = -5 WHERE seq = 5",
             "UPDATE events SET seq = 5 WHERE seq = 9",
