@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import lzma
+import shlex
 import shutil
 from collections import defaultdict
 from dataclasses import dataclass
@@ -232,3 +233,16 @@ def test_versions_and_hash_seed_are_recorded(study: Study) -> None:
             assert d["lmcache"]["version"] == want["lmcache"]
             assert d["lmcache"]["mode"] == study.spec["lmcache_mode"]
     assert {e.data["version"] for e in study.of("service.launched")} == {want["lmcache"]}
+
+
+def test_the_readmes_by_hand_commands_are_what_ran() -> None:
+    """README's GPU-host commands by hand are the committed run's own, verbatim (its summary.json)."""
+    summary = json.loads((DATA / "gpu-mp" / "summary.json").read_text())
+    readme = (DATA.parents[1] / "README.md").read_text().replace(" \\\n    ", " ")
+    ran = [
+        s["command"] if isinstance(s["command"], str) else shlex.join(s["command"]) for s in summary["steps"]
+    ]
+    assert [s["name"] for s in summary["steps"]][:3] == ["install", "validation", "screening"]
+    assert all(s["rc"] == 0 for s in summary["steps"])
+    for command in ran:
+        assert f"\n{command}\n" in readme, command
