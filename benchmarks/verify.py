@@ -70,8 +70,12 @@ def main() -> None:
             "unix_time": int(time.time()),
         }
         if args.single:
-            one, _ = _rate(ledger, args.events, "native", workers=1)
-            print(f"verify, native, one thread: {one:>12,.0f} events/s")
+            one, one_per_cpu_s = _rate(ledger, args.events, "native", workers=1)
+            print(
+                f"verify, native, one thread: {one:>12,.0f} events/s ({1e6 / one_per_cpu_s:.2f} µs of CPU "
+                f"per event); load {os.getloadavg()[0]:.1f}"
+            )
             figures["single_thread_events_per_s"] = round(one)
+            figures["single_thread_events_per_cpu_s"] = round(one_per_cpu_s)
         ledger.close()
     emit(figures)
