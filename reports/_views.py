@@ -720,11 +720,13 @@ def _counter_samples() -> str:
     # The samples' keys and values as two lists unnested side by side (json_keys and the `.*`
     # wildcard both walk the object in its order): half the CPU of a cast to MAP(VARCHAR, JSON),
     # which cost a quarter of json_each. A samples value that is not an object gives no row.
+    # Only what the deltas read is kept: the scrape (seq), the counter, the series by the hash of its
+    # name, and the value. The series' names and the scrape's run and block (three strings on each of
+    # the three or more rows per scrape) were copied into every row and read by nothing.
     sql = (
-        "SELECT seq, run_id, block_id, counter, key AS series, hash(key) AS series_hash, "
-        "TRY_CAST(value AS DOUBLE) AS value "
-        f"FROM (SELECT seq, run_id, block_id, key, value, CASE {of} END AS counter "
-        "FROM (SELECT seq, run_id, block_id, unnest(json_keys(data, '$.samples')) AS key, "
+        "SELECT seq, counter, hash(key) AS series_hash, TRY_CAST(value AS DOUBLE) AS value "
+        f"FROM (SELECT seq, key, value, CASE {of} END AS counter "
+        "FROM (SELECT seq, unnest(json_keys(data, '$.samples')) AS key, "
         "unnest(json_extract_string(data, '$.samples.*')) AS value "
         "FROM events WHERE kind = 'metrics.scraped')) "
         "WHERE counter IS NOT NULL"
