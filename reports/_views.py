@@ -366,9 +366,17 @@ WHERE r.arm IS NOT NULL AND NOT r.warmup AND r.probe IS NULL""",
     (
         "kv_pairs",
         """
-WITH compared AS (SELECT * FROM kv_measured WHERE block_id IN (SELECT block_id FROM kv_blocks WHERE paired)),
-     ons AS (SELECT * FROM compared WHERE arm = 'ON'),
-     offs AS (SELECT * FROM compared WHERE arm = 'OFF'),
+WITH paired_blocks AS (SELECT block_id FROM kv_blocks WHERE paired),
+     -- Each side reads the measured rows' columns it joins on and reports, no more (a CTE of all
+     -- forty columns, read by both sides, was materialised whole).
+     ons AS (SELECT seq, run_id, pair, workload, step, chain, session, "window", turn, nominal_tokens,
+                    max_tokens, placement, ordinal, block_id, request_id, ttft_s, decode_rate,
+                    payload_sha256, gpu, excluded
+             FROM kv_measured WHERE arm = 'ON' AND block_id IN (SELECT block_id FROM paired_blocks)),
+     offs AS (SELECT seq, run_id, pair, workload, step, chain, session, "window", turn, nominal_tokens,
+                     max_tokens, placement, ordinal, block_id, request_id, ttft_s, decode_rate,
+                     payload_sha256, gpu, excluded
+              FROM kv_measured WHERE arm = 'OFF' AND block_id IN (SELECT block_id FROM paired_blocks)),
      joined AS (
 SELECT coalesce(ons.run_id, offs.run_id) AS run_id, coalesce(ons.pair, offs.pair) AS pair,
        coalesce(ons.workload, offs.workload) AS workload, coalesce(ons.step, offs.step) AS step,
