@@ -632,6 +632,19 @@ class TestSQLite(LedgerContract):
         "relinked": ["UPDATE events SET chain = digest WHERE seq = 2001"],
         "boundary-chain-short": ["UPDATE events SET chain = 'abc' WHERE seq = 1000"],
         "boundary-chain-non-text": ["UPDATE events SET chain = 7 WHERE seq = 1500"],
+        # The stored hex must be the digest's exact spelling: lower case, text.
+        "digest-upper-case": ["UPDATE events SET digest = upper(digest) WHERE seq = 1200"],
+        "chain-upper-case": ["UPDATE events SET chain = upper(chain) WHERE seq = 1300"],
+        "digest-blob": ["UPDATE events SET digest = CAST(digest AS BLOB) WHERE seq = 2200"],
+        # One hex digit off, the last: every byte of the spelling is compared.
+        "digest-last-digit": [
+            "UPDATE events SET digest = substr(digest, 1, 63) "
+            "|| CASE substr(digest, 64) WHEN '0' THEN '1' ELSE '0' END WHERE seq = 1400"
+        ],
+        "chain-last-digit": [
+            "UPDATE events SET chain = substr(chain, 1, 63) "
+            "|| CASE substr(chain, 64) WHEN '0' THEN '1' ELSE '0' END WHERE seq = 2400"
+        ],
         "reordered": [
             "UPDATE events SET seq = -5 WHERE seq = 5",
             "UPDATE events SET seq = 5 WHERE seq = 9",
