@@ -168,27 +168,32 @@ def columns_read(sqls: list[str]) -> list[str]:
 
 
 def by_kind(table: pa.Table, columns: list[str] | None = None) -> dict[str, pa.Table]:
-    """Each kind's rows of ``table`` (only ``columns``, default all), in seq order: one stable sort
-    and one take, then slices, so that each projection scans only its kind's rows rather than
-    filtering all of them."""
+    """Each kind's rows of ``table`` (only ``columns``, default all), in seq order: per chunk of
+    ``table`` (the parts threads read) one stable sort and one take, then slices, so that each
+    projection scans only its kind's rows rather than filtering all of them.
+
+    A take over a table of several chunks cost 0.6 to 1.0 s of CPU per 500k rows (Arrow resolves
+    each index's chunk); per chunk it is one copy of the columns taken, about 0.15 s."""
     if table.num_rows == 0:
         return {}
-    encoded = pc.dictionary_encode(table.column("kind")).combine_chunks()
-    indices = encoded.indices
-    order = pc.sort_indices(indices)  # stable: each kind's rows stay in seq order
-    grouped = (table if columns is None else table.select(columns)).take(order)
-    counts = pc.value_counts(indices)
-    sizes = {
-        int(value): int(count)
-        for value, count in zip(
-            counts.field("values").to_pylist(), counts.field("counts").to_pylist(), strict=True
-        )
-        if value is not None
-    }
-    out: dict[str, pa.Table] = {}
-    offset = 0
-    for index, kind in enumerate(encoded.dictionary.to_pylist()):
-        size = sizes.get(index, 0)
-        out[str(kind)] = grouped.slice(offset, size)
-        offset += size
-    return out
+    kinds = pc.unique(table.column("kind")).drop_null()
+    names = list(table.schema.names if columns is None else columns)
+    schema = pa.schema([table.schema.field(name) for name in names])
+    pieces: dict[str, list[pa.RecordBatch]] = {}
+    for batch in table.to_batches():
+        if batch.num_rows == 0:
+            continue
+        indices = pc.index_in(batch.column("kind"), value_set=kinds)
+        order = pc.sort_indices(indices)  # stable: each kind's rows stay in seq order
+        grouped = batch.select(names).take(order)
+        counts = pc.value_counts(indices)
+        offset = 0
+        # sort_indices puts the null kinds (if any) last: the counts in index order, nulls after.
+        for value, count in sorted(
+            zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist(), strict=True),
+            key=lambda pair: (pair[0] is None, pair[0] or 0),
+        ):
+            if value is not None:
+                pieces.setdefault(str(kinds[value].as_py()), []).append(grouped.slice(offset, count))
+            offset += count
+    return {kind: pa.Table.from_batches(batches, schema=schema) for kind, batches in pieces.items()}
