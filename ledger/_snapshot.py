@@ -801,9 +801,18 @@ def parts_empty(table: pa.Table, parts: Mapping[str, pa.Table]) -> pa.Table:
 
 def _seqs_follow(table: pa.Table, first: int) -> bool:
     """``table``'s seqs are first, first + 1, ... with no gap."""
-    seqs = table.column("seq")
-    expected = pa.array(range(first, first + table.num_rows), type=pa.int64())
-    return bool(pc.all(pc.equal(seqs, expected)).as_py()) if table.num_rows else True
+    # Each chunk starts where the one before ended and steps by one (a list of Python ints to
+    # compare with cost 40 ms per 500k rows, on the path between one segment's read and the next).
+    expected = first
+    for chunk in table.column("seq").chunks:
+        if len(chunk) == 0:
+            continue
+        if chunk.null_count or chunk[0].as_py() != expected:
+            return False
+        if len(chunk) > 1 and not pc.all(pc.equal(pc.pairwise_diff(chunk), 1)).as_py():
+            return False
+        expected += len(chunk)
+    return expected == first + table.num_rows
 
 
 def _scan_table(table: pa.Table, first: int, previous: str) -> RangeResult:
