@@ -18,8 +18,10 @@ verification of seq 1..head (the rows appended since are scanned after it);
 elsewhere, or where a check fails, the rows are read beside a verification of
 their own, which names the first bad seq as ``ledger verify`` does. A cache file
 forged together with its recorded digest cannot reach a number that ``ledger
-audit --publish`` or ``ledger attest`` publishes. The audit's re-derivations are
-built on a second cursor while the report is derived (DuckDB works off the GIL).
+audit --publish`` or ``ledger attest`` publishes. Once the views are built, the
+derived projections that only they read are dropped (the views hold copies); the
+audit's re-derivations are built on a second cursor while the report is derived
+(DuckDB works off the GIL).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from ledger._analytics import checked_source
 from ledger._snapshot import Mismatch, Proof
 from ledger._verify import read_heads, verify_after
 
-from ._views import create_audit_views, create_views, projections
+from ._views import create_audit_views, create_views, projections, release_extractions
 
 T = TypeVar("T")
 
@@ -194,6 +196,7 @@ def open_source(
             # holds them, and the ledger is verified apart, which names the first bad seq.
             started = _verify_in_background(ledger)
     create_views(con, until_seq)
+    release_extractions(con)
     derived = analytics.derived
     if derived is not None and until_seq is None:
         head = Head(derived.head_seq, derived.head_chain) if derived.head_chain is not None else None

@@ -13,6 +13,7 @@ tables in an in-memory DuckDB: nothing is written to the ledger.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import duckdb
@@ -946,6 +947,25 @@ def create_views(con: duckdb.DuckDBPyConnection, until_seq: int | None = None) -
         con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM {_source_name(name)}{bound}")
     for name, sql in VIEWS:
         con.execute(f"CREATE OR REPLACE TABLE {name} AS {sql.strip()}")
+
+
+def release_extractions(con: duckdb.DuckDBPyConnection) -> list[str]:
+    """Drop the projection tables that only the views read, once :func:`create_views` has run:
+    where the projections are tables derived from the database's rows (held in memory), those
+    of the kinds the views copy whole (requests, assertions, hits...) are otherwise kept to the
+    end beside their copies, and push the re-derivations' tables past DuckDB's memory limit.
+    The extractions the audit's re-derivations read stay; projections served from snapshot
+    files are views and stay too. The names dropped (their ``kv_x_`` views go with them)."""
+    audit_sql = " ".join(sql for _, sql in AUDIT_VIEWS)
+    tables = {row[0] for row in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
+    dropped = []
+    for name in EXTRACTIONS:
+        source = _source_name(name)
+        if source in tables and not re.search(rf"\b{name}\b", audit_sql):
+            con.execute(f"DROP VIEW IF EXISTS {name}")
+            con.execute(f"DROP TABLE {source}")
+            dropped.append(source)
+    return dropped
 
 
 _AUDIT_VIEWS_NOT_MATERIALISED = ("kv_scrape_deltas", "kv_rederived_shown")
