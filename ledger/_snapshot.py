@@ -93,8 +93,6 @@ __all__ = [
 _MAX_SEGMENTS = 24
 # Rows per segment written: a segment is read into memory whole when it is written.
 _SEGMENT_ROWS = 500_000
-# ... and up to this many more where they are the last rows to read.
-_SEGMENT_TAIL = _SEGMENT_ROWS // 8
 _VERSION = 2
 _META_KEY = b"kvledger.segment"
 # The raw segment's columns with few distinct values (dictionary-encoded) and those worth
@@ -611,9 +609,10 @@ class Snapshot:
             # The rows are checked as they are written: a segment holds only rows whose digests
             # and links were recomputed, or says that it does not.
             stop = min(start + _SEGMENT_ROWS, until)
-            if until - stop <= _SEGMENT_TAIL:
-                # A few rows left after this segment join it rather than make one of their own:
-                # each segment costs a write and a COPY per projection, whatever its size.
+            if until - stop <= _SEGMENT_ROWS // 8:
+                # A few rows left after this segment (up to an eighth of one) join it rather than
+                # make one of their own: each segment costs a write and a COPY per projection,
+                # whatever its size.
                 stop = until
             wall = time.perf_counter()
             if reader is not None:

@@ -112,6 +112,42 @@ def test_fast_build_equals_the_driver_path(
     from_rows.close()
 
 
+def test_segments_split_at_their_size_and_a_few_last_rows_join_the_last(
+    synthetic: Ledger, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A build cut into segments derives what one segment derives; rows left after a full segment
+    make one of their own, but up to an eighth of a segment join the one before."""
+    import ledger._snapshot as snapshot_module
+
+    whole = Analytics(synthetic, tmp_path / "whole", projections())
+    expected, fields = _contents(whole), whole.snapshot.fields()
+    whole.close()
+    head = synthetic.head()
+    assert head is not None and head.seq > 400
+    # Three segments of `size`, and 2 to 4 rows left, which join the third.
+    size = (head.seq - 2) // 3
+    monkeypatch.setattr(snapshot_module, "_SEGMENT_ROWS", size)
+    cut = Analytics(synthetic, tmp_path / "cut", projections())
+    assert _contents(cut) == expected and cut.snapshot.fields() == fields
+    bounds = [
+        (t.column("seq")[0].as_py(), t.column("seq")[-1].as_py())
+        for t in map(pq.read_table, cut.snapshot.segments())
+    ]
+    assert bounds == [(1, size), (size + 1, 2 * size), (2 * size + 1, head.seq)]
+    assert cut.proof.rows_checked == head.seq and not cut.proof.mismatches
+    cut.close()
+    size = (head.seq - 1) // 2 - size // 8  # two full segments, then more than an eighth of one
+    monkeypatch.setattr(snapshot_module, "_SEGMENT_ROWS", size)
+    more = Analytics(synthetic, tmp_path / "more", projections())
+    assert _contents(more) == expected
+    bounds = [
+        (t.column("seq")[0].as_py(), t.column("seq")[-1].as_py())
+        for t in map(pq.read_table, more.snapshot.segments())
+    ]
+    assert bounds == [(1, size), (size + 1, 2 * size), (2 * size + 1, head.seq)]
+    more.close()
+
+
 def test_incremental_refresh_projects_only_the_new_rows(synthetic: Ledger, tmp_path: Path) -> None:
     root = tmp_path / "snapshots"
     first = Analytics(synthetic, root, projections())
