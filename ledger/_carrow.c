@@ -55,6 +55,23 @@ typedef struct {
 
 enum { READ_OK = 0, READ_NOMEM = 1, READ_SQLITE = 2, READ_TOO_LARGE = 3 };
 
+/* A failed read as the Python exception that says why; 0 (nothing raised) for READ_OK. */
+static int raise_read_error(int outcome, const char *message) {
+    switch (outcome) {
+    case READ_NOMEM:
+        PyErr_NoMemory();
+        return 1;
+    case READ_TOO_LARGE:
+        PyErr_SetString(PyExc_OverflowError, "a column of this seq range passes 2 GiB: read a smaller range");
+        return 1;
+    case READ_SQLITE:
+        PyErr_Format(PyExc_OSError, "sqlite: %s", message ? message : "cannot open or read");
+        return 1;
+    default:
+        return 0;
+    }
+}
+
 /* ---- The chain check of each row read (mirrors _cverify.c's scan_rows). ---- */
 
 enum { CHECK_OK = 0, CHECK_DELETED = 1, CHECK_EDITED = 2, CHECK_RELINKED = 3 };
@@ -579,18 +596,7 @@ static PyObject *read_any(const char *path, long long after, long long until, Ch
     outcome = read_rows(path, after, until, &seqs, cols, &rows, &message, check, fields, NULL, ALL_COLUMNS);
     Py_END_ALLOW_THREADS
     PyObject *result = NULL, *columns = NULL;
-    if (outcome == READ_NOMEM) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    if (outcome == READ_TOO_LARGE) {
-        PyErr_SetString(PyExc_OverflowError, "a column of this seq range passes 2 GiB: read a smaller range");
-        goto done;
-    }
-    if (outcome == READ_SQLITE) {
-        PyErr_Format(PyExc_OSError, "sqlite: %s", message ? message : "cannot open or read");
-        goto done;
-    }
+    if (raise_read_error(outcome, message)) goto done;
     columns = PyList_New(TEXT_COLUMNS);
     if (columns == NULL) goto done;
     for (int c = 0; c < TEXT_COLUMNS; c++) {
@@ -690,18 +696,7 @@ static PyObject *read_checked_by_kind(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     outcome = read_rows(path, after, until, NULL, NULL, &rows, &message, &check, NULL, &groups, mask);
     Py_END_ALLOW_THREADS
-    if (outcome == READ_NOMEM) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    if (outcome == READ_TOO_LARGE) {
-        PyErr_SetString(PyExc_OverflowError, "a column of this seq range passes 2 GiB: read a smaller range");
-        goto done;
-    }
-    if (outcome == READ_SQLITE) {
-        PyErr_Format(PyExc_OSError, "sqlite: %s", message ? message : "cannot open or read");
-        goto done;
-    }
+    if (raise_read_error(outcome, message)) goto done;
     list = PyList_New((Py_ssize_t)groups.used);
     if (list == NULL) goto done;
     for (size_t i = 0; i < groups.used; i++) {
