@@ -14,12 +14,16 @@
 
 /* A column's bytes; NULL only where the envelope allows it. */
 static inline int text_of(sqlite3_stmt *st, int col, int nullable, Text *t) {
-    int type = sqlite3_column_type(st, col);
+    /* One column lookup, not three. The value is "unprotected" (it takes no mutex): fine here, as
+     * every reader opens its own connection (SQLITE_OPEN_NOMUTEX) on one thread and reads the value
+     * before the next step. */
+    sqlite3_value *v = sqlite3_column_value(st, col);
+    int type = sqlite3_value_type(v);
     t->is_null = type == SQLITE_NULL;
     if (t->is_null) return nullable ? 0 : -1;
     if (type != SQLITE_TEXT && type != SQLITE_BLOB) return -1;
-    t->p = sqlite3_column_blob(st, col); /* text or blob bytes, unconverted */
-    t->n = (size_t)sqlite3_column_bytes(st, col);
+    t->p = sqlite3_value_blob(v); /* text or blob bytes, unconverted */
+    t->n = (size_t)sqlite3_value_bytes(v);
     return 0;
 }
 
