@@ -40,8 +40,9 @@ static inline void sha256_hex(const void *data, size_t n, const void *more, size
 
 /* A stored hex column equals ``hex`` (a non-text value never does). */
 static inline int column_is(sqlite3_stmt *st, int col, const char *hex) {
-    if (sqlite3_column_type(st, col) != SQLITE_TEXT || sqlite3_column_bytes(st, col) != HEX_LEN) return 0;
-    return memcmp(sqlite3_column_text(st, col), hex, HEX_LEN) == 0;
+    sqlite3_value *v = sqlite3_column_value(st, col); /* one lookup, as in text_of */
+    if (sqlite3_value_type(v) != SQLITE_TEXT || sqlite3_value_bytes(v) != HEX_LEN) return 0;
+    return memcmp(sqlite3_value_text(v), hex, HEX_LEN) == 0;
 }
 
 /* The canonical envelope of the current row into ``b``; -1 on a column that cannot hold it. */
