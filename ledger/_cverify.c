@@ -40,24 +40,6 @@ static void fail(Scan *scan, const char *what, const char *detail) {
     snprintf(scan->error, sizeof scan->error, "%s: %s", what, detail ? detail : "unknown error");
 }
 
-/* SHA-256 of ``n`` bytes, in binary. */
-static void sha256(const void *data, size_t n, unsigned char *md) {
-    SHA256_CTX ctx;
-    SHA256_Init(&ctx);
-    SHA256_Update(&ctx, data, n);
-    SHA256_Final(md, &ctx);
-}
-
-/* The stored hex of column ``col`` (64 bytes of text), or NULL where it is not that: a value of
- * another type or length never matches. One column call, where column_is makes three. */
-static const unsigned char *stored_hex(sqlite3_stmt *st, int col) {
-    /* An unprotected value: safe to read here, the connection being this thread's alone. */
-    sqlite3_value *v = sqlite3_column_value(st, col);
-    if (sqlite3_value_type(v) != SQLITE_TEXT) return NULL;
-    const unsigned char *p = sqlite3_value_text(v);
-    return sqlite3_value_bytes(v) == HEX_LEN ? p : NULL;
-}
-
 #ifdef __SSE2__
 #include <emmintrin.h>
 
@@ -117,7 +99,7 @@ static void scan_rows(sqlite3_stmt *st, Scan *scan) {
             fail(scan, "out of memory", NULL);
             break;
         }
-        if (built == 0) sha256(b.p, b.len, md);
+        if (built == 0) sha256_two(b.p, b.len, NULL, 0, md);
         const unsigned char *stored = stored_hex(st, 7);
         if (built == -1 || stored == NULL || !hex_is(stored, md)) {
             scan->outcome = SCAN_EDITED;
@@ -125,7 +107,7 @@ static void scan_rows(sqlite3_stmt *st, Scan *scan) {
             break;
         }
         memcpy(link + HEX_LEN, stored, HEX_LEN);
-        sha256(link + HEX_LEN - prefix, prefix + HEX_LEN, md);
+        sha256_two(link + HEX_LEN - prefix, prefix + HEX_LEN, NULL, 0, md);
         stored = stored_hex(st, 8);
         if (stored == NULL || !hex_is(stored, md)) {
             scan->outcome = SCAN_RELINKED;

@@ -27,22 +27,36 @@ static inline int text_of(sqlite3_stmt *st, int col, int nullable, Text *t) {
     return 0;
 }
 
-/* Two parts, so the chain link needs no copy of the previous chain and the digest. */
-static inline void sha256_hex(const void *data, size_t n, const void *more, size_t more_n, char *out) {
-    unsigned char md[32];
+/* SHA-256 in binary of two parts, so the chain link needs no copy of the previous chain and the
+ * digest. */
+static inline void sha256_two(const void *data, size_t n, const void *more, size_t more_n, unsigned char *md) {
     SHA256_CTX ctx;
     SHA256_Init(&ctx);
     SHA256_Update(&ctx, data, n);
     if (more_n) SHA256_Update(&ctx, more, more_n);
     SHA256_Final(md, &ctx);
+}
+
+/* The same, as lower-case hex. */
+static inline void sha256_hex(const void *data, size_t n, const void *more, size_t more_n, char *out) {
+    unsigned char md[32];
+    sha256_two(data, n, more, more_n, md);
     to_hex(md, out);
+}
+
+/* The stored hex of column ``col`` (64 bytes of text), or NULL where it is not that: a value of
+ * another type or length never matches. One column lookup (see text_of). */
+static inline const unsigned char *stored_hex(sqlite3_stmt *st, int col) {
+    sqlite3_value *v = sqlite3_column_value(st, col);
+    if (sqlite3_value_type(v) != SQLITE_TEXT) return NULL;
+    const unsigned char *p = sqlite3_value_text(v);
+    return sqlite3_value_bytes(v) == HEX_LEN ? p : NULL;
 }
 
 /* A stored hex column equals ``hex`` (a non-text value never does). */
 static inline int column_is(sqlite3_stmt *st, int col, const char *hex) {
-    sqlite3_value *v = sqlite3_column_value(st, col); /* one lookup, as in text_of */
-    if (sqlite3_value_type(v) != SQLITE_TEXT || sqlite3_value_bytes(v) != HEX_LEN) return 0;
-    return memcmp(sqlite3_value_text(v), hex, HEX_LEN) == 0;
+    const unsigned char *stored = stored_hex(st, col);
+    return stored != NULL && memcmp(stored, hex, HEX_LEN) == 0;
 }
 
 /* The canonical envelope of the current row into ``b``; -1 on a column that cannot hold it. */
