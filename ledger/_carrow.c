@@ -364,6 +364,15 @@ static const unsigned char *last_text(const Column *col, int64_t row, size_t *n)
 
 enum { COL_KIND = 2, COL_DATA = 5 }; /* among the text columns */
 
+/* The buffers of a read's text columns (those handed to Python are already NULL). */
+static void columns_free(Column *cols) {
+    for (int c = 0; c < TEXT_COLUMNS; c++) {
+        free(cols[c].offsets.p);
+        free(cols[c].data.p);
+        free(cols[c].validity.p);
+    }
+}
+
 /* ---- Rows grouped by kind (read_checked_by_kind). ---- */
 
 /* One kind's rows, in seq order: its own seq buffer and text columns. */
@@ -385,11 +394,7 @@ static void groups_free(Groups *g) {
         Group *x = &g->items[i];
         free(x->kind);
         free(x->seqs.p);
-        for (int c = 0; c < TEXT_COLUMNS; c++) {
-            free(x->cols[c].offsets.p);
-            free(x->cols[c].data.p);
-            free(x->cols[c].validity.p);
-        }
+        columns_free(x->cols);
     }
     free(g->items);
     memset(g, 0, sizeof *g);
@@ -585,6 +590,26 @@ static PyObject *fields_dict(const Fields *f) {
     return out;
 }
 
+/* A read's columns (those of mask) as Python's [(validity | None, nulls, offsets, data)]; the
+ * buffers pass to it. */
+static PyObject *columns_list(Column *cols, unsigned mask) {
+    PyObject *columns = PyList_New(0);
+    if (columns == NULL) return NULL;
+    for (int c = 0; c < TEXT_COLUMNS; c++) {
+        if (!(mask & (1u << c))) continue;
+        PyObject *validity = cols[c].nulls ? as_memory(&cols[c].validity) : (Py_INCREF(Py_None), Py_None);
+        PyObject *item = Py_BuildValue("(NLNN)", validity, (long long)cols[c].nulls,
+                                       as_memory(&cols[c].offsets), as_memory(&cols[c].data));
+        int failed = item == NULL || PyList_Append(columns, item) < 0;
+        Py_XDECREF(item);
+        if (failed) {
+            Py_DECREF(columns);
+            return NULL;
+        }
+    }
+    return columns;
+}
+
 static PyObject *read_any(const char *path, long long after, long long until, Check *check, Fields *fields) {
     Buffer seqs = {0};
     Column cols[TEXT_COLUMNS];
@@ -597,15 +622,8 @@ static PyObject *read_any(const char *path, long long after, long long until, Ch
     Py_END_ALLOW_THREADS
     PyObject *result = NULL, *columns = NULL;
     if (raise_read_error(outcome, message)) goto done;
-    columns = PyList_New(TEXT_COLUMNS);
+    columns = columns_list(cols, ALL_COLUMNS);
     if (columns == NULL) goto done;
-    for (int c = 0; c < TEXT_COLUMNS; c++) {
-        PyObject *validity = cols[c].nulls ? as_memory(&cols[c].validity) : (Py_INCREF(Py_None), Py_None);
-        PyObject *item = Py_BuildValue("(NLNN)", validity, (long long)cols[c].nulls,
-                                       as_memory(&cols[c].offsets), as_memory(&cols[c].data));
-        if (item == NULL) goto done;
-        PyList_SET_ITEM(columns, c, item);
-    }
     if (check == NULL) {
         result = Py_BuildValue("(LNO)", (long long)rows, as_memory(&seqs), columns);
     } else {
@@ -618,11 +636,7 @@ static PyObject *read_any(const char *path, long long after, long long until, Ch
 done:
     Py_XDECREF(columns);
     free(seqs.p);
-    for (int c = 0; c < TEXT_COLUMNS; c++) {
-        free(cols[c].offsets.p);
-        free(cols[c].data.p);
-        free(cols[c].validity.p);
-    }
+    columns_free(cols);
     return result;
 }
 
@@ -651,26 +665,6 @@ static PyObject *read_checked(PyObject *self, PyObject *args) {
     free(check.envelope.p);
     fields_free(&fields);
     return result;
-}
-
-/* A read's columns (those of mask) as Python's [(validity | None, nulls, offsets, data)]; the
- * buffers pass to it. */
-static PyObject *columns_list(Column *cols, unsigned mask) {
-    PyObject *columns = PyList_New(0);
-    if (columns == NULL) return NULL;
-    for (int c = 0; c < TEXT_COLUMNS; c++) {
-        if (!(mask & (1u << c))) continue;
-        PyObject *validity = cols[c].nulls ? as_memory(&cols[c].validity) : (Py_INCREF(Py_None), Py_None);
-        PyObject *item = Py_BuildValue("(NLNN)", validity, (long long)cols[c].nulls,
-                                       as_memory(&cols[c].offsets), as_memory(&cols[c].data));
-        int failed = item == NULL || PyList_Append(columns, item) < 0;
-        Py_XDECREF(item);
-        if (failed) {
-            Py_DECREF(columns);
-            return NULL;
-        }
-    }
-    return columns;
 }
 
 static PyObject *read_checked_by_kind(PyObject *self, PyObject *args) {
