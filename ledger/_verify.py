@@ -259,7 +259,6 @@ _NATIVE_PROBLEMS = {2: _EDITED, 3: _RELINKED}
 
 def _native_range(path: str, first: int, last: int) -> RangeResult:
     """Check seq ``first..last`` of the SQLite file at ``path`` natively (as _scan_connection does)."""
-    assert _cverify is not None
     if first == 1:
         after, previous = _NO_LOWER_BOUND, GENESIS
     else:
@@ -279,6 +278,13 @@ def _native_range(path: str, first: int, last: int) -> RangeResult:
                 stored if isinstance(stored, str) and len(stored.encode()) == 64 else "",
             )
         # Otherwise the row before is gone: scan from the next one with no chain to follow.
+    return _native_scan(path, after, last, first, previous)
+
+
+def _native_scan(path: str, after: int, last: int, first: int, previous: str) -> RangeResult:
+    """``_cverify.scan`` of seq ``after``+1..``last`` (``first`` expected first, ``previous`` the
+    chain to follow) as a :class:`RangeResult`."""
+    assert _cverify is not None
     outcome, bad, found, last_good, chain = _cverify.scan(path, after, last, first, previous)
     if outcome == _cverify.OK:
         return _missing_tail(RangeResult(last_good, chain), last)
@@ -331,18 +337,7 @@ def verify_after(path: str, read: Heads, scanned: RangeResult) -> Verification:
     scan = scanned
     if read.last > scanned.last_seq:
         after = scanned.last_seq
-        outcome, bad, found, last_good, chain = _cverify.scan(
-            path, after, read.last, after + 1, scanned.last_chain
-        )
-        if outcome == _cverify.OK:
-            scan = _missing_tail(RangeResult(last_good, chain), read.last)
-        else:
-            problem = (
-                _DELETED.format(seq=found, expected=last_good + 1)
-                if outcome == _cverify.DELETED
-                else _NATIVE_PROBLEMS[outcome]
-            )
-            scan = RangeResult(last_good, chain, bad, problem)
+        scan = _native_scan(path, after, read.last, after + 1, scanned.last_chain)
     return conclude(scan, read.heads, read.chains_at, None)
 
 
