@@ -22,7 +22,7 @@ PARAMS: dict[str, Any] = {
     "victim": 1,
     "victim_pid": None,  # the victim's API server pid; None: the managed target's own process
     "stream_tokens": 2500,
-    "kill_after_s": 0.5,
+    "kill_after_s": 0.2,
     "warmup_tokens": 300,
     "stop_on_block_failure": True,
 }
@@ -64,6 +64,10 @@ def engine_worker(api_pid: int) -> tuple[int, str]:
 
 async def _kill_when_streaming(ctx: Any, replica: int, delay: float) -> None:
     url = ctx.target.endpoint(replica)
+    # Found before the stream starts: the /proc walk blocks the event loop, and on a loaded
+    # machine it took long enough that a 2,500-token stream had ended before the signal.
+    api_pid = ctx.params["victim_pid"] or ctx.target.process(replica).pid
+    pid, title = engine_worker(api_pid)
     while True:  # until the victim runs a request
         text = (await ctx.client.get(url + "/metrics")).text
         if any(
@@ -73,8 +77,6 @@ async def _kill_when_streaming(ctx: Any, replica: int, delay: float) -> None:
             break
         await asyncio.sleep(0.05)
     await asyncio.sleep(delay)
-    api_pid = ctx.params["victim_pid"] or ctx.target.process(replica).pid
-    pid, title = engine_worker(api_pid)
     os.kill(pid, signal.SIGILL)
     # The ledger says what was injected: this death is the test's doing, not the engine's.
     ctx.sink.emit_run(
