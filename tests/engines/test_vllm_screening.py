@@ -34,7 +34,7 @@ pytestmark = pytest.mark.engines
 
 CHUNK = 256  # the LMCache service's chunk (the target's default chunk_size)
 # The smallest shape in which each assertion below still means something: two block pairs (the
-# balanced design), and two micro sizes, one small and one near the needle card's limit (3,072).
+# balanced design), and two micro sizes, one small and one near the top of the engine tests' 1k-3k.
 SHAPE: dict[str, Any] = {
     "block_pairs": 2,
     "sizes": [1000, 3000],
