@@ -29,6 +29,8 @@ from ._rows import SCHEMA, native_table, read_rows, rows_to_table
 from ._snapshot import Proof, Snapshot, _seqs_follow, key_path, sql_literal
 from ._snapshot_rows import _carrow, _stored_chains, by_kind, checked_reader, columns_read, single_kind
 from ._store import Ledger
+from ._typed import Typed, typed_table
+from ._typed import typed as typed_fields
 from ._verify import _NO_LOWER_BOUND, RangeResult
 
 # DuckDB's memory for a report (see duckdb_config): with the chunk of rows in flight and
@@ -224,7 +226,8 @@ def checked_source(ledger: Ledger, projections: Mapping[str, str]) -> str | None
     native pass, or None (the reader or verifier is not native, an older build lacks the call,
     or a projection reads more than one kind's rows)."""
     path = checked_reader(ledger)
-    if path is None or not hasattr(_carrow, "read_checked_by_kind"):
+    # An older build lacks the call, or its typed fields (FIELD_TYPES came with them).
+    if path is None or not hasattr(_carrow, "FIELD_TYPES"):
         return None
     return path if all(single_kind(sql) for sql in projections.values()) else None
 
@@ -236,7 +239,9 @@ def derive_checked(
     checked link by link from GENESIS (digest recomputed from the envelope, chain followed, seq in
     order, nothing below seq 1) by ``ledger/_carrow.c`` as it steps them, and handed over split
     by kind, so the tables come from exactly the rows the check passed, and that check is the
-    chain verification of seq 1..``until_seq`` (no second read of the file beside it).
+    chain verification of seq 1..``until_seq`` (no second read of the file beside it). A
+    projection of typed fields (``json_transform``) is parsed in the same pass (ledger/_typed.py);
+    a part with a row that parse is not sure of is read again for DuckDB to parse.
 
     Returns the tables' figures and the check's outcome, or None, with no table left, where a
     chunk's check fails or ``until_seq`` is 0: the caller then derives from the rows as the
@@ -252,11 +257,37 @@ def derive_checked(
     for name, sql in projections.items():
         kinds.setdefault(str(single_kind(sql)), []).append(name)
     # Only the columns the projections name are copied out of the rows (all are checked).
-    named = set(columns_read(list(projections.values())))
     text = SCHEMA.names[1:]
-    mask = sum(1 << index for index, name in enumerate(text) if name in named)
-    schema = pa.schema([SCHEMA.field("seq"), *(SCHEMA.field(name) for name in text if name in named)])
-    empty = schema.empty_table()
+
+    def mask_of(sqls: list[str]) -> int:
+        named = set(columns_read(sqls))
+        return sum(1 << index for index, name in enumerate(text) if name in named)
+
+    def schema_of(mask: int) -> pa.Schema:
+        return pa.schema(
+            [SCHEMA.field("seq"), *(SCHEMA.field(name) for i, name in enumerate(text) if mask >> i & 1)]
+        )
+
+    mask = mask_of(list(projections.values()))
+    empty = schema_of(mask).empty_table()
+    # A kind's first projection of typed fields is parsed natively as its rows are read
+    # (ledger/_typed.py): its rows' data is then copied only where another projection reads it.
+    typed: dict[str, tuple[str, Typed]] = {}
+    for kind, names in kinds.items():
+        for name in names:
+            spec = typed_fields(projections[name])
+            if spec is not None and spec.kind == kind:
+                typed[kind] = (name, spec)
+                break
+    native_typed: dict[str, tuple[int, list[Any]]] = {}
+    for kind, (name, spec) in typed.items():
+        others = [projections[n] for n in kinds[kind] if n != name]
+        # run_id and block_id for the typed table; what the kind's other projections read, if any.
+        kind_mask = mask_of(["SELECT run_id, block_id", *others]) & ~(
+            0 if others else 1 << text.index("kind")
+        )
+        native_typed[kind] = (kind_mask, spec.fields)
+    schemas: dict[int, pa.Schema] = {}
 
     # Each chunk is read in two parts side by side; a part after the first starts on the chain the
     # database stores before it, which must be the chain the part before ended on, checked.
@@ -270,9 +301,13 @@ def derive_checked(
         began = time.perf_counter()
         # The first part has no lower bound: a row slipped in below seq 1 fails its check.
         lower = _NO_LOWER_BOUND if after == 0 else after
-        return carrow.read_checked_by_kind(
-            path, lower, stop, after + 1, start_of(after), mask
-        ), time.perf_counter() - began
+        result = carrow.read_checked_by_kind(
+            path, lower, stop, after + 1, start_of(after), mask, native_typed
+        )
+        if result[3]:
+            # A row the native parse was not sure of: the part again, its data for DuckDB to parse.
+            result = carrow.read_checked_by_kind(path, lower, stop, after + 1, start_of(after), mask, None)
+        return result, time.perf_counter() - began
 
     failed, chain = False, GENESIS
     # The two readers keep the cores busy: each projection runs on this thread alone (DuckDB's
@@ -287,18 +322,23 @@ def derive_checked(
             restore.callback(con.execute, f"SET threads = {int(threads[0])}")
         pending = [reader.submit(read, *part) for part in parts[0]]
         for index, (_, stop) in enumerate(bounds):
-            pieces: dict[str, list[pa.Table]] = {}
+            # Each kind's pieces in seq order: its rows' columns, and its typed fields' table or None.
+            pieces: dict[str, list[tuple[pa.Table, pa.Table | None]]] = {}
             slowest = 0.0
             for (after, until), future in zip(parts[index], pending, strict=True):
-                (_, groups, check), took = future.result()
+                (_, groups, check, _), took = future.result()
                 slowest = max(slowest, took)
                 outcome, _, _, last_good, last_chain = check
                 if start_of(after) != chain or outcome != carrow.OK or last_good != until:
                     failed = True
                     break
                 chain = last_chain
-                for kind, count, seqs, columns in groups:
-                    pieces.setdefault(kind, []).append(native_table(count, seqs, columns, schema))
+                for kind, count, seqs, columns, fields in groups:
+                    group_mask = mask if fields is None else native_typed[kind][0]
+                    schema = schemas.get(group_mask) or schemas.setdefault(group_mask, schema_of(group_mask))
+                    rows = native_table(count, seqs, columns, schema)
+                    parsed = None if fields is None else typed_table(typed[kind][1], rows, fields)
+                    pieces.setdefault(kind, []).append((rows, parsed))
                 del groups
             if failed:
                 break
@@ -306,18 +346,33 @@ def derive_checked(
             if index + 1 < len(bounds):
                 pending = [reader.submit(read, *part) for part in parts[index + 1]]
             derived.head_seq, derived.head_chain = stop, chain
-            tables = {kind: pa.concat_tables(p) if len(p) > 1 else p[0] for kind, p in pieces.items()}
-            del pieces
-            derived.rows += sum(t.num_rows for t in tables.values())
+            derived.rows += sum(rows.num_rows for p in pieces.values() for rows, _ in p)
             for kind, names in kinds.items():
-                if index and kind not in tables:
+                if index and kind not in pieces:
                     continue  # nothing of its kind in this chunk
-                con.register("events", tables.get(kind, empty))
-                for name in names:
-                    verb = f"CREATE TABLE {_quote(name)} AS" if index == 0 else f"INSERT INTO {_quote(name)}"
-                    con.execute(f"{verb} {projections[name]}")
-                con.unregister("events")
-            del tables
+                if index == 0:
+                    con.register("events", empty)
+                    for name in names:
+                        con.execute(f"CREATE TABLE {_quote(name)} AS {projections[name]}")
+                    con.unregister("events")
+                kind_pieces = pieces.get(kind, [])
+                parsed_name = typed[kind][0] if kind in typed else None
+                if kind_pieces and all(parsed is not None for _, parsed in kind_pieces):
+                    # One table of the chunk's typed rows, and one of its columns for the others.
+                    whole = [
+                        pa.concat_tables(p) if len(p) > 1 else p[0] for p in zip(*kind_pieces, strict=True)
+                    ]
+                    kind_pieces = [(whole[0], whole[1])]
+                for rows, parsed in kind_pieces:
+                    for name in names:
+                        if name == parsed_name and parsed is not None:
+                            con.register("events", parsed)
+                            con.execute(f"INSERT INTO {_quote(name)} SELECT * FROM events")
+                        else:
+                            con.register("events", rows)
+                            con.execute(f"INSERT INTO {_quote(name)} {projections[name]}")
+                        con.unregister("events")
+            del pieces
     if failed:
         for name in projections:
             con.execute(f"DROP TABLE IF EXISTS {_quote(name)}")

@@ -30,11 +30,19 @@
  * verification read, without a second read of the file or a sort and copy of the rows by kind.
  * ``columns``, a mask of the text columns to copy (bit 0 id ... bit 7 chain; default all), spares
  * the copies of what the caller never reads (every column is still checked).
+ * ``typed``, {kind: (columns, [(name, type, children)])}, parses each listed kind's data as it is
+ * read into typed columns, as DuckDB's json_transform would (see "Each kind's typed fields"
+ * below), and copies that kind's text columns of its own mask instead: then each group comes with
+ * its typed columns (else None), and the result ends with True where a row of a listed kind was
+ * one the parse is not sure of (its kind's typed columns are then dropped: read the range again
+ * without ``typed`` and let DuckDB parse it).
  */
 #define PY_SSIZE_T_CLEAN
 /* OpenSSL's direct SHA256_* calls, as in _cverify.c (EVP costs about 30 ns more per hash). */
 #define OPENSSL_SUPPRESS_DEPRECATED
 #include <Python.h>
+#include <errno.h>
+#include <math.h>
 #include <openssl/sha.h>
 #include <sqlite3.h>
 #include <stdint.h>
@@ -373,6 +381,581 @@ static void columns_free(Column *cols) {
     }
 }
 
+/* ---- Each kind's typed fields in C (read_checked_by_kind's ``typed``). ----
+ *
+ * What DuckDB's ``unnest(json_transform(data, '{"field": "TYPE", ...}'))`` gives for a row, for
+ * the values this parse is sure of: where DuckDB would give anything this code does not
+ * reproduce byte for byte (a float written back as text, an escape yyjson writes otherwise, a
+ * number past 18 digits, a string where a number is asked for, JSON DuckDB would refuse,
+ * keys out of canonical order...), the kind is marked unsure and the caller reads the rows
+ * again for DuckDB to parse. Types: VARCHAR (a string unescaped; an integer, true, false, an
+ * object or array as their JSON text), BIGINT (an integer), DOUBLE (a number, correctly
+ * rounded as yyjson and strtod both round), BOOLEAN, JSON (the value's minified JSON text,
+ * escapes as yyjson writes them), STRUCT (an object, its children typed the same way); a null
+ * or missing key is NULL. */
+
+enum { F_VARCHAR = 0, F_BIGINT = 1, F_DOUBLE = 2, F_BOOLEAN = 3, F_JSON = 4, F_STRUCT = 5 };
+#define MAX_FIELDS 64
+#define MAX_DEPTH 32
+#define NUMBER_MAX 40 /* longest number text read into a double here */
+
+typedef struct Field {
+    char *name;
+    size_t name_len;
+    int type;
+    int out; /* its output column (pre-order over the tree) */
+    struct Field *children;
+    int nchildren;
+    int *order; /* the children by their names' bytes (a STRUCT's), or, for the top level, unused */
+} Field;
+
+/* Names compared as canonical JSON orders keys: bytewise, a prefix first. */
+static inline int name_cmp(const unsigned char *a, size_t an, const unsigned char *b, size_t bn) {
+    size_t n = an < bn ? an : bn;
+    for (size_t i = 0; i < n; i++) /* names are short: no call */
+        if (a[i] != b[i]) return a[i] < b[i] ? -1 : 1;
+    return (an > bn) - (an < bn);
+}
+
+/* One output column: values (int64, double, bits) or offsets and data (strings), validity. */
+typedef struct {
+    int type;
+    Buffer values, data, validity;
+    int64_t nulls, rows;
+} Out;
+
+typedef struct {
+    char *kind;
+    size_t kind_len;
+    unsigned mask; /* the text columns copied for this kind */
+    Field *fields;
+    int *order; /* the fields by their names' bytes */
+    int nfields, nouts;
+    int *types; /* each output column's type */
+} Spec;
+
+typedef struct {
+    Spec *items;
+    size_t used;
+} Specs;
+
+static void fields_release(Field *f, int n) {
+    for (int i = 0; i < n; i++) {
+        free(f[i].name);
+        free(f[i].order);
+        fields_release(f[i].children, f[i].nchildren);
+    }
+    free(f);
+}
+
+static void specs_free(Specs *s) {
+    for (size_t i = 0; i < s->used; i++) {
+        free(s->items[i].kind);
+        free(s->items[i].order);
+        fields_release(s->items[i].fields, s->items[i].nfields);
+        free(s->items[i].types);
+    }
+    free(s->items);
+    memset(s, 0, sizeof *s);
+}
+
+static void outs_free(Out *o, int n) {
+    if (o == NULL) return;
+    for (int i = 0; i < n; i++) {
+        free(o[i].values.p);
+        free(o[i].data.p);
+        free(o[i].validity.p);
+    }
+    free(o);
+}
+
+/* A new row's slot in a column: its validity bit (and its value bit for BOOLEAN). */
+static int out_slot(Out *o, int valid) {
+    int64_t r = o->rows;
+    if ((r & 7) == 0) {
+        if (reserve(&o->validity, 1) < 0) return -1;
+        o->validity.p[o->validity.len++] = 0;
+        if (o->type == F_BOOLEAN) {
+            if (reserve(&o->values, 1) < 0) return -1;
+            o->values.p[o->values.len++] = 0;
+        }
+    }
+    if (valid) o->validity.p[r >> 3] |= (unsigned char)(1u << (r & 7));
+    else o->nulls++;
+    o->rows++;
+    return 0;
+}
+
+/* The end of the string just written to a string column. */
+static int out_offset(Out *o) {
+    if (o->data.len > INT32_MAX) return -1;
+    int32_t end = (int32_t)o->data.len;
+    return put(&o->values, &end, 4);
+}
+
+static int out_fixed(Out *o, const void *value) {
+    if (reserve(&o->values, 8) < 0) return -1;
+    memcpy(o->values.p + o->values.len, value, 8);
+    o->values.len += 8;
+    return 0;
+}
+
+/* A NULL in the field's column (and its children's). */
+static int out_null(Out *outs, const Field *f) {
+    Out *o = &outs[f->out];
+    if (out_slot(o, 0) < 0) return -1;
+    switch (f->type) {
+        case F_VARCHAR:
+        case F_JSON:
+            if (out_offset(o) < 0) return -1;
+            break;
+        case F_BIGINT:
+        case F_DOUBLE: {
+            uint64_t zero = 0;
+            if (out_fixed(o, &zero) < 0) return -1;
+            break;
+        }
+        case F_STRUCT:
+            for (int i = 0; i < f->nchildren; i++)
+                if (out_null(outs, &f->children[i]) < 0) return -1;
+            break;
+        default:
+            break;
+    }
+    return 0;
+}
+
+/* Outcomes of the value parsers: a position past the value, or one of these. */
+static const unsigned char MARKS[2] = {1, 2}; /* two addresses no value is parsed at */
+#define UNSURE (&MARKS[0])
+#define NOMEM (&MARKS[1])
+#define FAILED(p) ((p) == UNSURE || (p) == NOMEM)
+
+static int hex_value(unsigned char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+static int hex4(const unsigned char *p, const unsigned char *end) {
+    if (end - p < 4) return -1;
+    int v = 0;
+    for (int i = 0; i < 4; i++) {
+        int h = hex_value(p[i]);
+        if (h < 0) return -1;
+        v = v * 16 + h;
+    }
+    return v;
+}
+
+/* Length of the valid UTF-8 sequence starting with lead byte p[0] (>= 0x80), or 0. */
+static size_t utf8_length(const unsigned char *p, const unsigned char *end) {
+    unsigned char c = p[0];
+    size_t n;
+    uint32_t cp;
+    if (c >= 0xC2 && c <= 0xDF) n = 2, cp = c & 0x1F;
+    else if (c >= 0xE0 && c <= 0xEF) n = 3, cp = c & 0x0F;
+    else if (c >= 0xF0 && c <= 0xF4) n = 4, cp = c & 0x07;
+    else return 0;
+    if ((size_t)(end - p) < n) return 0;
+    for (size_t i = 1; i < n; i++) {
+        if ((p[i] & 0xC0) != 0x80) return 0;
+        cp = (cp << 6) | (p[i] & 0x3F);
+    }
+    if ((n == 3 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) || (n == 4 && (cp < 0x10000 || cp > 0x10FFFF)))
+        return 0;
+    return n;
+}
+
+static int put_utf8(Buffer *b, uint32_t cp) {
+    unsigned char s[4];
+    size_t n;
+    if (cp < 0x80) s[0] = (unsigned char)cp, n = 1;
+    else if (cp < 0x800) s[0] = (unsigned char)(0xC0 | (cp >> 6)), s[1] = (unsigned char)(0x80 | (cp & 0x3F)), n = 2;
+    else if (cp < 0x10000)
+        s[0] = (unsigned char)(0xE0 | (cp >> 12)), s[1] = (unsigned char)(0x80 | ((cp >> 6) & 0x3F)),
+        s[2] = (unsigned char)(0x80 | (cp & 0x3F)), n = 3;
+    else
+        s[0] = (unsigned char)(0xF0 | (cp >> 18)), s[1] = (unsigned char)(0x80 | ((cp >> 12) & 0x3F)),
+        s[2] = (unsigned char)(0x80 | ((cp >> 6) & 0x3F)), s[3] = (unsigned char)(0x80 | (cp & 0x3F)), n = 4;
+    return put(b, s, n);
+}
+
+enum { S_SKIP = 0, S_JSON = 1, S_TEXT = 2 };
+
+/* Past the bytes of a string that need no care (printable ASCII but '"' and '\\'), eight at a time
+ * while none of the eight needs it (ids and digests are such runs whole). */
+static inline const unsigned char *plain_run(const unsigned char *p, const unsigned char *end) {
+    const uint64_t ones = 0x0101010101010101ULL, highs = 0x8080808080808080ULL;
+    while (end - p >= 8) {
+        uint64_t w;
+        memcpy(&w, p, 8);
+        uint64_t quote = w ^ (ones * '"'), backslash = w ^ (ones * '\\');
+        /* A byte below 0x20, a quote or a backslash sets its high bit (a borrow may set others: the
+         * byte loop below settles the word); so does a byte of 0x80 or more. */
+        if (((w - ones * 0x20) | (quote - ones) | (backslash - ones) | w) & highs) break;
+        p += 8;
+    }
+    while (p < end && *p >= 0x20 && *p != '"' && *p != '\\' && *p < 0x80) p++;
+    return p;
+}
+
+/* A string starting at its quote: checked (S_SKIP), written as yyjson writes it, quotes and
+ * all (S_JSON), or unescaped (S_TEXT). */
+static const unsigned char *json_string(const unsigned char *p, const unsigned char *end, Buffer *out, int mode) {
+    p++;
+    if (mode == S_JSON && put(out, "\"", 1) < 0) return NOMEM;
+    for (;;) {
+        const unsigned char *run = p;
+        p = plain_run(p, end);
+        if (mode != S_SKIP && put(out, run, (size_t)(p - run)) < 0) return NOMEM;
+        if (p >= end) return UNSURE;
+        unsigned char c = *p;
+        if (c == '"') {
+            if (mode == S_JSON && put(out, "\"", 1) < 0) return NOMEM;
+            return p + 1;
+        }
+        if (c < 0x20) return UNSURE; /* a raw control: not JSON */
+        if (c >= 0x80) {
+            size_t n = utf8_length(p, end);
+            if (n == 0) return UNSURE;
+            if (mode != S_SKIP && put(out, p, n) < 0) return NOMEM;
+            p += n;
+            continue;
+        }
+        /* A backslash. */
+        if (end - p < 2) return UNSURE;
+        unsigned char e = p[1];
+        const char *plain = NULL;
+        switch (e) {
+            case '"': plain = "\""; break;
+            case '\\': plain = "\\"; break;
+            case 'b': plain = "\b"; break;
+            case 'f': plain = "\f"; break;
+            case 'n': plain = "\n"; break;
+            case 'r': plain = "\r"; break;
+            case 't': plain = "\t"; break;
+            case '/':
+                if (mode == S_JSON) return UNSURE; /* yyjson writes it bare */
+                plain = "/";
+                break;
+            case 'u': break;
+            default: return UNSURE;
+        }
+        if (plain != NULL) {
+            if (mode == S_JSON && put(out, p, 2) < 0) return NOMEM;
+            if (mode == S_TEXT && put(out, plain, 1) < 0) return NOMEM;
+            p += 2;
+            continue;
+        }
+        int cp = hex4(p + 2, end);
+        if (cp < 0 || cp == 0 || (cp >= 0xD800 && cp <= 0xDFFF && mode == S_JSON)) return UNSURE;
+        if (mode == S_JSON) {
+            /* yyjson writes a control other than \b \t \n \f \r as \u00XX in upper case and
+             * everything else verbatim: only the first is written back as it was. */
+            if (cp >= 0x20 || cp == 8 || cp == 9 || cp == 10 || cp == 12 || cp == 13) return UNSURE;
+            char esc[6] = {'\\', 'u', '0', '0', "0123456789ABCDEF"[cp >> 4], "0123456789ABCDEF"[cp & 15]};
+            if (put(out, esc, 6) < 0) return NOMEM;
+            p += 6;
+            continue;
+        }
+        p += 6;
+        uint32_t code = (uint32_t)cp;
+        if (cp >= 0xD800 && cp <= 0xDBFF) {
+            if (end - p < 6 || p[0] != '\\' || p[1] != 'u') return UNSURE;
+            int low = hex4(p + 2, end);
+            if (low < 0xDC00 || low > 0xDFFF) return UNSURE;
+            code = 0x10000 + (((uint32_t)cp - 0xD800) << 10) + ((uint32_t)low - 0xDC00);
+            p += 6;
+        } else if (cp >= 0xDC00 && cp <= 0xDFFF) {
+            return UNSURE;
+        }
+        if (mode == S_TEXT && put_utf8(out, code) < 0) return NOMEM;
+    }
+}
+
+enum { N_INT = 1, N_REAL = 2, N_BIG = 3 };
+
+/* A number in JSON's grammar: its kind (an integer of at most 18 digits, other than -0, is
+ * N_INT with its value). */
+static const unsigned char *json_number(const unsigned char *p, const unsigned char *end, int *kind, long long *value) {
+    const unsigned char *start = p;
+    int negative = *p == '-';
+    if (negative) p++;
+    const unsigned char *digits = p;
+    while (p < end && IS_DIGIT(*p)) p++;
+    size_t count = (size_t)(p - digits);
+    if (count == 0 || (count > 1 && *digits == '0')) return UNSURE;
+    *kind = N_INT;
+    if (p < end && *p == '.') {
+        const unsigned char *d = ++p;
+        while (p < end && IS_DIGIT(*p)) p++;
+        if (p == d) return UNSURE;
+        *kind = N_REAL;
+    }
+    if (p < end && (*p == 'e' || *p == 'E')) {
+        p++;
+        if (p < end && (*p == '+' || *p == '-')) p++;
+        const unsigned char *d = p;
+        while (p < end && IS_DIGIT(*p)) p++;
+        if (p == d) return UNSURE;
+        *kind = N_REAL;
+    }
+    if (*kind == N_INT) {
+        if (count > 18 || (negative && *digits == '0')) {
+            *kind = N_BIG;
+        } else {
+            long long v = 0;
+            for (size_t i = 0; i < count; i++) v = v * 10 + (digits[i] - '0');
+            *value = negative ? -v : v;
+        }
+    }
+    (void)start;
+    return p;
+}
+
+/* Any JSON value: checked (out NULL) or written as yyjson writes it (minified). */
+static const unsigned char *json_value(const unsigned char *p, const unsigned char *end, Buffer *out, int depth) {
+    if (p >= end) return UNSURE;
+    switch (*p) {
+        case '"':
+            return json_string(p, end, out, out == NULL ? S_SKIP : S_JSON);
+        case '{':
+        case '[': {
+            unsigned char close = *p == '{' ? '}' : ']';
+            int object = *p == '{';
+            if (depth >= MAX_DEPTH) return UNSURE;
+            if (out != NULL && put(out, p, 1) < 0) return NOMEM;
+            p++;
+            if (p < end && *p == close) {
+                if (out != NULL && put(out, p, 1) < 0) return NOMEM;
+                return p + 1;
+            }
+            for (;;) {
+                if (object) {
+                    if (p >= end || *p != '"') return UNSURE;
+                    p = json_string(p, end, out, out == NULL ? S_SKIP : S_JSON);
+                    if (FAILED(p)) return p;
+                    if (p >= end || *p != ':') return UNSURE;
+                    if (out != NULL && put(out, ":", 1) < 0) return NOMEM;
+                    p++;
+                }
+                p = json_value(p, end, out, depth + 1);
+                if (FAILED(p)) return p;
+                if (p >= end) return UNSURE;
+                if (*p == close) {
+                    if (out != NULL && put(out, p, 1) < 0) return NOMEM;
+                    return p + 1;
+                }
+                if (*p != ',') return UNSURE;
+                if (out != NULL && put(out, ",", 1) < 0) return NOMEM;
+                p++;
+            }
+        }
+        case 't':
+        case 'f':
+        case 'n': {
+            const char *word = *p == 't' ? "true" : *p == 'f' ? "false" : "null";
+            size_t n = strlen(word);
+            if ((size_t)(end - p) < n || memcmp(p, word, n) != 0) return UNSURE;
+            if (out != NULL && put(out, word, n) < 0) return NOMEM;
+            return p + n;
+        }
+        default: {
+            if (*p != '-' && !IS_DIGIT(*p)) return UNSURE;
+            int kind;
+            long long value;
+            const unsigned char *after = json_number(p, end, &kind, &value);
+            if (FAILED(after)) return after;
+            /* yyjson writes a float or a long integer back in its own form: only short integers
+             * are sure to come back as they were. */
+            if (out != NULL && kind != N_INT) return UNSURE;
+            if (out != NULL && put(out, p, (size_t)(after - p)) < 0) return NOMEM;
+            return after;
+        }
+    }
+}
+
+static const unsigned char *extract_object(const unsigned char *p, const unsigned char *end, const Field *fields,
+                                           const int *order, int nfields, Out *outs, int depth);
+
+static const double POW10[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,  1e8,  1e9,  1e10, 1e11,
+                               1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
+
+/* A decimal without exponent of at most 15 significant digits and 22 decimals, as m / 10^k: both
+ * exact in a double, and one IEEE division rounds correctly, so this is strtod's value (Clinger's
+ * fast path). 0 where the number is not of that form. */
+static int fast_double(const unsigned char *p, const unsigned char *end, double *out) {
+    int negative = *p == '-';
+    if (negative) p++;
+    uint64_t m = 0;
+    int significant = 0, decimals = 0, in_fraction = 0;
+    for (; p < end; p++) {
+        if (*p == '.') {
+            in_fraction = 1;
+            continue;
+        }
+        if (!IS_DIGIT(*p)) return 0; /* an exponent */
+        if (m != 0 || *p != '0') significant++;
+        m = m * 10 + (uint64_t)(*p - '0');
+        decimals += in_fraction;
+        if (significant > 15 || decimals > 22) return 0;
+    }
+    double d = (double)m / POW10[decimals];
+    *out = negative ? -d : d;
+    return 1;
+}
+
+/* One field's value into its column. */
+static const unsigned char *extract_value(const unsigned char *p, const unsigned char *end, const Field *f, Out *outs,
+                                          int depth) {
+    Out *o = &outs[f->out];
+    if (p >= end) return UNSURE;
+    if (*p == 'n') {
+        if ((size_t)(end - p) < 4 || memcmp(p, "null", 4) != 0) return UNSURE;
+        return out_null(outs, f) < 0 ? NOMEM : p + 4;
+    }
+    switch (f->type) {
+        case F_VARCHAR:
+            if (*p == '"') {
+                if (out_slot(o, 1) < 0) return NOMEM;
+                p = json_string(p, end, &o->data, S_TEXT);
+            } else {
+                if (out_slot(o, 1) < 0) return NOMEM;
+                p = json_value(p, end, &o->data, depth);
+            }
+            if (FAILED(p)) return p;
+            return out_offset(o) < 0 ? NOMEM : p;
+        case F_JSON:
+            if (out_slot(o, 1) < 0) return NOMEM;
+            p = json_value(p, end, &o->data, depth);
+            if (FAILED(p)) return p;
+            return out_offset(o) < 0 ? NOMEM : p;
+        case F_BIGINT: {
+            if (*p != '-' && !IS_DIGIT(*p)) return UNSURE;
+            int kind;
+            long long value;
+            p = json_number(p, end, &kind, &value);
+            if (FAILED(p)) return p;
+            if (kind != N_INT) return UNSURE;
+            int64_t v = value;
+            return out_slot(o, 1) < 0 || out_fixed(o, &v) < 0 ? NOMEM : p;
+        }
+        case F_DOUBLE: {
+            if (*p != '-' && !IS_DIGIT(*p)) return UNSURE;
+            int kind;
+            long long value;
+            const unsigned char *after = json_number(p, end, &kind, &value);
+            if (FAILED(after)) return after;
+            double d;
+            if (kind == N_INT) {
+                d = (double)value;
+            } else if (fast_double(p, after, &d)) {
+                /* exact operands, one correctly rounded division: strtod's double */
+            } else {
+                size_t n = (size_t)(after - p);
+                if (kind != N_REAL || n >= NUMBER_MAX) return UNSURE;
+                char text[NUMBER_MAX];
+                memcpy(text, p, n);
+                text[n] = 0;
+                char *stop;
+                errno = 0;
+                d = strtod(text, &stop);
+                if (errno != 0 || stop != text + n || !isfinite(d) || (d == 0 && strpbrk(text, "123456789")))
+                    return UNSURE;
+            }
+            return out_slot(o, 1) < 0 || out_fixed(o, &d) < 0 ? NOMEM : after;
+        }
+        case F_BOOLEAN: {
+            int truth;
+            if ((size_t)(end - p) >= 4 && memcmp(p, "true", 4) == 0) truth = 1, p += 4;
+            else if ((size_t)(end - p) >= 5 && memcmp(p, "false", 5) == 0) truth = 0, p += 5;
+            else return UNSURE;
+            int64_t r = o->rows;
+            if (out_slot(o, 1) < 0) return NOMEM;
+            if (truth) o->values.p[r >> 3] |= (unsigned char)(1u << (r & 7));
+            return p;
+        }
+        case F_STRUCT:
+            if (*p != '{' || depth >= MAX_DEPTH) return UNSURE;
+            if (out_slot(o, 1) < 0) return NOMEM;
+            return extract_object(p, end, f->children, f->order, f->nchildren, outs, depth + 1);
+        default:
+            return UNSURE;
+    }
+}
+
+/* An object's keys, in canonical order (bytewise, unique), each of ``fields`` into its column,
+ * the others checked and passed over; a field it lacks is NULL. */
+static const unsigned char *extract_object(const unsigned char *p, const unsigned char *end, const Field *fields,
+                                           const int *order, int nfields, Out *outs, int depth) {
+    unsigned char seen[MAX_FIELDS] = {0};
+    int next = 0; /* the keys come in canonical order: the fields are met in ``order`` */
+    const unsigned char *previous = NULL;
+    size_t previous_len = 0;
+    if (p >= end || *p != '{') return UNSURE;
+    p++;
+    if (p < end && *p == '}') {
+        p++;
+    } else {
+        for (;;) {
+            if (p >= end || *p != '"') return UNSURE;
+            /* A key of plain ASCII (any other, escaped or not, is DuckDB's to match). */
+            const unsigned char *key = p + 1, *after = plain_run(key, end);
+            if (after >= end || *after != '"') return UNSURE;
+            size_t key_len = (size_t)(after - key);
+            after++;
+            if (previous != NULL && name_cmp(previous, previous_len, key, key_len) >= 0) return UNSURE;
+            previous = key;
+            previous_len = key_len;
+            p = after;
+            if (p >= end || *p != ':') return UNSURE;
+            p++;
+            int found = -1;
+            while (next < nfields) {
+                const Field *f = &fields[order[next]];
+                int c = name_cmp((const unsigned char *)f->name, f->name_len, key, key_len);
+                if (c > 0) break;
+                next++;
+                if (c == 0) {
+                    found = order[next - 1];
+                    break;
+                }
+            }
+            if (found >= 0) {
+                seen[found] = 1;
+                p = extract_value(p, end, &fields[found], outs, depth);
+            } else {
+                p = json_value(p, end, NULL, depth);
+            }
+            if (FAILED(p)) return p;
+            if (p >= end) return UNSURE;
+            if (*p == '}') {
+                p++;
+                break;
+            }
+            if (*p++ != ',') return UNSURE;
+        }
+    }
+    for (int i = 0; i < nfields; i++)
+        if (!seen[i] && out_null(outs, &fields[i]) < 0) return NOMEM;
+    return p;
+}
+
+/* One row's data into its kind's columns: READ_OK, READ_NOMEM, or EXTRACT_UNSURE. */
+#define EXTRACT_UNSURE (-1)
+static int extract_row(const Spec *spec, Out *outs, sqlite3_stmt *st) {
+    if (sqlite3_column_type(st, 6) != SQLITE_TEXT) return EXTRACT_UNSURE;
+    const unsigned char *p = sqlite3_column_text(st, 6);
+    size_t n = (size_t)sqlite3_column_bytes(st, 6);
+    if (p == NULL) return READ_NOMEM;
+    const unsigned char *after = extract_object(p, p + n, spec->fields, spec->order, spec->nfields, outs, 0);
+    if (after == NOMEM) return READ_NOMEM;
+    if (after == UNSURE || after != p + n) return EXTRACT_UNSURE;
+    return READ_OK;
+}
+
 /* ---- Rows grouped by kind (read_checked_by_kind). ---- */
 
 /* One kind's rows, in seq order: its own seq buffer and text columns. */
@@ -382,11 +965,17 @@ typedef struct {
     Buffer seqs;
     Column cols[TEXT_COLUMNS];
     int64_t rows;
+    unsigned mask;      /* the text columns copied */
+    const Spec *spec;   /* its typed fields, or NULL */
+    Out *outs;          /* their columns */
+    int unsure;         /* a row the typed parse was not sure of: its columns are dropped */
 } Group;
 
 typedef struct {
     Group *items;
     size_t used, cap, last; /* last: the group of the row before (kinds come in runs) */
+    const Specs *specs;     /* each kind's typed fields (none where NULL) */
+    unsigned mask;          /* the text columns copied for a kind without typed fields */
 } Groups;
 
 static void groups_free(Groups *g) {
@@ -395,6 +984,7 @@ static void groups_free(Groups *g) {
         free(x->kind);
         free(x->seqs.p);
         columns_free(x->cols);
+        outs_free(x->outs, x->spec ? x->spec->nouts : 0);
     }
     free(g->items);
     memset(g, 0, sizeof *g);
@@ -439,14 +1029,30 @@ static Group *group_of(Groups *g, sqlite3_stmt *st) {
         if (n) memcpy(x->kind, kind, n);
     }
     x->kind_len = n;
+    x->mask = g->mask;
     g->last = g->used++;
     if (columns_start(x->cols) != READ_OK) return NULL;
+    for (size_t s = 0; !is_null && g->specs != NULL && s < g->specs->used; s++) {
+        const Spec *spec = &g->specs->items[s];
+        if (spec->kind_len != n || memcmp(spec->kind, kind, n) != 0) continue;
+        x->outs = calloc((size_t)spec->nouts, sizeof(Out));
+        if (x->outs == NULL) return NULL;
+        x->spec = spec;
+        x->mask = spec->mask;
+        for (int i = 0; i < spec->nouts; i++) {
+            x->outs[i].type = spec->types[i];
+            int32_t zero = 0;
+            if ((spec->types[i] == F_VARCHAR || spec->types[i] == F_JSON) && put(&x->outs[i].values, &zero, 4) < 0)
+                return NULL;
+        }
+        break;
+    }
     return x;
 }
 
 /* Into seqs and cols, or, where groups is given, into each kind's group. */
 static int read_rows(const char *path, int64_t after, int64_t until, Buffer *seqs, Column *cols, int64_t *rows,
-                     const char **sqlite_message, Check *check, Fields *fields, Groups *groups, unsigned mask) {
+                     const char **sqlite_message, Check *check, Fields *fields, Groups *groups) {
     sqlite3 *db = NULL;
     sqlite3_stmt *st = NULL;
     int outcome = READ_OK;
@@ -477,7 +1083,15 @@ static int read_rows(const char *path, int64_t after, int64_t until, Buffer *seq
                 outcome = READ_NOMEM;
                 goto done;
             }
-            if ((outcome = add_row(&group->seqs, group->cols, st, group->rows, mask)) != READ_OK) goto done;
+            if ((outcome = add_row(&group->seqs, group->cols, st, group->rows, group->mask)) != READ_OK) goto done;
+            if (group->spec != NULL && !group->unsure) {
+                int typed = extract_row(group->spec, group->outs, st);
+                if (typed == READ_NOMEM) {
+                    outcome = READ_NOMEM;
+                    goto done;
+                }
+                group->unsure = typed != READ_OK;
+            }
             group->rows++;
             row++;
             continue;
@@ -618,7 +1232,7 @@ static PyObject *read_any(const char *path, long long after, long long until, Ch
     const char *message = NULL;
     int outcome;
     Py_BEGIN_ALLOW_THREADS
-    outcome = read_rows(path, after, until, &seqs, cols, &rows, &message, check, fields, NULL, ALL_COLUMNS);
+    outcome = read_rows(path, after, until, &seqs, cols, &rows, &message, check, fields, NULL);
     Py_END_ALLOW_THREADS
     PyObject *result = NULL, *columns = NULL;
     if (raise_read_error(outcome, message)) goto done;
@@ -667,13 +1281,139 @@ static PyObject *read_checked(PyObject *self, PyObject *args) {
     return result;
 }
 
+/* Python's [(name, type, children | None)] as fields, numbering their output columns from *next. */
+static const Field *SORTING; /* the fields qsort orders (under the GIL: one parse at a time) */
+
+static int by_name(const void *a, const void *b) {
+    const Field *x = &SORTING[*(const int *)a], *y = &SORTING[*(const int *)b];
+    return name_cmp((const unsigned char *)x->name, x->name_len, (const unsigned char *)y->name, y->name_len);
+}
+
+/* The fields' indices by their names' bytes. */
+static int *fields_order(const Field *fields, int n) {
+    int *order = malloc((n ? (size_t)n : 1) * sizeof(int));
+    if (order == NULL) return NULL;
+    for (int i = 0; i < n; i++) order[i] = i;
+    SORTING = fields;
+    qsort(order, (size_t)n, sizeof(int), by_name);
+    return order;
+}
+
+static int fields_parse(PyObject *list, Field **fields, int *nfields, int *next, int **types, int depth) {
+    if (!PyList_Check(list) || PyList_GET_SIZE(list) > MAX_FIELDS || depth > 4) {
+        PyErr_SetString(PyExc_ValueError, "typed fields: a list of at most 64 (name, type, children) per object");
+        return -1;
+    }
+    int n = (int)PyList_GET_SIZE(list);
+    *fields = calloc(n ? (size_t)n : 1, sizeof(Field));
+    if (*fields == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    *nfields = n;
+    for (int i = 0; i < n; i++) {
+        Field *f = &(*fields)[i];
+        const char *name;
+        Py_ssize_t name_len;
+        PyObject *children;
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(list, i), "s#iO", &name, &name_len, &f->type, &children)) return -1;
+        if (f->type < F_VARCHAR || f->type > F_STRUCT || (f->type == F_STRUCT) != (children != Py_None)) {
+            PyErr_SetString(PyExc_ValueError, "typed fields: unknown type, or children where there is no STRUCT");
+            return -1;
+        }
+        f->name = malloc((size_t)name_len + 1);
+        int *grown = realloc(*types, (size_t)(*next + 1) * sizeof(int));
+        if (f->name == NULL || grown == NULL) {
+            if (grown != NULL) *types = grown;
+            PyErr_NoMemory();
+            return -1;
+        }
+        *types = grown;
+        memcpy(f->name, name, (size_t)name_len);
+        f->name_len = (size_t)name_len;
+        f->out = (*next)++;
+        (*types)[f->out] = f->type;
+        if (f->type == F_STRUCT) {
+            if (fields_parse(children, &f->children, &f->nchildren, next, types, depth + 1) < 0) return -1;
+            if ((f->order = fields_order(f->children, f->nchildren)) == NULL) {
+                PyErr_NoMemory();
+                return -1;
+            }
+        }
+    }
+    return 0;
+}
+
+/* {kind: (columns, fields)} as specs. */
+static int specs_parse(PyObject *typed, Specs *specs) {
+    if (typed == NULL || typed == Py_None) return 0;
+    if (!PyDict_Check(typed)) {
+        PyErr_SetString(PyExc_TypeError, "typed: a dict {kind: (columns, fields)}");
+        return -1;
+    }
+    specs->items = calloc((size_t)PyDict_Size(typed) + 1, sizeof(Spec));
+    if (specs->items == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    PyObject *key, *value;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(typed, &pos, &key, &value)) {
+        Spec *s = &specs->items[specs->used++];
+        const char *kind;
+        Py_ssize_t kind_len;
+        PyObject *fields;
+        if (!PyUnicode_Check(key)) {
+            PyErr_SetString(PyExc_TypeError, "typed: kinds are str");
+            return -1;
+        }
+        kind = PyUnicode_AsUTF8AndSize(key, &kind_len);
+        if (kind == NULL || !PyArg_ParseTuple(value, "IO", &s->mask, &fields)) return -1;
+        s->mask &= ALL_COLUMNS;
+        s->kind = malloc((size_t)kind_len + 1);
+        if (s->kind == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        memcpy(s->kind, kind, (size_t)kind_len);
+        s->kind_len = (size_t)kind_len;
+        if (fields_parse(fields, &s->fields, &s->nfields, &s->nouts, &s->types, 0) < 0) return -1;
+        if ((s->order = fields_order(s->fields, s->nfields)) == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* A typed group's columns as [(validity | None, nulls, values | None, data | None)] in pre-order. */
+static PyObject *outs_list(Group *x) {
+    PyObject *list = PyList_New(x->spec->nouts);
+    if (list == NULL) return NULL;
+    for (int i = 0; i < x->spec->nouts; i++) {
+        Out *o = &x->outs[i];
+        int text = o->type == F_VARCHAR || o->type == F_JSON;
+        PyObject *validity = o->nulls ? as_memory(&o->validity) : (Py_INCREF(Py_None), Py_None);
+        PyObject *values = o->type == F_STRUCT ? (Py_INCREF(Py_None), Py_None) : as_memory(&o->values);
+        PyObject *data = text ? as_memory(&o->data) : (Py_INCREF(Py_None), Py_None);
+        PyObject *item = Py_BuildValue("(NLNN)", validity, (long long)o->nulls, values, data);
+        if (item == NULL) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, i, item);
+    }
+    return list;
+}
+
 static PyObject *read_checked_by_kind(PyObject *self, PyObject *args) {
     (void)self;
     const char *path, *chain;
     Py_ssize_t chain_len;
     long long after, until, expected;
     unsigned int mask = ALL_COLUMNS;
-    if (!PyArg_ParseTuple(args, "sLLLs#|I", &path, &after, &until, &expected, &chain, &chain_len, &mask))
+    PyObject *typed = NULL;
+    if (!PyArg_ParseTuple(args, "sLLLs#|IO", &path, &after, &until, &expected, &chain, &chain_len, &mask, &typed))
         return NULL;
     if (chain_len != HEX_LEN && chain_len != 0) {
         PyErr_SetString(PyExc_ValueError, "previous chain must be 64 hex characters or empty");
@@ -682,37 +1422,47 @@ static PyObject *read_checked_by_kind(PyObject *self, PyObject *args) {
     mask &= ALL_COLUMNS;
     Check check = {.expected = expected, .chain_len = (size_t)chain_len, .outcome = CHECK_OK};
     memcpy(check.chain, chain, (size_t)chain_len);
-    Groups groups = {0};
+    Specs specs = {0};
+    Groups groups = {.specs = &specs, .mask = mask};
     int64_t rows = 0;
     const char *message = NULL;
-    int outcome;
+    int outcome, unsure = 0;
     PyObject *result = NULL, *list = NULL;
+    if (specs_parse(typed, &specs) < 0) goto done;
     Py_BEGIN_ALLOW_THREADS
-    outcome = read_rows(path, after, until, NULL, NULL, &rows, &message, &check, NULL, &groups, mask);
+    outcome = read_rows(path, after, until, NULL, NULL, &rows, &message, &check, NULL, &groups);
     Py_END_ALLOW_THREADS
     if (raise_read_error(outcome, message)) goto done;
     list = PyList_New((Py_ssize_t)groups.used);
     if (list == NULL) goto done;
     for (size_t i = 0; i < groups.used; i++) {
         Group *x = &groups.items[i];
+        unsure |= x->unsure;
         PyObject *kind = x->kind == NULL ? (Py_INCREF(Py_None), Py_None)
                                          : PyUnicode_DecodeUTF8((const char *)x->kind, (Py_ssize_t)x->kind_len,
                                                                 "surrogateescape");
-        PyObject *columns = kind == NULL ? NULL : columns_list(x->cols, mask);
-        PyObject *item = columns == NULL ? NULL
-                                         : Py_BuildValue("(NLNN)", kind, (long long)x->rows, as_memory(&x->seqs),
-                                                         columns);
+        PyObject *columns = kind == NULL ? NULL : columns_list(x->cols, x->mask);
+        PyObject *fields = columns == NULL                    ? NULL
+                           : x->spec == NULL || x->unsure ? (Py_INCREF(Py_None), Py_None)
+                                                              : outs_list(x);
+        PyObject *item = fields == NULL ? NULL
+                                        : Py_BuildValue("(NLNNN)", kind, (long long)x->rows, as_memory(&x->seqs),
+                                                        columns, fields);
         if (item == NULL) {
-            if (columns == NULL) Py_XDECREF(kind);
+            if (fields == NULL) {
+                Py_XDECREF(kind);
+                Py_XDECREF(columns);
+            }
             goto done;
         }
         PyList_SET_ITEM(list, (Py_ssize_t)i, item);
     }
-    result = Py_BuildValue("(LO(iLLLs#))", (long long)rows, list, check.outcome, check.bad_seq, check.found_seq,
-                           check.expected - 1, check.chain, (Py_ssize_t)check.chain_len);
+    result = Py_BuildValue("(LO(iLLLs#)O)", (long long)rows, list, check.outcome, check.bad_seq, check.found_seq,
+                           check.expected - 1, check.chain, (Py_ssize_t)check.chain_len, unsure ? Py_True : Py_False);
 done:
     Py_XDECREF(list);
     groups_free(&groups);
+    specs_free(&specs);
     free(check.envelope.p);
     return result;
 }
@@ -725,10 +1475,10 @@ static PyMethodDef methods[] = {
      "    -> (rows, seq_bytes, columns, (outcome, bad_seq, found_seq, last_good_seq, last_good_chain),\n"
      "        {kind: {key: type mask}} | None)"},
     {"read_checked_by_kind", read_checked_by_kind, METH_VARARGS,
-     "read_checked_by_kind(path, after_seq, until_seq, expected_seq, previous_chain, columns=all)\n"
-     "    -> (rows, [(kind, rows, seq_bytes, columns)] in order of first appearance (the text\n"
-     "        columns of the mask's bits, 1 << 0 = id ... 1 << 7 = chain),\n"
-     "        (outcome, bad_seq, found_seq, last_good_seq, last_good_chain))"},
+     "read_checked_by_kind(path, after_seq, until_seq, expected_seq, previous_chain, columns=all, typed=None)\n"
+     "    -> (rows, [(kind, rows, seq_bytes, columns, typed_columns | None)] in order of first\n"
+     "        appearance (the text columns of the mask's bits, 1 << 0 = id ... 1 << 7 = chain),\n"
+     "        (outcome, bad_seq, found_seq, last_good_seq, last_good_chain), unsure)"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -754,6 +1504,13 @@ PyMODINIT_FUNC PyInit__carrow(void) {
     }
     if (PyModule_AddObject(m, "TYPE_NAMES", names) < 0) {
         Py_DECREF(names);
+        goto fail;
+    }
+    /* The typed fields' type codes, in order (read_checked_by_kind's ``typed``). */
+    PyObject *field_types = Py_BuildValue("(ssssss)", "VARCHAR", "BIGINT", "DOUBLE", "BOOLEAN", "JSON", "STRUCT");
+    if (field_types == NULL) goto fail;
+    if (PyModule_AddObject(m, "FIELD_TYPES", field_types) < 0) {
+        Py_DECREF(field_types);
         goto fail;
     }
     if (PyModule_AddIntConstant(m, "OK", CHECK_OK) || PyModule_AddIntConstant(m, "DELETED", CHECK_DELETED)

@@ -7,6 +7,8 @@ OK: int
 DELETED: int
 EDITED: int
 RELINKED: int
+# The typed fields' types, in the order of their codes (read_checked_by_kind's ``typed``).
+FIELD_TYPES: tuple[str, ...]
 # DuckDB's json_type names, in the order of the bits of a field's type mask.
 TYPE_NAMES: tuple[str, ...]
 
@@ -22,10 +24,32 @@ def read_checked(
     tuple[int, int, int, int, str],
     dict[str, dict[str, int]] | None,
 ]: ...
+
+# A typed field as the native parse reads it: (name, type code, children of a STRUCT or None).
+NativeField = tuple[str, int, list["NativeField"] | None]
+# One output column of a typed field: (validity | None, nulls, values | None, string data | None).
+TypedColumn = tuple[Memory | None, int, Memory | None, Memory | None]
+
 def read_checked_by_kind(
-    path: str, after_seq: int, until_seq: int, expected_seq: int, previous_chain: str, columns: int = 255, /
+    path: str,
+    after_seq: int,
+    until_seq: int,
+    expected_seq: int,
+    previous_chain: str,
+    columns: int = 255,
+    typed: dict[str, tuple[int, list[NativeField]]] | None = None,
+    /,
 ) -> tuple[
     int,
-    list[tuple[str | None, int, Memory, list[tuple[Memory | None, int, Memory, Memory]]]],
+    list[
+        tuple[
+            str | None,
+            int,
+            Memory,
+            list[tuple[Memory | None, int, Memory, Memory]],
+            list[TypedColumn] | None,
+        ]
+    ],
     tuple[int, int, int, int, str],
+    bool,
 ]: ...

@@ -1,0 +1,118 @@
+"""Typed fields parsed natively: what a projection's ``json_transform`` would give, built by
+``ledger/_carrow.c`` as it reads and checks the rows, so DuckDB parses no JSON for it.
+
+A projection of the form ``SELECT seq, run_id, block_id, unnest(json_transform(data,
+'<structure>')) FROM events WHERE kind = '<kind>'`` (reports/_views.py writes every extraction
+so) is typed here when its structure names only VARCHAR, BIGINT, DOUBLE, BOOLEAN, JSON and
+objects of those. The native parse gives up on any row it cannot reproduce byte for byte
+(ledger/_carrow.c says which); its caller then reads those rows again for DuckDB to parse.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+_TRANSFORM = re.compile(
+    r"SELECT seq, run_id, block_id, unnest\(json_transform\(data, '(\{[^']*\})'\)\) "
+    r"FROM events WHERE kind = '((?:[^']|'')*)'\Z"
+)
+# The native parse's types (ledger/_carrow.c F_*, in the order of _carrow.FIELD_TYPES) and their
+# Arrow types (DuckDB's types).
+_TYPES = ("VARCHAR", "BIGINT", "DOUBLE", "BOOLEAN", "JSON", "STRUCT")
+_ARROW: dict[str, pa.DataType] = {
+    "VARCHAR": pa.string(),
+    "BIGINT": pa.int64(),
+    "DOUBLE": pa.float64(),
+    "BOOLEAN": pa.bool_(),
+    "JSON": pa.json_(),
+}
+_CODES = {name: (_TYPES.index(name), kind) for name, kind in _ARROW.items()}
+_STRUCT = _TYPES.index("STRUCT")
+_ENVELOPE = ("seq", "run_id", "block_id")
+
+# (name, code, children): the form ledger/_carrow.c reads.
+NativeField = tuple[str, int, "list[NativeField] | None"]
+
+
+@dataclass(frozen=True)
+class Typed:
+    """One projection's typed fields: what the native parse fills and the table it makes."""
+
+    kind: str
+    fields: list[NativeField]
+    schema: pa.Schema  # seq, run_id, block_id, then the fields, as json_transform orders them
+
+
+def _fields(structure: dict[str, Any]) -> tuple[list[NativeField], list[pa.Field]] | None:
+    native: list[NativeField] = []
+    arrow: list[pa.Field] = []
+    for name, spec in structure.items():
+        if isinstance(spec, dict):
+            if not spec:
+                return None
+            inner = _fields(spec)
+            if inner is None:
+                return None
+            native.append((name, _STRUCT, inner[0]))
+            arrow.append(pa.field(name, pa.struct(inner[1])))
+        elif isinstance(spec, str) and spec in _CODES:
+            code, kind = _CODES[spec]
+            native.append((name, code, None))
+            arrow.append(pa.field(name, kind))
+        else:
+            return None
+    return native, arrow
+
+
+def typed(sql: str) -> Typed | None:
+    """The typed fields of a projection the native parse can fill, or None (DuckDB parses it)."""
+    found = _TRANSFORM.match(sql)
+    if found is None:
+        return None
+    try:
+        structure = json.loads(found.group(1))
+    except ValueError:
+        return None
+    if not isinstance(structure, dict) or not structure or set(structure) & set(_ENVELOPE):
+        return None
+    parsed = _fields(structure)
+    if parsed is None:
+        return None
+    schema = pa.schema(
+        [pa.field("seq", pa.int64()), ("run_id", pa.string()), ("block_id", pa.string()), *parsed[1]]
+    )
+    return Typed(found.group(2).replace("''", "'"), parsed[0], schema)
+
+
+def _arrays(fields: list[pa.Field], outs: Any, count: int) -> list[pa.Array]:
+    arrays = []
+    for field in fields:
+        validity, nulls, values, data = next(outs)
+        bits = None if validity is None else pa.py_buffer(validity)
+        if pa.types.is_struct(field.type):
+            children = _arrays(list(field.type), outs, count)
+            arrays.append(
+                pa.Array.from_buffers(field.type, count, [bits], null_count=nulls, children=children)
+            )
+        elif data is not None:
+            buffers = [bits, pa.py_buffer(values), pa.py_buffer(data)]
+            arrays.append(pa.Array.from_buffers(field.type, count, buffers, null_count=nulls))
+        else:
+            arrays.append(
+                pa.Array.from_buffers(field.type, count, [bits, pa.py_buffer(values)], null_count=nulls)
+            )
+    return arrays
+
+
+def typed_table(spec: Typed, envelope: pa.Table, outs: list[Any]) -> pa.Table:
+    """The projection's rows: ``envelope``'s seq, run_id and block_id, then the typed columns the
+    native parse filled (its buffers wrapped, not copied)."""
+    count = envelope.num_rows
+    arrays = [envelope.column(name).combine_chunks() for name in _ENVELOPE]
+    arrays += _arrays(list(spec.schema)[3:], iter(outs), count)
+    return pa.Table.from_arrays(arrays, schema=spec.schema)
