@@ -226,8 +226,7 @@ def checked_source(ledger: Ledger, projections: Mapping[str, str]) -> str | None
     native pass, or None (the reader or verifier is not native, an older build lacks the call,
     or a projection reads more than one kind's rows)."""
     path = checked_reader(ledger)
-    # An older build lacks the call, or its typed fields (FIELD_TYPES came with them).
-    if path is None or not hasattr(_carrow, "FIELD_TYPES"):
+    if path is None or not hasattr(_carrow, "read_checked_by_kind"):
         return None
     return path if all(single_kind(sql) for sql in projections.values()) else None
 
@@ -279,6 +278,8 @@ def derive_checked(
             if spec is not None and spec.kind == kind:
                 typed[kind] = (name, spec)
                 break
+    if not hasattr(carrow, "FIELD_TYPES"):
+        typed = {}  # a build older than the typed fields: DuckDB parses every projection
     native_typed: dict[str, tuple[int, list[Any]]] = {}
     for kind, (name, spec) in typed.items():
         others = [projections[n] for n in kinds[kind] if n != name]
@@ -301,6 +302,12 @@ def derive_checked(
         began = time.perf_counter()
         # The first part has no lower bound: a row slipped in below seq 1 fails its check.
         lower = _NO_LOWER_BOUND if after == 0 else after
+        if not native_typed:
+            # Also what a build older than the typed fields takes and gives.
+            rows, groups, check = carrow.read_checked_by_kind(
+                path, lower, stop, after + 1, start_of(after), mask
+            )[:3]
+            return (rows, [(*group[:4], None) for group in groups], check, False), time.perf_counter() - began
         result = carrow.read_checked_by_kind(
             path, lower, stop, after + 1, start_of(after), mask, native_typed
         )

@@ -460,3 +460,38 @@ def test_type_codes_are_the_native_parse_s() -> None:
 
     assert _carrow is not None
     assert _typed._TYPES == _carrow.FIELD_TYPES
+
+
+class _OlderBuild:
+    """The reader as built before its typed fields: no FIELD_TYPES, six arguments at most,
+    groups of four and no ``unsure`` at the end."""
+
+    def __getattr__(self, name: str) -> object:
+        if name == "FIELD_TYPES":
+            raise AttributeError(name)
+        return getattr(_carrow, name)
+
+    def read_checked_by_kind(self, *args: object) -> object:
+        assert len(args) <= 6, "an older build takes no typed fields"
+        rows, groups, check, _ = _carrow.read_checked_by_kind(*args)
+        return rows, [group[:4] for group in groups], check
+
+
+def test_a_build_older_than_the_typed_fields_derives_the_same(
+    awkward: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Until the reader is built again, the checked read is used as before and DuckDB parses."""
+    head = awkward.head()
+    assert head is not None
+    path = checked_source(awkward, projections())
+    assert path is not None
+    names = list(projections())
+    expected_con = duckdb.connect(":memory:")
+    assert derive_checked(expected_con, path, projections(), head.seq) is not None
+    expected = {n: expected_con.execute(f'SELECT * FROM "{n}"').fetchall() for n in names}
+    monkeypatch.setattr(analytics_module, "_carrow", _OlderBuild())
+    monkeypatch.setattr(analytics_module, "_CHUNK", 64)
+    assert checked_source(awkward, projections()) == path
+    con = duckdb.connect(":memory:")
+    assert derive_checked(con, path, projections(), head.seq) is not None
+    assert {n: con.execute(f'SELECT * FROM "{n}"').fetchall() for n in names} == expected
