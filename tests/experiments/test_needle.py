@@ -188,3 +188,34 @@ def test_the_committed_weights_are_hold_3s() -> None:
     assert on_cpu["sha256"] == hashlib.sha256((CHECKPOINT / "model.safetensors").read_bytes()).hexdigest()
     assert on_cpu["sha256"] == json.loads(MANIFEST.read_text())["files"]["model.safetensors"]
     assert json.loads(MANIFEST.read_text())["variant"] == trained["variant"] == "hold"
+
+
+def test_the_32k_misses_on_the_engine_are_the_models_own(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The recorded in-process recheck scored the very prompts of the vLLM 32k run: fixture for
+    fixture (by id), the weights were right where the engine was right and wrong where it was
+    wrong, so the engine's misses are the model's, not the engine's numerics or cache."""
+    import lzma
+
+    recheck = json.loads((RECORDS / "hold-3.recheck-32k.json").read_text())
+    assert recheck["weights_sha256"] == json.loads(MANIFEST.read_text())["files"]["model.safetensors"]
+    with lzma.open(RECORDS / "vllm-cpu-eval-32k.jsonl.xz", "rt") as lines:
+        events = [json.loads(line) for line in lines]
+    fixture_of = {
+        e["data"]["request_id"]: e["data"]["fixture_id"]
+        for e in events
+        if e["kind"] == "request.sent" and not e["data"]["warmup"]
+    }
+    engine_exact = {
+        fixture_of[e["data"]["request_id"]]: e["data"]["passed"]
+        for e in events
+        if e["kind"] == "assertion.evaluated" and e["data"]["check"] == "exact_values"
+    }
+    assert sorted(engine_exact.values()).count(False) == 2  # the card's 14 of 16
+    rows = recheck["fixtures"]
+    assert {r["fixture_id"] for r in rows if not engine_exact[r["fixture_id"]]} == {
+        f for f, ok in engine_exact.items() if not ok
+    }  # every engine miss was rechecked, and at least one engine hit beside them
+    assert any(engine_exact[r["fixture_id"]] for r in rows)
+    for r in rows:
+        assert r["exact"] == engine_exact[r["fixture_id"]], r
+        assert r["prompt_tokens"] == 32768 and (r["min_margin"] > 0) == r["exact"]
