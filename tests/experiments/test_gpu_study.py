@@ -119,7 +119,7 @@ def test_dry_run_plans_the_needle_evaluation_when_asked(tmp_path: Path) -> None:
     plan = next(ln for ln in lines if ln.startswith("needle_eval:"))
     for expected in (
         "run needle_eval --target vllm",
-        "'sizes=[1024, 2048, 3072, 8192, 32768]'",
+        "'sizes=[1024, 2048, 3072, 8192, 16384, 32768]'",
         "fixtures=16",
         f"'model=\"{model}\"'",
         "'served_name=\"needle\"'",
