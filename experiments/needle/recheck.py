@@ -66,6 +66,7 @@ def recheck(
         row = {
             "key": fx.key,
             "fixture_id": fx.fixture_id,
+            "payload_sha256": fx.payload_sha256,  # as the run's fixture.created records it
             "prompt_tokens": len(prompt),
             "expected": fx.expected,
             "min_margin": round(margin, 3),

@@ -205,6 +205,9 @@ def test_the_32k_misses_on_the_engine_are_the_models_own(tmp_path) -> None:  # t
         for e in events
         if e["kind"] == "request.sent" and not e["data"]["warmup"]
     }
+    payload_of = {
+        e["data"]["fixture_id"]: e["data"]["payload_sha256"] for e in events if e["kind"] == "fixture.created"
+    }
     engine_exact = {
         fixture_of[e["data"]["request_id"]]: e["data"]["passed"]
         for e in events
@@ -217,5 +220,6 @@ def test_the_32k_misses_on_the_engine_are_the_models_own(tmp_path) -> None:  # t
     }  # every engine miss was rechecked, and at least one engine hit beside them
     assert any(engine_exact[r["fixture_id"]] for r in rows)
     for r in rows:
+        assert r["payload_sha256"] == payload_of[r["fixture_id"]]  # the very messages the engine got
         assert r["exact"] == engine_exact[r["fixture_id"]], r
         assert r["prompt_tokens"] == 32768 and (r["min_margin"] > 0) == r["exact"]
