@@ -18,9 +18,9 @@ import pytest
 
 import ledger._analytics as analytics_module
 from ledger import Analytics, Ledger, NewEvent, open_ledger, query, read_jsonl, verify
-from ledger._analytics import checked_source, derive_checked, derive_from_rows
+from ledger._analytics import checked_source, derive_checked, derive_from_rows, empty_table
 from ledger._events import GENESIS
-from ledger._rows import native_reader, read_rows, rows_to_table
+from ledger._rows import SCHEMA, native_reader, read_rows, rows_to_table
 from ledger._snapshot import Snapshot, _seqs_follow, table_fields
 from ledger._snapshot_rows import checked_reader, read_checked, single_kind
 from ledger._verify import RangeResult, read_heads, verify_after
@@ -453,24 +453,43 @@ def test_seqs_follow_only_where_every_chunk_steps_by_one() -> None:
     assert not _seqs_follow(chunked([5, None, 7]), 5)  # a null
 
 
-def test_a_build_imports_no_pandas(synthetic: Ledger, tmp_path: Path) -> None:
-    # pyarrow imports pandas the first time a Python value becomes an Arrow scalar (0.15 to 0.2 s
-    # of CPU); the build needs none. In a fresh interpreter, where nothing else imported it.
+def test_a_build_and_a_derivation_import_no_pandas(synthetic: Ledger, tmp_path: Path) -> None:
+    # pyarrow imports pandas the first time a Python value becomes an Arrow scalar or array (0.15
+    # to 0.2 s of CPU); the snapshot's build and the report's derivations need none. In a fresh
+    # interpreter, where nothing else imported it.
     synthetic.close()
     script = (
         "import sys\n"
         "from pathlib import Path\n"
+        "import duckdb\n"
         "from ledger import Analytics, open_ledger\n"
+        "from ledger._analytics import derive_from_rows\n"
         "from reports._views import projections\n"
         "assert 'pandas' not in sys.modules\n"
         f"led = open_ledger({synthetic.url.render_as_string()!r})\n"
-        f"analytics = Analytics(led, Path({str(tmp_path / 'snap')!r}), projections())\n"
+        f"root = Path({str(tmp_path / 'snap')!r})\n"
+        "analytics = Analytics(led, root, projections())\n"
         "analytics.connection()\n"
         "assert analytics.proof.rows_checked > 0, analytics.proof\n"
         "analytics.close()\n"
-        "print('pandas' in sys.modules)\n"
+        "built = 'pandas' in sys.modules\n"
+        "head = led.head().seq\n"
+        "analytics = Analytics(led, root, projections(), up_to_seq=head, from_rows=True)\n"
+        "analytics.connection()\n"
+        "assert analytics.checked is not None and analytics.derived.rows == head, analytics.derived\n"
+        "analytics.close()\n"
+        "con = duckdb.connect()\n"
+        "assert derive_from_rows(con, led, projections(), head).rows == head\n"
+        "print(built, 'pandas' in sys.modules)\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, check=False, cwd=Path.cwd()
     )
-    assert (out.returncode, out.stdout.strip()) == (0, "False"), out.stderr
+    assert (out.returncode, out.stdout.strip()) == (0, "False False"), out.stderr
+
+
+def test_empty_table_is_the_schemas_empty_table() -> None:
+    for schema in (SCHEMA, pa.schema([("seq", pa.int64()), ("ok", pa.bool_()), ("x", pa.float64())])):
+        table = empty_table(schema)
+        assert table.num_rows == 0 and table.schema == schema
+        assert table.equals(schema.empty_table())
