@@ -9,6 +9,7 @@ import json
 import random
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import orjson
@@ -429,28 +430,35 @@ class _Counting:
         return result
 
 
+def _checked(ledger: Ledger) -> tuple[int, str, list[str]]:
+    """The head seq, the checked read's source and the projections' names."""
+    head = ledger.head()
+    assert head is not None
+    path = checked_source(ledger, projections())
+    assert path is not None
+    return head.seq, path, list(projections())
+
+
+def _tables(con: duckdb.DuckDBPyConnection, names: list[str], query: str = "SELECT * FROM") -> dict[str, Any]:
+    return {n: con.execute(f'{query} "{n}"').fetchall() for n in names}
+
+
 def test_checked_derivation_with_rows_left_to_duckdb(
     awkward: Ledger, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    head = awkward.head()
-    assert head is not None
-    path = checked_source(awkward, projections())
-    assert path is not None
+    last, path, names = _checked(awkward)
     plain_con = duckdb.connect(":memory:")
-    derive_from_rows(plain_con, awkward, projections(), head.seq)
-    names = list(projections())
-    expected = {n: plain_con.execute(f'SELECT * FROM "{n}"').fetchall() for n in names}
-    types = {n: plain_con.execute(f'DESCRIBE "{n}"').fetchall() for n in names}
-    for chunk in (5, 64, head.seq):
+    derive_from_rows(plain_con, awkward, projections(), last)
+    expected, types = _tables(plain_con, names), _tables(plain_con, names, "DESCRIBE")
+    for chunk in (5, 64, last):
         monkeypatch.setattr(analytics_module, "_CHUNK", chunk)
         counting = _Counting()
         monkeypatch.setattr(analytics_module, "_carrow", counting)
         con = duckdb.connect(":memory:")
-        assert derive_checked(con, path, projections(), head.seq) is not None
+        assert derive_checked(con, path, projections(), last) is not None
         # Parts parsed natively and parts read again for DuckDB, side by side in one derivation.
-        assert counting.unsure > 0 and (counting.sure > 0 or chunk == head.seq)
-        assert {n: con.execute(f'SELECT * FROM "{n}"').fetchall() for n in names} == expected
-        assert {n: con.execute(f'DESCRIBE "{n}"').fetchall() for n in names} == types
+        assert counting.unsure > 0 and (counting.sure > 0 or chunk == last)
+        assert _tables(con, names) == expected and _tables(con, names, "DESCRIBE") == types
         con.close()
 
 
@@ -481,17 +489,13 @@ def test_a_build_older_than_the_typed_fields_derives_the_same(
     awkward: Ledger, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Until the reader is built again, the checked read is used as before and DuckDB parses."""
-    head = awkward.head()
-    assert head is not None
-    path = checked_source(awkward, projections())
-    assert path is not None
-    names = list(projections())
+    last, path, names = _checked(awkward)
     expected_con = duckdb.connect(":memory:")
-    assert derive_checked(expected_con, path, projections(), head.seq) is not None
-    expected = {n: expected_con.execute(f'SELECT * FROM "{n}"').fetchall() for n in names}
+    assert derive_checked(expected_con, path, projections(), last) is not None
+    expected = _tables(expected_con, names)
     monkeypatch.setattr(analytics_module, "_carrow", _OlderBuild())
     monkeypatch.setattr(analytics_module, "_CHUNK", 64)
     assert checked_source(awkward, projections()) == path
     con = duckdb.connect(":memory:")
-    assert derive_checked(con, path, projections(), head.seq) is not None
-    assert {n: con.execute(f'SELECT * FROM "{n}"').fetchall() for n in names} == expected
+    assert derive_checked(con, path, projections(), last) is not None
+    assert _tables(con, names) == expected
