@@ -232,31 +232,52 @@ static const unsigned char *skip_nested(const unsigned char *p, const unsigned c
 
 #define IS_DIGIT(c) ((c) >= '0' && (c) <= '9')
 
-/* Past a number in canonical form, with its type as yyjson (DuckDB) reads it, or NULL. */
-static const unsigned char *skip_number(const unsigned char *p, const unsigned char *end, unsigned *type) {
-    int negative = *p == '-', real = 0;
+enum { N_INT = 1, N_REAL = 2, N_BIG = 3 };
+
+/* Past a number in JSON's grammar, without leading zeros, or NULL; its kind (an integer of at
+ * most 18 digits, other than -0, is N_INT with its value). The fields scan and the typed parse
+ * both read numbers through it. */
+static const unsigned char *scan_number(const unsigned char *p, const unsigned char *end, int *kind, long long *value) {
+    int negative = *p == '-';
     if (negative) p++;
     const unsigned char *digits = p;
     while (p < end && IS_DIGIT(*p)) p++;
     size_t count = (size_t)(p - digits);
     if (count == 0 || (count > 1 && *digits == '0')) return NULL;
+    *kind = N_INT;
     if (p < end && *p == '.') {
-        real = 1;
         const unsigned char *d = ++p;
         while (p < end && IS_DIGIT(*p)) p++;
         if (p == d) return NULL;
+        *kind = N_REAL;
     }
     if (p < end && (*p == 'e' || *p == 'E')) {
-        real = 1;
         p++;
         if (p < end && (*p == '+' || *p == '-')) p++;
         const unsigned char *d = p;
         while (p < end && IS_DIGIT(*p)) p++;
         if (p == d) return NULL;
+        *kind = N_REAL;
     }
-    if (real) *type = T_DOUBLE;
-    else if (count > 18 || (negative && *digits == '0')) return NULL; /* past 64 bits, or -0: DuckDB's */
-    else *type = negative ? T_BIGINT : T_UBIGINT;
+    if (*kind == N_INT) {
+        if (count > 18 || (negative && *digits == '0')) {
+            *kind = N_BIG;
+        } else {
+            long long v = 0;
+            for (size_t i = 0; i < count; i++) v = v * 10 + (digits[i] - '0');
+            *value = negative ? -v : v;
+        }
+    }
+    return p;
+}
+
+/* Past a number in canonical form, with its type as yyjson (DuckDB) reads it, or NULL. */
+static const unsigned char *skip_number(const unsigned char *p, const unsigned char *end, unsigned *type) {
+    int kind;
+    long long value = 0;
+    p = scan_number(p, end, &kind, &value);
+    if (p == NULL || kind == N_BIG) return NULL; /* past 64 bits, or -0: DuckDB's */
+    *type = kind == N_REAL ? T_DOUBLE : value < 0 ? T_BIGINT : T_UBIGINT;
     return p;
 }
 
@@ -675,44 +696,10 @@ static const unsigned char *json_string(const unsigned char *p, const unsigned c
     }
 }
 
-enum { N_INT = 1, N_REAL = 2, N_BIG = 3 };
-
-/* A number in JSON's grammar: its kind (an integer of at most 18 digits, other than -0, is
- * N_INT with its value). */
+/* scan_number, with UNSURE where the text is not a number. */
 static const unsigned char *json_number(const unsigned char *p, const unsigned char *end, int *kind, long long *value) {
-    const unsigned char *start = p;
-    int negative = *p == '-';
-    if (negative) p++;
-    const unsigned char *digits = p;
-    while (p < end && IS_DIGIT(*p)) p++;
-    size_t count = (size_t)(p - digits);
-    if (count == 0 || (count > 1 && *digits == '0')) return UNSURE;
-    *kind = N_INT;
-    if (p < end && *p == '.') {
-        const unsigned char *d = ++p;
-        while (p < end && IS_DIGIT(*p)) p++;
-        if (p == d) return UNSURE;
-        *kind = N_REAL;
-    }
-    if (p < end && (*p == 'e' || *p == 'E')) {
-        p++;
-        if (p < end && (*p == '+' || *p == '-')) p++;
-        const unsigned char *d = p;
-        while (p < end && IS_DIGIT(*p)) p++;
-        if (p == d) return UNSURE;
-        *kind = N_REAL;
-    }
-    if (*kind == N_INT) {
-        if (count > 18 || (negative && *digits == '0')) {
-            *kind = N_BIG;
-        } else {
-            long long v = 0;
-            for (size_t i = 0; i < count; i++) v = v * 10 + (digits[i] - '0');
-            *value = negative ? -v : v;
-        }
-    }
-    (void)start;
-    return p;
+    const unsigned char *after = scan_number(p, end, kind, value);
+    return after == NULL ? UNSURE : after;
 }
 
 /* Any JSON value: checked (out NULL) or written as yyjson writes it (minified). */
