@@ -18,11 +18,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 from pathlib import Path
 from typing import Any
 
 from . import CHECKPOINT, data
+from .train import answer_margin
 
 SEED = 271828  # experiments/needle_eval.py's
 
@@ -55,14 +55,7 @@ def recheck(
         fx = asyncio.run(factory.fixture(f"{seed}:needle_eval:{size}:{i}", size))
         prompt = ids_of(fx.messages)
         answer = [*enc.enc(json.dumps(fx.expected)), enc.im_end]
-        with torch.no_grad():
-            x = torch.tensor([prompt + answer[:-1]])
-            h = model.model(input_ids=x, use_cache=False).last_hidden_state[0, len(prompt) - 1 :]
-            logits = model.lm_head(h).float()
-        target = torch.tensor(answer)
-        right = logits.gather(1, target[:, None])[:, 0]
-        other = logits.scatter(1, target[:, None], -math.inf).max(dim=1).values
-        margin = float((right - other).min())
+        margin = answer_margin(model, prompt, answer)
         row = {
             "key": fx.key,
             "fixture_id": fx.fixture_id,

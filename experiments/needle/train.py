@@ -151,6 +151,21 @@ def with_rope(model: Any, rope: dict[str, Any]) -> Any:
     return scaled.eval()
 
 
+def answer_margin(model: Any, prompt: list[int], answer: list[int], device: str = "cpu") -> float:
+    """Teacher forced: the smallest margin over the answer's tokens of the expected token's logit
+    over the best other token's (negative where greedy decoding goes wrong)."""
+    import torch
+
+    ids = torch.tensor([prompt + answer[:-1]], device=device)
+    with torch.no_grad():
+        h = model.model(input_ids=ids, use_cache=False).last_hidden_state[0, len(prompt) - 1 :]
+        logits = model.lm_head(h).float()
+    target = torch.tensor(answer, device=device)
+    right = logits.gather(1, target[:, None])[:, 0]
+    other = logits.scatter(1, target[:, None], -math.inf).max(dim=1).values
+    return float((right - other).min())
+
+
 def evaluate(
     model: Any, enc: data.Encoder, sizes: list[int], counts: dict[int, int], device: str, deadline: float
 ) -> dict[str, Any]:
@@ -165,14 +180,7 @@ def evaluate(
             if time.time() > deadline:
                 break
             prompt, answer, _ = data.eval_fixture(enc, size, i)
-            ids = torch.tensor([prompt + answer[:-1]], device=device)
-            with torch.no_grad():
-                h = model.model(input_ids=ids, use_cache=False).last_hidden_state[0, len(prompt) - 1 :]
-                logits = model.lm_head(h).float()
-            target = torch.tensor(answer, device=device)
-            right = logits.gather(1, target[:, None])[:, 0]
-            other = logits.scatter(1, target[:, None], -math.inf).max(dim=1).values
-            m = float((right - other).min())
+            m = answer_margin(model, prompt, answer, device)
             margin = min(margin, m)
             exact += int(m > 0)
             n += 1
