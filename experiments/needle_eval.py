@@ -29,6 +29,7 @@ SEED = 271828
 PARAMS: dict[str, Any] = {
     "sizes": [1024, 2048, 3072],
     "fixtures": 16,  # per size
+    "fixtures_by_size": None,  # {"SIZE": count}: other counts for the sizes named (more where 99 % is judged)
     "warmups": 0,  # real engines still warm every replica once
     "warmup_tokens": 300,
     "max_tokens": 48,  # the answer is 34 tokens with its end token
@@ -44,35 +45,55 @@ def check(params: dict[str, Any]) -> None:
     sizes = params["sizes"]
     if not isinstance(sizes, list) or not sizes or any(not isinstance(s, int) or s < 200 for s in sizes):
         raise ValueError("sizes: a list of integers of at least 200 tokens")
-    if not isinstance(params["fixtures"], int) or params["fixtures"] < 1:
-        raise ValueError("fixtures must be a positive integer")
+    fixture_counts(params)
     if not isinstance(params["top_logprobs"], int) or params["top_logprobs"] < 2:
         raise ValueError("top_logprobs must be at least 2 (the margin is top-1 minus top-2)")
+
+
+def fixture_counts(params: dict[str, Any]) -> dict[int, int]:
+    """Fixtures per size: ``fixtures`` for each size, unless ``fixtures_by_size`` (a JSON object,
+    keys as strings) names another count for it. Bad input is named (ValueError → exit 2)."""
+    sizes, fixtures, by_size = params["sizes"], params["fixtures"], params["fixtures_by_size"] or {}
+    if not isinstance(by_size, dict):
+        raise ValueError(f"fixtures_by_size must be an object of size: count, got {by_size!r}")
+    try:
+        given = {int(k): v for k, v in by_size.items()}
+    except ValueError:
+        raise ValueError(f"fixtures_by_size: keys must be sizes, got {sorted(by_size)!r}") from None
+    extra = sorted(set(given) - set(sizes))
+    if extra:
+        raise ValueError(f"fixtures_by_size names sizes not in sizes: {extra}")
+    counts = {s: given.get(s, fixtures) for s in sizes}
+    bad = {s: c for s, c in counts.items() if isinstance(c, bool) or not isinstance(c, int) or c < 1}
+    if bad:
+        raise ValueError(f"fixtures must be positive integers, got {bad}")
+    return counts
 
 
 def planned(params: dict[str, Any]) -> dict[str, int]:
     return {
         "blocks": 1,
         "warmups_per_block": params["warmups"],
-        "requests_per_block": len(params["sizes"]) * params["fixtures"],
+        "requests_per_block": sum(fixture_counts(params).values()),
     }
 
 
 def plan(params: dict[str, Any]) -> dict[str, Any]:
     """One cold request per size and fixture; the sizes asked."""
     return {
-        "requests": {"needle_eval": {"cold": len(params["sizes"]) * params["fixtures"]}},
+        "requests": {"needle_eval": {"cold": sum(fixture_counts(params).values())}},
         "sizes": {"needle_eval": sorted(set(params["sizes"]))},
     }
 
 
 async def run(ctx: Any) -> None:
     p = ctx.params
+    counts = fixture_counts(p)
 
     async def block(b: Any) -> None:
         await b.warmups(p["warmups"], p["warmup_tokens"])
         for size in p["sizes"]:
-            for i in range(p["fixtures"]):
+            for i in range(counts[size]):
                 ns = ctx.namespace("needle_eval", size, i)
                 fx = await ctx.fixture(ctx.fixture_key("needle_eval", size, i), size, ns)
                 await b.request(

@@ -194,6 +194,26 @@ def evaluate(
     return results
 
 
+def eval_plan(sizes_arg: str, counts_arg: str) -> tuple[list[int], dict[int, int]]:
+    """``--eval-sizes`` (comma-separated) and ``--eval-counts`` (a JSON object of size: count),
+    checked: a bad value is named before anything runs."""
+    try:
+        sizes = [int(x) for x in sizes_arg.split(",") if x.strip()]
+    except ValueError:
+        raise SystemExit(f"--eval-sizes must be comma-separated integers, got {sizes_arg!r}") from None
+    try:
+        raw = json.loads(counts_arg)
+        if not isinstance(raw, dict):
+            raise ValueError
+        counts = {int(k): int(v) for k, v in raw.items()}
+    except (ValueError, TypeError):
+        raise SystemExit(
+            "--eval-counts must be a JSON object of size: count, "
+            f"e.g. '{{\"32768\": 128}}', got {counts_arg!r}"
+        ) from None
+    return sizes, counts
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--variant", required=True)
@@ -215,8 +235,24 @@ def main() -> None:
         "(e.g. YaRN scaling at serving time) after the plain evaluation",
     )
     ap.add_argument("--init", type=Path, help="start from this checkpoint's weights (continue training)")
+    ap.add_argument(
+        "--eval-only",
+        action="store_true",
+        help="no training: evaluate --init's weights as they are (eval.json in --out)",
+    )
     args = ap.parse_args()
     t0 = time.time()
+    # Every argument is checked before the first step: a typo found after the training would
+    # cost the whole run's evaluation.
+    sizes, counts = eval_plan(args.eval_sizes, args.eval_counts)
+    if args.eval_only and not args.init:
+        ap.error("--eval-only needs --init: the checkpoint to evaluate")
+    for name in ("set", "eval_rope"):
+        try:
+            if not isinstance(json.loads(getattr(args, name)), dict):
+                raise ValueError
+        except ValueError:
+            ap.error(f"--{name.replace('_', '-')} must be a JSON object, got {getattr(args, name)!r}")
     s = settings(args.variant, json.loads(args.set))
     tokenizer_json = str(HERE / s["vocab_from"])
     enc = data.Encoder(tokenizer_json)
@@ -230,7 +266,7 @@ def main() -> None:
 
     torch.backends.cuda.matmul.allow_tf32 = True
     model = build_model(s, enc.tok.get_vocab_size(), enc.pad, enc.im_end)
-    init_tokens = 0
+    init_tokens, trained = 0, {}
     if args.init:
         from safetensors.torch import load_file
 
@@ -244,6 +280,14 @@ def main() -> None:
         init_tokens = int(trained.get("tokens", 0))
     model = model.to(args.device)
     params = sum(p.numel() for p in model.parameters())
+    if args.eval_only:
+        say(eval_only=str(args.init), device=args.device, torch=torch.__version__)
+        results = evaluate(model, enc, sizes, counts, args.device, t0 + args.deadline_seconds)
+        only: dict[str, Any] = {"init": str(args.init), "trained": trained, "eval": results}
+        (args.out / "eval.json").write_text(json.dumps(only, indent=2) + "\n")
+        say(eval=results)
+        pool.terminate()
+        return
     say(
         settings=s,
         parameters=params,
@@ -348,8 +392,6 @@ def main() -> None:
     }
     save(model, args.out, s, info)
     say(done=info)
-    sizes = [int(x) for x in args.eval_sizes.split(",") if x]
-    counts = {int(k): v for k, v in json.loads(args.eval_counts).items()}
     results = evaluate(model, enc, sizes, counts, args.device, t0 + args.deadline_seconds)
     record: dict[str, Any] = {"training": info, "eval": results}
     (args.out / "eval.json").write_text(json.dumps(record, indent=2) + "\n")

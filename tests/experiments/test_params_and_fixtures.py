@@ -47,6 +47,9 @@ def test_check_params_names_the_culprit() -> None:
         (["run", "screening", "--param", "block_pairs=1"], "same mean position"),
         (["run", "screening", "--param", 'order=["OFF","ON","OFF","ON"]'], "OFF–ON–OFF–ON is unbalanced"),
         (["run", "screening", "--param", 'order=["OFF","ON","ON","ON"]'], "each one ON and one OFF"),
+        (["run", "needle_eval", "--param", 'fixtures_by_size={"4096": 8}'], "not in sizes: [4096]"),
+        (["run", "needle_eval", "--param", 'fixtures_by_size={"1024": 0}'], "positive integers"),
+        (["run", "needle_eval", "--param", "fixtures_by_size=[8]"], "object of size: count"),
     ],
 )
 def test_bad_usage_exits_2_and_writes_nothing(tmp_path: Path, args: list[str], needle: str) -> None:
@@ -55,6 +58,28 @@ def test_bad_usage_exits_2_and_writes_nothing(tmp_path: Path, args: list[str], n
     assert result.exit_code == 2, result.output
     assert needle in result.output
     assert not db.exists()  # not even a schema: nothing was written
+
+
+def test_needle_eval_sends_each_sizes_own_fixture_count(tmp_path: Path) -> None:
+    """fixtures_by_size gives the sizes it names their own count; the rest keep ``fixtures``.
+    The counts are read back from the run's request events."""
+    import sqlite3
+
+    db = tmp_path / "ledger.db"
+    result = ledger_cli(
+        "run", "needle_eval", "--db", f"sqlite:///{db}", "--no-progress",
+        "--param", "sizes=[1024, 2048, 3072]", "--param", "fixtures=2",
+        "--param", 'fixtures_by_size={"2048": 5}',
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute(
+            "SELECT json_extract(data, '$.nominal_tokens') FROM events"
+            " WHERE kind = 'request.sent' AND json_extract(data, '$.workload') = 'needle_eval'"
+            " AND NOT json_extract(data, '$.warmup')"
+        ).fetchall()
+    sizes = [size for (size,) in rows]
+    assert {s: sizes.count(s) for s in set(sizes)} == {1024: 2, 2048: 5, 3072: 2}
 
 
 async def _local_tokens(messages: list[dict[str, str]]) -> int:
