@@ -75,6 +75,8 @@ RESULT_TOOLS: dict[str, str] = {
 def import_command(file: Path, tool: str | None, db_url: str) -> None:
     """Import a JSON Lines file of envelopes, atomically: all lines land, or none.
 
+    FILE may be compressed (`.xz`, `.gz`), as exports are committed.
+
     Each line is validated (known kind, required fields and types, a given
     digest); an error names the line and field and nothing is written.
 
@@ -88,6 +90,7 @@ def import_command(file: Path, tool: str | None, db_url: str) -> None:
     \b
     Example:
       ledger import probes.jsonl
+      ledger import tests/data/gpu-mp/ledger.jsonl.xz
       ledger import --from vllm-bench results.json
       ledger import --from guidellm benchmarks.json
     """

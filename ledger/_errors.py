@@ -68,7 +68,8 @@ class ImportFileError(LedgerError, ValueError):
     """A JSON Lines import was refused; nothing was written."""
 
     def __init__(self, line: int, field: str | None, message: str) -> None:
-        where = f"line {line}" + (f", field {field!r}" if field else "")
+        # line 0: the file as a whole (e.g. a compressed file that does not decompress)
+        where = (f"line {line}" if line else "the file") + (f", field {field!r}" if field else "")
         super().__init__(f"{where}: {message}")
         self.line = line
         self.field = field

@@ -7,6 +7,9 @@ appends them in one transaction: all lines land, or none.
 
 from __future__ import annotations
 
+import gzip
+import io
+import lzma
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -115,8 +118,23 @@ def read_jsonl(lines: Iterator[bytes], progress: Progress | None = None) -> list
     return sealed
 
 
+def open_jsonl(path: str | Path) -> io.BufferedIOBase:
+    """The file's bytes, decompressed where its name ends in ``.xz`` or ``.gz`` (exports are
+    committed and carried compressed)."""
+    name = str(path)
+    if name.endswith(".xz"):
+        return lzma.open(path, "rb")
+    if name.endswith(".gz"):
+        return gzip.open(path, "rb")
+    return open(path, "rb")
+
+
 def import_jsonl(ledger: Ledger, path: str | Path, progress: Progress | None = None) -> int:
-    """Import a JSON Lines file atomically; returns the number of lines appended or known."""
-    with open(path, "rb") as handle:
-        sealed = read_jsonl(iter(handle), progress)
+    """Import a JSON Lines file (plain, ``.xz`` or ``.gz``) atomically; returns the number of
+    lines appended or known."""
+    try:
+        with open_jsonl(path) as handle:
+            sealed = read_jsonl(iter(handle), progress)
+    except (lzma.LZMAError, gzip.BadGzipFile, EOFError) as exc:
+        raise ImportFileError(0, None, f"{path} is not a readable compressed file: {exc}") from exc
     return len(ledger.append_sealed(sealed))

@@ -111,6 +111,30 @@ def test_export_import_roundtrip(runner: CliRunner, filled: str, tmp_path: Path)
     assert orjson.loads(lines[0])["seq"] == 1 and len(lines) == 5
 
 
+@pytest.mark.parametrize("compress", ["xz", "gz"])
+def test_a_compressed_export_imports_as_the_plain_one(
+    runner: CliRunner, filled: str, tmp_path: Path, compress: str
+) -> None:
+    import gzip
+    import lzma
+
+    out = tmp_path / "out.jsonl"
+    assert runner.invoke(cli, ["export", "--jsonl", str(out), "--db", filled]).exit_code == 0
+    packed = tmp_path / f"out.jsonl.{compress}"
+    packed.write_bytes((lzma.compress if compress == "xz" else gzip.compress)(out.read_bytes()))
+    target = f"sqlite:///{tmp_path / 'copy.db'}"
+    result = runner.invoke(cli, ["import", str(packed), "--db", target])
+    assert result.exit_code == 0, result.output
+    assert open_ledger(target).head() == open_ledger(filled).head()
+    # Bytes that are not what the name says: refused, naming the file, nothing written.
+    broken = tmp_path / f"broken.jsonl.{compress}"
+    broken.write_bytes(out.read_bytes())
+    other = tmp_path / "other.db"
+    result = runner.invoke(cli, ["import", str(broken), "--db", f"sqlite:///{other}"])
+    assert result.exit_code == 2 and "not a readable compressed file" in result.output, result.output
+    assert not other.exists() or open_ledger(f"sqlite:///{other}").head() is None
+
+
 @pytest.mark.parametrize(
     "statement",
     [
