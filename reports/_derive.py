@@ -7,7 +7,11 @@ values listed in seq order, with exact summation, so output is byte-stable.
 
 from __future__ import annotations
 
+import gc
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import lru_cache
 from typing import Any
 
 from ._regime import regime
@@ -128,46 +132,49 @@ def pairing(src: Source, run: str | None) -> dict[str, Any]:
     return {"counts": counts, "not_matched": other}
 
 
-def _order_effect(values: list[Any], first: list[Any]) -> float | None:
+def _rounded(floats: list[float]) -> Clean:
+    return Clean([fmt(v) for v in floats])  # a list built whole: faster than from a generator
+
+
+def _median(values: list[float] | None) -> float | None:
+    """:func:`median` of floats already converted (None: no values)."""
+    return median(values) if values else None
+
+
+def _order_effect(ran_first: list[float] | None, ran_second: list[float] | None) -> float | None:
     """100 × (median as second block of its pair / median as first − 1): carryover and drift
     within a pair, for one arm (None unless it ran both first and second)."""
-    ran_first = [float(v) for v, f in zip(values, first, strict=True) if f]
-    ran_second = [float(v) for v, f in zip(values, first, strict=True) if not f]
-    a, b = median(ran_first), median(ran_second)
+    a, b = _median(ran_first), _median(ran_second)
     if a is None or b is None or a == 0:
         return None
     return fmt(100 * (b / a - 1))
 
 
-def _arm_summary(values: list[Any], pairs: list[Any]) -> dict[str, Any]:
-    floats = [float(v) for v in values]
+def _arm_summary(floats: list[float], pairs: list[int]) -> dict[str, Any]:
     return {
         "n": len(floats),
         "median": fmt(median(floats)),
-        "observations": Clean(fmt(v) for v in floats),
-        "observation_pairs": Clean(int(p) for p in pairs),
+        "observations": _rounded(floats),
+        "observation_pairs": Clean(pairs),
     }
 
 
-def _paired(pairs: list[Any], changes: list[Any]) -> dict[str, Any]:
+def _paired(pairs: list[int], changes: list[float]) -> dict[str, Any]:
     per_pair: dict[int, list[float]] = defaultdict(list)
     for pair, change in zip(pairs, changes, strict=True):
-        per_pair[int(pair)].append(float(change))
-    floats = [float(c) for c in changes]
+        per_pair[pair].append(change)
     return {
-        "matched_units": len(floats),
-        "mean_change_pct": fmt(mean(floats)),
-        "unit_change_pct": Clean(fmt(c) for c in floats),
+        "matched_units": len(changes),
+        "mean_change_pct": fmt(mean(changes)),
+        "unit_change_pct": _rounded(changes),
         "inference": paired_summary(per_pair),
     }
 
 
-def _cell_order(cell: tuple[Any, ...]) -> tuple[tuple[bool, bool, float, str], ...]:
+def _value_order(v: Any) -> tuple[bool, bool, float, str]:
     """Numbers numerically (8k before 32k before 128k; 512 before 2048), text alphabetically, None last."""
-    return tuple(
-        (v is None, not isinstance(v, int | float), float(v) if isinstance(v, int | float) else 0.0, str(v))
-        for v in cell
-    )
+    number = isinstance(v, int | float)
+    return (v is None, not number, float(v) if number else 0.0, str(v))
 
 
 def _table(
@@ -176,44 +183,48 @@ def _table(
     """One row per cell of ``dims``: per-arm observations and medians, then the paired change.
 
     ``observations`` and ``units`` are ``relation WHERE condition``. DuckDB groups them
-    into lists in seq order; the medians and means are computed here, exactly.
+    into lists in seq order, as DOUBLE and BIGINT (Python's float and int), and the values of
+    the blocks that ran first and second in their pair apart; the medians and means are
+    computed here, exactly.
     """
     columns, p = ", ".join(dims), {"run": run}
-    kept = f"FILTER (WHERE {value} IS NOT NULL)"
+    kept = f"FILTER (WHERE {value} IS NOT NULL"  # closed by each use, some with a further condition
     relation, condition = observations.split(" WHERE ", 1)
     # Whether each observation's block ran first in its block pair (positions 2k, 2k + 1).
     with_position = (
         f"(SELECT o.*, coalesce((SELECT b.position % 2 = 0 FROM kv_blocks b WHERE b.block_id = o.block_id),"
         f" true) AS first_in_pair FROM {relation} o) o WHERE {condition}"
     )
-    arms: dict[tuple[Any, ...], dict[str, tuple[list[Any], list[Any]]]] = defaultdict(dict)
-    order: dict[tuple[Any, ...], dict[str, float | None]] = defaultdict(dict)
-    for *dim_values, arm, values, pairs, first in src.tuples(
-        f"SELECT {columns}, arm, list({value} ORDER BY seq) {kept}, list(pair ORDER BY seq) {kept}, "
-        f"list(first_in_pair ORDER BY seq) {kept} FROM {with_position} AND {SCOPE} GROUP BY ALL",
+    as_float = f"CAST({value} AS DOUBLE)"
+    empty: tuple[list[float], list[int], float | None] = ([], [], None)
+    arms: dict[tuple[Any, ...], dict[str, tuple[list[float], list[int], float | None]]] = defaultdict(dict)
+    for *dim_values, arm, values, pairs, ran_first, ran_second in src.tuples(
+        f"SELECT {columns}, arm, list({as_float} ORDER BY seq) {kept}), "
+        f"list(CAST(pair AS BIGINT) ORDER BY seq) {kept}), "
+        f"list({as_float} ORDER BY seq) {kept} AND first_in_pair), "
+        f"list({as_float} ORDER BY seq) {kept} AND NOT first_in_pair) "
+        f"FROM {with_position} AND {SCOPE} GROUP BY ALL",
         p,
     ):
-        arms[tuple(dim_values)][arm] = (values or [], pairs or [])
-        order[tuple(dim_values)][arm] = _order_effect(values or [], first or [])
+        arms[tuple(dim_values)][arm] = (values or [], pairs or [], _order_effect(ran_first, ran_second))
     paired = {
         tuple(dim_values): (pairs, changes)
         for *dim_values, pairs, changes in src.tuples(
-            f"SELECT {columns}, list(pair ORDER BY seq), list(change_pct ORDER BY seq) "
-            f"FROM {units} AND {SCOPE} GROUP BY ALL",
+            f"SELECT {columns}, list(CAST(pair AS BIGINT) ORDER BY seq), "
+            f"list(CAST(change_pct AS DOUBLE) ORDER BY seq) FROM {units} AND {SCOPE} GROUP BY ALL",
             p,
         )
     }
+    order = lru_cache(maxsize=None, typed=True)(_value_order)  # per call: few distinct values per dimension
     out = []
-    for cell in sorted(set(arms) | set(paired), key=_cell_order):
+    for cell in sorted(arms.keys() | paired.keys(), key=lambda cell: tuple(map(order, cell))):
         by_arm = arms.get(cell, {})
-        out.append(
-            {
-                **dict(zip(dims, cell, strict=True)),
-                "arms": {arm: _arm_summary(*by_arm.get(arm, ([], []))) for arm in ("OFF", "ON")},
-                **_paired(*paired.get(cell, ([], []))),
-                "order_effect_pct": {arm: order.get(cell, {}).get(arm) for arm in ("OFF", "ON")},
-            }
-        )
+        off, on = by_arm.get("OFF", empty), by_arm.get("ON", empty)
+        row = dict(zip(dims, cell, strict=True))
+        row["arms"] = {"OFF": _arm_summary(off[0], off[1]), "ON": _arm_summary(on[0], on[1])}
+        row.update(_paired(*paired.get(cell, ([], []))))
+        row["order_effect_pct"] = {"OFF": off[2], "ON": on[2]}
+        out.append(row)
     return out
 
 
@@ -323,8 +334,27 @@ def headline(ttft: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
+@contextmanager
+def _no_cycle_collection() -> Iterator[None]:
+    """The cyclic garbage collector paused (and resumed only if it ran before). A report is a
+    tree of fresh dicts and lists, with no reference cycles to find, and the collector would walk
+    it again and again as it grows: about 0.2 s of CPU of a report of a million events."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def derive_report(src: Source, run: str | None = None) -> dict[str, Any]:
     """The whole report as a JSON-able dict (no rendering time, sorted when dumped)."""
+    with _no_cycle_collection():
+        return _derive_report(src, run)
+
+
+def _derive_report(src: Source, run: str | None) -> dict[str, Any]:
     ttft = ttft_table(src, run)
     return _clean(
         {
