@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -105,20 +106,39 @@ def seal(directory: Path = CHECKPOINT, manifest: Path = MANIFEST, **about: Any) 
 def write_card(
     evaluations: dict[str, dict[str, Any]], threshold: float = 0.99, path: Path = CARD, **about: Any
 ) -> dict[str, Any]:
-    """The card from evaluations, most trusted first (each: ``accuracy_by_size``,
-    ``min_margin_by_size``, ``n_by_size`` keyed by size as text). A size takes its figures
-    from the first evaluation that measured it; the card serves every size up to the first
-    one below ``threshold``."""
+    """The card from evaluations (each: ``accuracy_by_size``, ``min_margin_by_size``,
+    ``n_by_size`` keyed by size as text). Engine evaluations (names starting ``vllm``) decide
+    the sizes they measured: a size takes the figures of the engine that did worst there (lower
+    accuracy, then lower margin), so a size is served only where every engine that measured it
+    answered at or above ``threshold``. Other evaluations (in process) fill in sizes no engine
+    measured, the first listed first. The card serves every size up to the first one below
+    ``threshold``."""
     acc: dict[int, float] = {}
     margin: dict[int, float | None] = {}
     count: dict[int, int] = {}
     source: dict[int, str] = {}
-    for name, ev in evaluations.items():
-        for size, a in ev["accuracy_by_size"].items():
-            if int(size) not in acc and a is not None:
-                acc[int(size)], source[int(size)] = float(a), name
-                margin[int(size)] = ev["min_margin_by_size"].get(size)
-                count[int(size)] = int(ev["n_by_size"][size])
+    engines = [n for n in evaluations if n.startswith("vllm")]
+    others = [n for n in evaluations if not n.startswith("vllm")]
+    for group in (engines, others):
+        measured_here: set[int] = set()
+        for name in group:
+            ev = evaluations[name]
+            for size, a in ev["accuracy_by_size"].items():
+                n = int(size)
+                if a is None or (n in acc and n not in measured_here):
+                    continue  # measured by an engine, or already by a more trusted evaluation
+                m = ev["min_margin_by_size"].get(size)
+                held = margin.get(n)
+                worse = (float(a), math.inf if m is None else m) < (
+                    acc.get(n, math.inf),
+                    math.inf if held is None else held,
+                )
+                if n in measured_here and (group is others or not worse):
+                    continue
+                acc[n], source[n] = float(a), name
+                margin[n] = m
+                count[n] = int(ev["n_by_size"][size])
+                measured_here.add(n)
     served = 0
     for size in sorted(acc):
         if acc[size] < threshold:

@@ -121,7 +121,7 @@ def test_dry_run_plans_the_needle_evaluation_when_asked(tmp_path: Path) -> None:
         "run needle_eval --target vllm",
         "'sizes=[1024, 2048, 3072, 4096, 8192, 16384, 32768, 65536, 131072, 256000]'",
         "fixtures=64",
-        "'fixtures_by_size={\"3072\": 128, \"32768\": 128, \"65536\": 16, \"131072\": 8, \"256000\": 8}'",
+        '\'fixtures_by_size={"3072": 128, "32768": 128, "65536": 16, "131072": 8, "256000": 8}\'',
         f"'model=\"{model}\"'",
         "'served_name=\"needle\"'",
     ):
