@@ -21,8 +21,6 @@ The last line is one JSON object: ``studies``, one entry per study, in order.
 from __future__ import annotations
 
 import argparse
-import lzma
-import shutil
 import statistics
 import sys
 import tempfile
@@ -76,12 +74,9 @@ def study(data: Path) -> dict[str, Any] | None:
     """One study's rate, medians and ratios, printed; its figures (None: it holds no screening)."""
     export = data / "ledger.jsonl.xz"
     with tempfile.TemporaryDirectory(prefix="kvledger-gpu-") as tmp:
-        jsonl = Path(tmp) / "ledger.jsonl"
-        with lzma.open(export, "rb") as src, open(jsonl, "wb") as dst:
-            shutil.copyfileobj(src, dst)
         ledger = open_ledger(f"sqlite:///{Path(tmp) / 'ledger.db'}")
         try:
-            import_jsonl(ledger, jsonl)
+            import_jsonl(ledger, export)
             runs = query(
                 ledger,
                 """SELECT s.run_id, s.ts AS started, f.ts AS finished, f.data

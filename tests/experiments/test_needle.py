@@ -104,20 +104,14 @@ def test_the_cards_vllm_figures_are_derived_from_the_committed_evaluation_run(  
     """A card's figures come from recorded needle_eval runs on vLLM (the CPU engine; H200s):
     each export, imported into an empty ledger, verifies and gives the same figures again, and
     the checkpoint it evaluated is the one that card's manifest names."""
-    import lzma
-    import shutil
-
     from benchmarks.needle import figures
     from ledger import open_ledger, verify_ledger
     from tests._cli import ledger_cli
 
     card = json.loads(card_path.read_text())
     record = card["evaluations"][engine]
-    jsonl = tmp_path / "eval.jsonl"
-    with lzma.open(CARD.parent / record["record"], "rb") as src, open(jsonl, "wb") as dst:
-        shutil.copyfileobj(src, dst)
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
-    result = ledger_cli("import", str(jsonl), "--db", url)
+    result = ledger_cli("import", str(CARD.parent / record["record"]), "--db", url)
     assert result.exit_code == 0, result.output
     led = open_ledger(url)
     try:

@@ -17,9 +17,7 @@ failed), ``STUDY.json`` names it and the test checks that the data shows exactly
 from __future__ import annotations
 
 import json
-import lzma
 import shlex
-import shutil
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,11 +75,8 @@ def test_there_is_a_committed_study() -> None:
 def study(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Study:
     path: Path = request.param
     tmp = tmp_path_factory.mktemp(path.name)
-    jsonl = tmp / "ledger.jsonl"
-    with lzma.open(path / "ledger.jsonl.xz", "rb") as src, open(jsonl, "wb") as dst:
-        shutil.copyfileobj(src, dst)
     url = f"sqlite:///{tmp / 'ledger.db'}"
-    result = ledger_cli("import", str(jsonl), "--db", url)
+    result = ledger_cli("import", str(path / "ledger.jsonl.xz"), "--db", url)
     assert result.exit_code == 0, result.output
     led = open_ledger(url)
     try:
