@@ -113,32 +113,34 @@ def write_card(
     answered at or above ``threshold``. Other evaluations (in process) fill in sizes no engine
     measured, the first listed first. The card serves every size up to the first one below
     ``threshold``."""
+
+    def measured(name: str, size: str) -> bool:
+        return evaluations[name]["accuracy_by_size"].get(size) is not None
+
+    def worst_first(name: str, size: str) -> tuple[float, float]:
+        m = evaluations[name]["min_margin_by_size"].get(size)
+        return float(evaluations[name]["accuracy_by_size"][size]), math.inf if m is None else m
+
+    engines = [n for n in evaluations if n.startswith("vllm")]
+    others = [n for n in evaluations if not n.startswith("vllm")]
     acc: dict[int, float] = {}
     margin: dict[int, float | None] = {}
     count: dict[int, int] = {}
     source: dict[int, str] = {}
-    engines = [n for n in evaluations if n.startswith("vllm")]
-    others = [n for n in evaluations if not n.startswith("vllm")]
-    for group in (engines, others):
-        measured_here: set[int] = set()
-        for name in group:
-            ev = evaluations[name]
-            for size, a in ev["accuracy_by_size"].items():
-                n = int(size)
-                if a is None or (n in acc and n not in measured_here):
-                    continue  # measured by an engine, or already by a more trusted evaluation
-                m = ev["min_margin_by_size"].get(size)
-                held = margin.get(n)
-                worse = (float(a), math.inf if m is None else m) < (
-                    acc.get(n, math.inf),
-                    math.inf if held is None else held,
-                )
-                if n in measured_here and (group is others or not worse):
-                    continue
-                acc[n], source[n] = float(a), name
-                margin[n] = m
-                count[n] = int(ev["n_by_size"][size])
-                measured_here.add(n)
+    for size in sorted({s for ev in evaluations.values() for s in ev["accuracy_by_size"]}, key=int):
+        by_engine = [n for n in engines if measured(n, size)]
+        # min keeps the first listed among equals, as "the first listed first" does for the others.
+        name = (
+            min(by_engine, key=lambda n: worst_first(n, size))
+            if by_engine
+            else next((n for n in others if measured(n, size)), None)
+        )
+        if name is None:
+            continue
+        ev, n = evaluations[name], int(size)
+        acc[n], source[n] = float(ev["accuracy_by_size"][size]), name
+        margin[n] = ev["min_margin_by_size"].get(size)
+        count[n] = int(ev["n_by_size"][size])
     served = 0
     for size in sorted(acc):
         if acc[size] < threshold:
