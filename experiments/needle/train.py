@@ -194,6 +194,27 @@ def evaluate(
     return results
 
 
+def load_model(
+    s: dict[str, Any], enc: data.Encoder, init: Path | None, device: str
+) -> tuple[Any, dict[str, Any]]:
+    """The model of settings ``s`` on ``device``, with ``init``'s weights where given, and the
+    training record those weights carry (empty for a fresh model)."""
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = True
+    model = build_model(s, enc.tok.get_vocab_size(), enc.pad, enc.im_end)
+    trained: dict[str, Any] = {}
+    if init:
+        from safetensors.torch import load_file
+
+        missing, unexpected = model.load_state_dict(load_file(str(init / "model.safetensors")), strict=False)
+        if unexpected or set(missing) - {"lm_head.weight"}:  # the head is tied to the embeddings
+            raise SystemExit(f"--init {init}: missing {missing}, unexpected {unexpected}")
+        model.tie_weights()
+        trained = json.loads((init / "config.json").read_text()).get("needle_training", {})
+    return model.to(device), trained
+
+
 def eval_plan(sizes_arg: str, counts_arg: str) -> tuple[list[int], dict[int, int]]:
     """``--eval-sizes`` (comma-separated) and ``--eval-counts`` (a JSON object of size: count),
     checked: a bad value is named before anything runs."""
@@ -261,33 +282,23 @@ def main() -> None:
     def say(**kv: Any) -> None:
         print(json.dumps({"t": round(time.time() - t0, 1), **kv}), flush=True)
 
-    pool = mp.get_context("fork").Pool(args.workers, _init_worker, (tokenizer_json,))
-    import torch
-
-    torch.backends.cuda.matmul.allow_tf32 = True
-    model = build_model(s, enc.tok.get_vocab_size(), enc.pad, enc.im_end)
-    init_tokens, trained = 0, {}
-    if args.init:
-        from safetensors.torch import load_file
-
-        missing, unexpected = model.load_state_dict(
-            load_file(str(args.init / "model.safetensors")), strict=False
-        )
-        if unexpected or set(missing) - {"lm_head.weight"}:  # the head is tied to the embeddings
-            raise SystemExit(f"--init {args.init}: missing {missing}, unexpected {unexpected}")
-        model.tie_weights()
-        trained = json.loads((args.init / "config.json").read_text()).get("needle_training", {})
-        init_tokens = int(trained.get("tokens", 0))
-    model = model.to(args.device)
-    params = sum(p.numel() for p in model.parameters())
     if args.eval_only:
+        import torch
+
+        model, trained = load_model(s, enc, args.init, args.device)
         say(eval_only=str(args.init), device=args.device, torch=torch.__version__)
         results = evaluate(model, enc, sizes, counts, args.device, t0 + args.deadline_seconds)
         only: dict[str, Any] = {"init": str(args.init), "trained": trained, "eval": results}
         (args.out / "eval.json").write_text(json.dumps(only, indent=2) + "\n")
         say(eval=results)
-        pool.terminate()
         return
+    # The data workers fork before torch is imported.
+    pool = mp.get_context("fork").Pool(args.workers, _init_worker, (tokenizer_json,))
+    import torch
+
+    model, trained = load_model(s, enc, args.init, args.device)
+    init_tokens = int(trained.get("tokens", 0))
+    params = sum(p.numel() for p in model.parameters())
     say(
         settings=s,
         parameters=params,
