@@ -871,7 +871,8 @@ SELECT a.*, CASE WHEN a.prompt_tokens IS NULL OR a.chunk_size IS NULL THEN NULL
        x.same, ref.ok AS ref_ok,
        ref.text_sha256 AS ref_text_sha256,
        CASE WHEN a.request_id IS NULL THEN w.external_hit_tokens ELSE a.ext END AS off_ext
-FROM a LEFT JOIN exact x ON x.fixture_expected IS NOT DISTINCT FROM a.fixture_expected
+FROM a LEFT JOIN exact x ON a."check" = 'exact_values'
+                         AND x.fixture_expected IS NOT DISTINCT FROM a.fixture_expected
                          AND x.doc IS NOT DISTINCT FROM coalesce(a.answer_text, a.observed)
 LEFT JOIN ref ON ref.request_id = a.reference_request_id
 LEFT JOIN win w ON a.request_id IS NULL AND w.block_id = a.block_id AND w."window" = a."window"

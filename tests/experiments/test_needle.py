@@ -80,18 +80,22 @@ RECORDS = CHECKPOINT.parent / "records"
 @pytest.mark.parametrize(
     ("card_path", "manifest_path", "engine"),
     [
-        (CARD, MANIFEST, "vllm-gpu"),
         (CARD, MANIFEST, "vllm-cpu"),
-        # Checkpoints served before this one (`long`, then `hold-3`): their cards and manifests
-        # are kept beside the evaluation runs that made them.
+        (CARD, MANIFEST, "vllm-cpu-32k"),
+        # Checkpoints served before this one (`long`, `hold-3`, then `hold-4`): their cards and
+        # manifests are kept beside the evaluation runs that made them.
+        (RECORDS / "hold-4.card.json", RECORDS / "hold-4.MANIFEST.sha256.json", "vllm-gpu"),
+        (RECORDS / "hold-4.card.json", RECORDS / "hold-4.MANIFEST.sha256.json", "vllm-cpu"),
         (RECORDS / "hold-3.card.json", RECORDS / "hold-3.MANIFEST.sha256.json", "vllm-cpu"),
         (RECORDS / "hold-3.card.json", RECORDS / "hold-3.MANIFEST.sha256.json", "vllm-cpu-32k"),
         (RECORDS / "long.card.json", RECORDS / "long.MANIFEST.sha256.json", "vllm-cpu"),
         (RECORDS / "long.card.json", RECORDS / "long.MANIFEST.sha256.json", "vllm-gpu"),
     ],
     ids=[
-        "committed-vllm-gpu",
         "committed-vllm-cpu",
+        "committed-vllm-cpu-32k",
+        "hold-4-vllm-gpu",
+        "hold-4-vllm-cpu",
         "hold-3-vllm-cpu",
         "hold-3-vllm-cpu-32k",
         "long-vllm-cpu",
@@ -160,6 +164,9 @@ def _records_row(run: str) -> list[str]:
         ("hold-2", {"1024": 5, "2048": 6, "3072": 7, "8192": 8, "32768": 10}),
         ("hold-3", {"1024": 5, "2048": 6, "3072": 7, "8192": 8, "16384": 9, "32768": 10}),
         ("hold-4", {"1024": 5, "2048": 6, "3072": 7, "8192": 8, "16384": 9, "32768": 10}),
+        ("hold-5a", {"1024": 5, "2048": 6, "3072": 7, "8192": 8, "16384": 9, "32768": 10}),
+        ("hold-5b", {"1024": 5, "2048": 6, "3072": 7, "8192": 8, "16384": 9, "32768": 10}),
+        ("hold-6", {"1024": 5, "2048": 6, "3072": 7, "8192": 8, "16384": 9, "32768": 10}),
     ],
 )
 def test_the_cards_continuation_table_is_derived_from_its_records(run: str, sizes: dict[str, int]) -> None:
@@ -186,17 +193,20 @@ def test_the_cards_continuation_table_is_derived_from_its_records(run: str, size
     assert all(row[c] == "—" for c in range(5, len(row)) if c not in measured), row
 
 
-def test_the_committed_weights_are_hold_4s() -> None:
+def test_the_committed_weights_are_hold_6s() -> None:
     """The served checkpoint holds the weights the last continuation wrote, as its records name
     them: its training log's last record, and the evaluation made of exactly these weights."""
     trained = json.loads((CHECKPOINT / "config.json").read_text())["needle_training"]
-    evaluation = json.loads((RECORDS / "hold-4.eval.json").read_text())
-    assert trained == evaluation["trained"]
-    log = (RECORDS / "hold-4.train.log").read_text().splitlines()
+    evaluation = json.loads((RECORDS / "hold-6.eval.json").read_text())
+    assert trained == evaluation["training"]
+    log = (RECORDS / "hold-6.train.log").read_text().splitlines()
     assert [json.loads(line)["done"] for line in log if '"done"' in line] == [trained]
     assert json.loads(MANIFEST.read_text())["variant"] == trained["variant"] == "hold"
-    assert trained["init"] == "experiments/needle/checkpoint"  # continued from hold-3, committed then
-    previous = json.loads((RECORDS / "hold-3.MANIFEST.sha256.json").read_text())["files"]
+    assert trained["frontier"] == 40960  # trained past the largest size it is asked to serve
+    # It went on from hold-5a's weights (not committed), which went on from hold-4's.
+    hold_5a = json.loads((RECORDS / "hold-5a.eval.json").read_text())["training"]
+    assert hold_5a["init"] == "experiments/needle/checkpoint"
+    previous = json.loads((RECORDS / "hold-4.MANIFEST.sha256.json").read_text())["files"]
     assert previous["model.safetensors"] != json.loads(MANIFEST.read_text())["files"]["model.safetensors"]
 
 
@@ -294,3 +304,37 @@ def test_the_in_process_comparison_table_is_derived_from_its_records() -> None:
     for row, size in zip(rows, runs[0], strict=True):
         assert runs[0][size]["n"] == runs[1][size]["n"] and row[1] == str(runs[0][size]["n"])
         assert row[2:] == cells(runs[0][size]) + cells(runs[1][size]), size
+
+
+def test_the_committed_checkpoints_in_process_table_is_derived_from_its_record() -> None:
+    """The README's in-process table of hold-6, cell for cell (its exact count where a
+    percentage could round a miss away, its smallest margin rounded half up)."""
+    readme = (CHECKPOINT.parent / "README.md").read_text().splitlines()
+    head = next(i for i, line in enumerate(readme) if line.startswith("| prompt tokens | n | `hold-6` exact"))
+    rows = []
+    for line in readme[head + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    got = json.loads((RECORDS / "hold-6.eval.json").read_text())["eval"]
+    assert [row[0] for row in rows] == [f"{int(size):,}" for size in got]
+    for row, (size, ev) in zip(rows, got.items(), strict=True):
+        exact = f"{ev['exact']}/{ev['n']}" if ev["n"] >= 200 else f"{round(100 * ev['accuracy'])} %"
+        margin = Decimal(str(ev["min_margin"])).quantize(Decimal("0.01"), ROUND_HALF_UP)
+        margin = str(margin).replace("-", "−")
+        assert row[1:] == [str(ev["n"]), exact, margin], size
+
+
+def test_the_committed_cards_engine_table_is_the_cards_own() -> None:
+    """The README's table of the committed checkpoint on the vLLM CPU engine is card.json's
+    figures, size for size (each re-derived from its run by the test above)."""
+    readme = (CHECKPOINT.parent / "README.md").read_text().split("**On vLLM 0.32.0, CPU** (`hold-6`)")[1]
+    lines = readme.split("| prompt tokens | n | exact | min top-1 − top-2 margin |\n|---|---|---|---|\n")[1]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines.split("\n\n")[0].splitlines()]
+    card = json.loads(CARD.read_text())
+    sizes = sorted(card["accuracy_by_size"], key=int)
+    assert [row[0] for row in rows] == [f"{int(n):,}" for n in sizes]
+    for row, n in zip(rows, sizes, strict=True):
+        margin = Decimal(str(card["min_margin_by_size"][n])).quantize(Decimal("0.01"), ROUND_HALF_UP)
+        accuracy = f"{round(100 * card['accuracy_by_size'][n])} %"
+        assert row[1:] == [str(card["n_by_size"][n]), accuracy, str(margin)]
