@@ -212,12 +212,19 @@ async def _prepare(ctx: RunContext, run_id: str) -> None:
     elif ctx.meaningful_up_to_tokens is not None:
         card = ctx.target.model_card or {}
         below = ", ".join(f"{n}: {a:.1%}" for n, a in card.get("unserved", {}).items())
+        threshold = f"{card.get('threshold', 0.99):.0%}"
+        # A card may serve every size it measured: then nothing above it was shown to reach the
+        # threshold, which is as much a reason as a size measured below it.
+        why = (
+            f"declares accuracy below {threshold} there ({below})"
+            if below
+            else f"shows no size above it measured at {threshold} or more (none was measured)"
+        )
         sink.emit_run(
             "note.added",
             {
                 "text": f"exact_values checks not applicable to prompts over {ctx.meaningful_up_to_tokens} "
-                f"tokens: the served model's card declares accuracy below "
-                f"{card.get('threshold', 0.99):.0%} there ({below or 'not measured'})",
+                f"tokens: the served model's card {why}",
                 "topic": "answers_meaningful",
                 "answers_meaningful": True,
                 "meaningful_up_to_tokens": ctx.meaningful_up_to_tokens,

@@ -154,7 +154,9 @@ def test_the_needle_models_card_limits_exact_checks_to_the_sizes_it_serves(tmp_p
     t = VllmTarget(Settings(dict(PARAMS)), resolved)
     assert t.answers_meaningful and t.model_name == "needle"
     assert t.meaningful_up_to_tokens == card.served_max_tokens
-    assert t.model_card is not None and t.model_card["unserved"]  # the card declares unserved sizes
+    assert t.model_card is not None and t.model_card["served_max_tokens"] == card.served_max_tokens
+    # Sizes measured above the served range are declared, by the card's own figures.
+    assert t.model_card["unserved"] == {str(n): a for n, a in card.unserved().items()}
     assert t.describe()["meaningful_up_to_tokens"] == card.served_max_tokens
     # Said explicitly, answers_meaningful overrides the card (the evaluation checks every size).
     forced = VllmTarget(Settings({**PARAMS, "answers_meaningful": True}), resolved)
