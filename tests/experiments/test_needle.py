@@ -278,15 +278,26 @@ def test_a_card_serves_a_size_only_where_every_engine_measured_it_at_the_thresho
     assert json.loads((tmp_path / "card.json").read_text()) == card
 
 
-def test_the_in_process_comparison_table_is_derived_from_its_records() -> None:
-    """The README's table of hold-4 beside hold-3, on the same fixtures, cell for cell."""
-    readme = (CHECKPOINT.parent / "README.md").read_text().splitlines()
-    head = next(i for i, line in enumerate(readme) if line.startswith("| prompt tokens | n | `hold-4` exact"))
+def _readme_table(after: str, header: str) -> list[list[str]]:
+    """The cells of the first README table with ``header`` after the text ``after``."""
+    lines = (CHECKPOINT.parent / "README.md").read_text().split(after, 1)[1].splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith(header))
     rows = []
-    for line in readme[head + 2 :]:
+    for line in lines[head + 2 :]:
         if not line.startswith("|"):
             break
         rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    return rows
+
+
+def _margin(value: float) -> str:
+    # Rounded half up from the recorded value, as a person reads 6.125 as 6.13.
+    return str(Decimal(str(value)).quantize(Decimal("0.01"), ROUND_HALF_UP)).replace("-", "−")
+
+
+def test_the_in_process_comparison_table_is_derived_from_its_records() -> None:
+    """The README's table of hold-4 beside hold-3, on the same fixtures, cell for cell."""
+    rows = _readme_table("## The checkpoint before, `hold-4`", "| prompt tokens | n | `hold-4` exact")
     runs = [
         json.loads((RECORDS / name).read_text())["eval"]
         for name in ("hold-4.eval.json", "hold-3.h200-256.eval.json")
@@ -294,11 +305,7 @@ def test_the_in_process_comparison_table_is_derived_from_its_records() -> None:
 
     def cells(got: dict[str, Any]) -> list[str]:
         exact = "100 %" if got["exact"] == got["n"] else f"{100 * got['accuracy']:.1f} % ({got['exact']})"
-        # Rounded half up from the recorded value, as a person reads 6.125 as 6.13.
-        margin = str(Decimal(str(got["min_margin"])).quantize(Decimal("0.01"), ROUND_HALF_UP)).replace(
-            "-", "−"
-        )
-        return [exact, margin]
+        return [exact, _margin(got["min_margin"])]
 
     assert [row[0] for row in rows] == [f"{int(size):,}" for size in runs[0]]
     for row, size in zip(rows, runs[0], strict=True):
@@ -308,33 +315,22 @@ def test_the_in_process_comparison_table_is_derived_from_its_records() -> None:
 
 def test_the_committed_checkpoints_in_process_table_is_derived_from_its_record() -> None:
     """The README's in-process table of hold-6, cell for cell (its exact count where a
-    percentage could round a miss away, its smallest margin rounded half up)."""
-    readme = (CHECKPOINT.parent / "README.md").read_text().splitlines()
-    head = next(i for i, line in enumerate(readme) if line.startswith("| prompt tokens | n | `hold-6` exact"))
-    rows = []
-    for line in readme[head + 2 :]:
-        if not line.startswith("|"):
-            break
-        rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    percentage could round a miss away)."""
+    rows = _readme_table("## Evaluation", "| prompt tokens | n | `hold-6` exact")
     got = json.loads((RECORDS / "hold-6.eval.json").read_text())["eval"]
     assert [row[0] for row in rows] == [f"{int(size):,}" for size in got]
     for row, (size, ev) in zip(rows, got.items(), strict=True):
         exact = f"{ev['exact']}/{ev['n']}" if ev["n"] >= 200 else f"{round(100 * ev['accuracy'])} %"
-        margin = Decimal(str(ev["min_margin"])).quantize(Decimal("0.01"), ROUND_HALF_UP)
-        margin = str(margin).replace("-", "−")
-        assert row[1:] == [str(ev["n"]), exact, margin], size
+        assert row[1:] == [str(ev["n"]), exact, _margin(ev["min_margin"])], size
 
 
 def test_the_committed_cards_engine_table_is_the_cards_own() -> None:
     """The README's table of the committed checkpoint on the vLLM CPU engine is card.json's
     figures, size for size (each re-derived from its run by the test above)."""
-    readme = (CHECKPOINT.parent / "README.md").read_text().split("**On vLLM 0.32.0, CPU** (`hold-6`)")[1]
-    lines = readme.split("| prompt tokens | n | exact | min top-1 − top-2 margin |\n|---|---|---|---|\n")[1]
-    rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines.split("\n\n")[0].splitlines()]
+    rows = _readme_table("**On vLLM 0.32.0, CPU** (`hold-6`)", "| prompt tokens | n | exact |")
     card = json.loads(CARD.read_text())
     sizes = sorted(card["accuracy_by_size"], key=int)
     assert [row[0] for row in rows] == [f"{int(n):,}" for n in sizes]
     for row, n in zip(rows, sizes, strict=True):
-        margin = Decimal(str(card["min_margin_by_size"][n])).quantize(Decimal("0.01"), ROUND_HALF_UP)
         accuracy = f"{round(100 * card['accuracy_by_size'][n])} %"
-        assert row[1:] == [str(card["n_by_size"][n]), accuracy, str(margin)]
+        assert row[1:] == [str(card["n_by_size"][n]), accuracy, _margin(card["min_margin_by_size"][n])]
