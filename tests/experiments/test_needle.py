@@ -141,6 +141,12 @@ def test_the_cards_vllm_figures_are_derived_from_the_committed_evaluation_run(  
             assert card["accuracy_by_size"][size] <= acc, size
 
 
+def _exact_cell(got: dict[str, Any]) -> str:
+    """An in-process evaluation's exact cell: counts where a percentage could round a miss to
+    "100 %" (200 fixtures or more), else the rounded percentage."""
+    return f"{round(100 * got['accuracy'])} %" if got["n"] < 200 else f"{got['exact']}/{got['n']}"
+
+
 def _records_row(run: str) -> list[str]:
     readme = (CHECKPOINT.parent / "README.md").read_text()
     rows = [line for line in readme.splitlines() if line.startswith(f"| `{run}` |")]
@@ -185,9 +191,7 @@ def test_the_cards_continuation_table_is_derived_from_its_records(run: str, size
     assert row[4] == f"{done[0]['frontier']:,}"
     for size, column in sizes.items():
         got = evaluation["eval"][size]
-        # Counts where a percentage could round a miss to "100 %".
-        cell = f"{round(100 * got['accuracy'])} %" if got["n"] < 200 else f"{got['exact']}/{got['n']}"
-        assert row[column] == cell, (run, size)
+        assert row[column] == _exact_cell(got), (run, size)
     # Columns of sizes this run did not evaluate are marked as such, never left looking measured.
     measured = set(sizes.values())
     assert all(row[c] == "—" for c in range(5, len(row)) if c not in measured), row
@@ -314,14 +318,12 @@ def test_the_in_process_comparison_table_is_derived_from_its_records() -> None:
 
 
 def test_the_committed_checkpoints_in_process_table_is_derived_from_its_record() -> None:
-    """The README's in-process table of hold-6, cell for cell (its exact count where a
-    percentage could round a miss away)."""
+    """The README's in-process table of hold-6, cell for cell."""
     rows = _readme_table("## Evaluation", "| prompt tokens | n | `hold-6` exact")
     got = json.loads((RECORDS / "hold-6.eval.json").read_text())["eval"]
     assert [row[0] for row in rows] == [f"{int(size):,}" for size in got]
     for row, (size, ev) in zip(rows, got.items(), strict=True):
-        exact = f"{ev['exact']}/{ev['n']}" if ev["n"] >= 200 else f"{round(100 * ev['accuracy'])} %"
-        assert row[1:] == [str(ev["n"]), exact, _margin(ev["min_margin"])], size
+        assert row[1:] == [str(ev["n"]), _exact_cell(ev), _margin(ev["min_margin"])], size
 
 
 def test_the_committed_cards_engine_table_is_the_cards_own() -> None:
