@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ._audit import SEVERITY, Finding, audit, audit_json
 from ._derive import derive_report
+from ._needle import needle_figures
 from ._render import to_json, to_markdown
 from ._source import Source, open_source
 
@@ -19,6 +20,7 @@ __all__ = [
     "audit",
     "audit_json",
     "derive_report",
+    "needle_figures",
     "open_source",
     "to_json",
     "to_markdown",

@@ -3,7 +3,7 @@ card serves (the engine tests' 1k-3k and 8k; the card's own figures, to 16k, com
 recorded run), and a planted wrong state (its attention values zeroed) fails the same checks.
 
 Both runs are ``ledger run needle_eval --target vllm``; every figure is read
-back from the ledger (``benchmarks.needle.figures``), never from the run's
+back from the ledger (``reports.needle_figures``), never from the run's
 own return values.
 """
 
@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from benchmarks.needle import figures
 from experiments import needle
 from ledger import open_ledger
+from reports import needle_figures as figures
 
 from .._cli import ledger_cli, param_args
 from ._runs import RecordedRun, recorded

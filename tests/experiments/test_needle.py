@@ -108,8 +108,8 @@ def test_the_cards_vllm_figures_are_derived_from_the_committed_evaluation_run(  
     """A card's figures come from recorded needle_eval runs on vLLM (the CPU engine; H200s):
     each export, imported into an empty ledger, verifies and gives the same figures again, and
     the checkpoint it evaluated is the one that card's manifest names."""
-    from benchmarks.needle import figures
     from ledger import open_ledger, verify_ledger
+    from reports import needle_figures as figures
     from tests._cli import ledger_cli
 
     card = json.loads(card_path.read_text())
@@ -336,3 +336,30 @@ def test_the_committed_cards_engine_table_is_the_cards_own() -> None:
     for row, n in zip(rows, sizes, strict=True):
         accuracy = f"{round(100 * card['accuracy_by_size'][n])} %"
         assert row[1:] == [str(card["n_by_size"][n]), accuracy, _margin(card["min_margin_by_size"][n])]
+
+
+def test_the_committed_card_is_what_its_cited_evaluations_give(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """``python -m experiments.needle.card`` derives every cited evaluation again (ledger
+    exports imported, verified and read as events) and writes card.json byte for byte."""
+    from experiments.needle import card as card_command
+
+    fresh = tmp_path / "card.json"
+    card_command.build(card_path=fresh)
+    assert fresh.read_text() == CARD.read_text()
+    assert card_command.main(["--check"]) == 0
+
+
+def test_the_card_refuses_an_evaluation_of_another_checkpoint(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A cited run whose checkpoint audit does not match the manifest is refused by name."""
+    from experiments.needle import card as card_command
+
+    manifest = json.loads(MANIFEST.read_text())
+    name = sorted(manifest["files"])[0]
+    manifest["files"][name] = "0" * 64
+    other = tmp_path / "MANIFEST.sha256.json"
+    other.write_text(json.dumps(manifest))
+    with pytest.raises(
+        card_command.CardSourceError, match=r"vllm-cpu-eval\.jsonl\.xz: run .* another checkpoint"
+    ):
+        card_command.build(manifest_path=other, card_path=tmp_path / "card.json")
+    assert not (tmp_path / "card.json").exists()
