@@ -354,8 +354,13 @@ class VllmTarget:
             service_port, record = await self._start_service(logs, digest)
             records.append(record)
         launched = []
+        started_on: set[int] = set()
         for i in range(int(self.s.replicas)):
             physical, gpu = self._gpu_of(gpus[i] if i < len(gpus) else i)
+            if physical is not None and physical in started_on:
+                # vLLM sizes its KV cache from the memory its start-up profile saw used: a neighbour
+                # on the same GPU allocating meanwhile counts as its own, and leaves it none.
+                await self._wait_all()
             port, env = free_port(self.s.host), self._env(physical)
             if on and service_port is not None:
                 env.update(self.lmcache.replica_env(self.s.host, service_port))
@@ -364,8 +369,10 @@ class VllmTarget:
             proc = start(argv, name=f"replica-{i}", log_dir=logs, env=env, die_with_parent=True)
             self._procs[i], self._urls[i] = proc, f"http://{self.s.host}:{port}"
             launched.append((i, gpu, argv, env))
-        # Started together, waited together: start-up is mostly waiting (68 s for two on 2 cores).
-        await asyncio.gather(*(self._wait(self._procs[i], self._urls[i] + "/health") for i in self._procs))
+            if physical is not None:
+                started_on.add(physical)
+        # On separate GPUs (or CPUs) started together, waited together: start-up is mostly waiting.
+        await self._wait_all()
         observed = await asyncio.gather(
             *(asyncio.to_thread(self._observe, self._urls[i]) for i in self._procs)
         )
@@ -379,6 +386,10 @@ class VllmTarget:
             data["assigned_gpu"] = assigned
             records.append(LaunchRecord("deployment.launched", data))
         return Launch(tuple(replicas), digest, tuple(records))
+
+    async def _wait_all(self) -> None:
+        """Until every replica started so far answers its health check."""
+        await asyncio.gather(*(self._wait(self._procs[i], self._urls[i] + "/health") for i in self._procs))
 
     def _engine_gpu(
         self, i: int, assigned: dict[str, Any] | None, processes: Mapping[int, Sequence[Mapping[str, Any]]]
