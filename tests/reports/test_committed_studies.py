@@ -132,7 +132,9 @@ def test_replicas_ran_on_the_recorded_devices(study: Study) -> None:
             )
             continue
         uuids = [replicas[i]["gpu"]["uuid"] for i in (0, 1)]
-        assert all(u and u.startswith("GPU-") for u in uuids) and uuids[0] != uuids[1], uuids
+        assert all(u and u.startswith("GPU-") for u in uuids), uuids
+        # One replica per GPU, or both on one where the study says so (a one-GPU host).
+        assert (uuids[0] == uuids[1]) == bool(study.spec.get("replicas_share_gpu")), uuids
         assert all(device in replicas[i]["gpu"]["name"] for i in (0, 1))
         assert all(r["transfer_path"] == "gpu" for r in replicas.values())
         blocks[block_id]["uuids"] = uuids
@@ -212,6 +214,9 @@ def test_exact_values_failed_only_where_the_study_says(study: Study) -> None:
     failing = study.spec.get("exact_values_fail_on", [])
     failed = {(r["arm"], r["step"]) for r in rows if not r["passed"]}
     assert failed == {("ON", step) for step in failing}, failed
+    if "exact_values_sizes" in study.spec:  # the sizes the served checkpoint's card covers
+        micro = {r["nominal_tokens"] for r in rows if r["step"] in ("cold", "cross", "receiver_local")}
+        assert micro == set(study.spec["exact_values_sizes"]), micro
     assert all(r["passed"] for r in rows if r["arm"] == "OFF" or r["step"] == "cold")
 
 
