@@ -213,3 +213,56 @@ def test_passed_secrets_reach_the_process_but_not_the_record(
     assert redact_env(env)["KVL_MIRROR_URL"] == f"https://user:{REDACTED}@mirror.example/simple"
     gpu_env = t._env(3)
     assert gpu_env["CUDA_VISIBLE_DEVICES"] == "3" and "VLLM_CPU_KVCACHE_SPACE" not in gpu_env
+
+
+# A stand-in replica: notes that it started (on which GPU), then dies before it is healthy.
+_DIES_AT_START = (
+    "import os, sys, time, pathlib; "
+    "pathlib.Path(sys.argv[1], 'gpu' + os.environ['CUDA_VISIBLE_DEVICES'] + '-port' + sys.argv[2]).touch(); "
+    "time.sleep(1.0); sys.exit(1)"
+)
+
+
+@pytest.mark.parametrize(("gpus", "started"), [("0,0", 1), ("0,1", 2)], ids=["one-gpu", "two-gpus"])
+def test_replicas_that_share_a_gpu_start_one_after_another(tmp_path: Path, gpus: str, started: int) -> None:
+    """vLLM sizes its KV cache from what its start-up profile saw used on the GPU, so a replica
+    started beside another on the same GPU counts the other's memory as its own and can be left
+    none. Replicas sharing a GPU start one after another (a failed first one stops the block
+    before the second starts); on separate GPUs they start together."""
+    import asyncio
+
+    from experiments.targets._base import TargetError
+
+    notes = tmp_path / "started"
+    notes.mkdir()
+    settings = Settings(
+        {
+            **PARAMS,
+            "gpus": gpus,
+            "replica_command": [sys.executable, "-c", _DIES_AT_START, str(notes), "{port}"],
+            "logs_dir": str(tmp_path / "logs"),
+        }
+    )
+    resolved = Resolved(
+        vllm_python=sys.executable,
+        lmcache_python=sys.executable,
+        model_dir=tmp_path,
+        manifest=None,
+        revision=None,
+        engine_version="0",
+        service_version=None,
+        tiny=True,
+    )
+    target = VllmTarget(settings, resolved)
+
+    async def block() -> None:
+        try:
+            await target.start(arm="OFF", gpus=[0, 1])
+        finally:
+            await target.stop()
+            await target.close()
+
+    with pytest.raises(TargetError, match="replica-0 exited with 1"):
+        asyncio.run(block())
+    seen = sorted(p.name.split("-")[0] for p in notes.iterdir())
+    assert seen == sorted({"0,0": ["gpu0"], "0,1": ["gpu0", "gpu1"]}[gpus]) and len(seen) == started
