@@ -17,7 +17,15 @@ from typing import Any
 from ._plan import plan_deviations, run_plans
 from ._source import Source
 from ._stack import METRIC_REGISTRY, incompatible, names_for
-from ._validation import HELPERS, TOLERANCE_TEXT, config_helper_paths, coverage
+from ._validation import (
+    BYTES,
+    HELPERS,
+    NOT_APPLICABLE,
+    TOLERANCE_TEXT,
+    config_helper_paths,
+    config_pinned_sizes,
+    coverage,
+)
 
 BLOCKING, WARNING, INFO = "blocking", "warning", "info"
 SEVERITY: dict[str, str] = {
@@ -678,11 +686,17 @@ def divergences(src: Source, run: str | None) -> list[Finding]:
 
 
 def pinned_rounding(src: Source, run: str | None) -> list[Finding]:
-    """Pinned allocations whose reserved bytes exceed the tolerance, with no recorded setting fixing it."""
-    _, _, pinned, _, _ = coverage(src, None)
+    """Pinned allocations whose reserved bytes exceed the tolerance, with no recorded setting fixing it.
+
+    Tied to configs, as the layer is: where GPU ON configs are in the ledger, only the sizes that
+    judge one of them (the pool of its LMCache version and ops state, else torch's); in a ledger
+    of probes alone, every size probed."""
+    _, _, pinned, _, scope = coverage(src, None)
+    gpu = [c for c in scope["configs"] if c["layers"][BYTES] != NOT_APPLICABLE]
+    judging = {id(s) for c in gpu for s in config_pinned_sizes(c, pinned["sizes"])}
     out = []
     for s in pinned["sizes"]:
-        if s["passed"] or (run is not None and run not in s["runs"]):
+        if s["passed"] or (run is not None and run not in s["runs"]) or (gpu and id(s) not in judging):
             continue
         reserved = s["bytes_reserved"]
         ratio = f" ({reserved / s['bytes_requested']:.2f}x)" if reserved else ""

@@ -311,6 +311,11 @@ def _pinned_state(cfg: Mapping[str, Any], sizes: list[dict[str, Any]]) -> tuple[
     return (PASS if all(s["passed"] for s in mine) else FAILED), mine
 
 
+def config_pinned_sizes(cfg: Mapping[str, Any], sizes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The pinned-allocation sizes that judge one config (its LMCache pool's, else torch's)."""
+    return _pinned_state(cfg, sizes)[1]
+
+
 def config_coverage(
     src: Source,
     run: str | None,

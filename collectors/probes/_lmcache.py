@@ -101,6 +101,17 @@ def import_lmcache(ops: str) -> dict[str, Any]:
     }
 
 
+# What a launch records of the LMCache it runs (experiments/targets/vllm/_managed.py): the rule
+# of import_lmcache("present"), as a script for that Python, which may lack kvledger's packages.
+OPS_STATE_SCRIPT = """\
+import json, lmcache
+from lmcache.v1.platform import resolve_device_ops, torch_device_type
+ops = resolve_device_ops(torch_device_type)
+print(json.dumps({"with_ops": "lmcache_memcpy_async" in vars(ops), "device_ops": type(ops).__name__,
+                  "device_type": str(torch_device_type), "version": getattr(lmcache, "__version__", None)}))
+"""
+
+
 def _copy_lib_name(lib: Any) -> str | None:
     return None if lib is None else str(getattr(lib, "_name", lib))
 

@@ -136,6 +136,12 @@ def test_launches_stops_and_checkpoint_are_recorded(run: Run) -> None:
     services = run.of("service.launched")
     assert sorted(started[e.block_id]["arm"] for e in services) == ["ON", "ON"]
     assert all(e.data["chunk_size"] == CHUNK and e.data["version"] == "0.5.6" for e in services)
+    # LMCache's copy path as observed in the service's Python as each ON block started: the CPU
+    # build resolves its CPU device ops, with no compiled extension; the replicas' launches agree.
+    for e in services:
+        assert e.data["ops"] is False and e.data["ops_observed"].endswith(": CpuDeviceOps on cpu")
+    on_launches = [e.data["lmcache"] for e in launched if started[e.block_id]["arm"] == "ON"]
+    assert len(on_launches) == 4 and all(lm["ops"] is False for lm in on_launches)
     on, off = (
         {d["config_sha256"] for d in started.values() if d["arm"] == "ON"},
         {d["config_sha256"] for d in started.values() if d["arm"] == "OFF"},

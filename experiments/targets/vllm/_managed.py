@@ -16,8 +16,10 @@ the stop records carry those files' SHA-256, so the record names the exact logs.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
+import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,7 @@ import httpx
 from collectors import gpu_inventory
 from collectors._host import gpu_processes, session_id
 from collectors._secrets import redact_command, redact_env
+from collectors.probes._lmcache import OPS_STATE_SCRIPT
 from ledger import canonical_json, new_id, sha256_hex
 
 from .._base import Launch, LaunchRecord, Replica, TargetError
@@ -43,6 +46,7 @@ __all__ = ["VllmTarget"]
 # Variables a replica needs from the caller to run at all; everything else is explicit.
 _INHERITED = ("PATH", "HOME", "USER", "LANG", "LC_ALL", "TZ", "TMPDIR", "HF_HOME", "HF_HUB_CACHE")
 _SERVICE = "lmcache"
+_OPS_TIMEOUT_S = 180.0  # importing torch and LMCache on a busy 2-core machine
 
 
 def free_port(host: str) -> int:
@@ -118,6 +122,8 @@ class VllmTarget:
         self._urls: dict[int, str] = {}
         self._service: Process | None = None
         self._service_url: str | None = None
+        self._ops_seen: dict[tuple[str, bytes], dict[str, Any]] = {}
+        self._ops: dict[str, Any] | None = None  # this block's, for its launch records
         self._client = httpx.AsyncClient(timeout=10.0)
 
     # --- what the runner records -----------------------------------------------
@@ -301,6 +307,13 @@ class VllmTarget:
         )
         env = self._env(None)
         env.pop("VLLM_CPU_KVCACHE_SPACE", None)
+        # The multiprocess service moves the KV: its compiled ops decide the copy path. In-process,
+        # the replicas' LMCache does (same Python and packages as theirs).
+        if self.lmcache.mode == "mp":
+            self._ops = await self._observe_ops(self.r.lmcache_python, env, "the LMCache service's")
+        else:
+            replica_env = {**self._env(self._gpu_of(0)[0]), **self.lmcache.replica_env(self.s.host, port)}
+            self._ops = await self._observe_ops(self.r.vllm_python, replica_env, "the replicas'")
         proc = start(argv, name=_SERVICE, log_dir=logs, env=env, die_with_parent=True)
         remote = self.lmcache.health == "tcp"
         self._service = proc
@@ -326,6 +339,7 @@ class VllmTarget:
                 "config_sha256": digest,
                 "target": "vllm",
                 "allocator": self.lmcache.allocator_record(),
+                **(self._ops or {}),
                 "hash_seed": self.hash_seed,
                 "pid": proc.pid,
                 "ready_s": proc.ready_seconds,
@@ -350,6 +364,7 @@ class VllmTarget:
         digest = sha256_hex(canonical_json(config))
         records: list[LaunchRecord] = []
         service_port = None
+        self._ops = None
         if on:
             service_port, record = await self._start_service(logs, digest)
             records.append(record)
@@ -386,6 +401,16 @@ class VllmTarget:
             data["assigned_gpu"] = assigned
             records.append(LaunchRecord("deployment.launched", data))
         return Launch(tuple(replicas), digest, tuple(records))
+
+    async def _observe_ops(self, python: str, env: Mapping[str, str], where: str) -> dict[str, Any]:
+        """Whether LMCache's compiled ops load where its copies run: LMCache falls back to a raw
+        cudaMemcpy on no stream without them, the path the helper probes found wrong when the
+        producer stream is late, and its pinned pool then rounds up to a power of two. Observed
+        once per Python and environment (an import there, ``ops`` None where that cannot say)."""
+        key = (python, canonical_json(dict(env)))
+        if key not in self._ops_seen:
+            self._ops_seen[key] = await asyncio.to_thread(_import_ops, python, dict(env), where)
+        return self._ops_seen[key]
 
     async def _wait_all(self) -> None:
         """Until every replica started so far answers its health check."""
@@ -432,7 +457,11 @@ class VllmTarget:
         proc = self._procs[i]
         on = arm == "ON" and service_port is not None
         lm = self.lmcache
-        lmcache = {**lm.config(self.s.host), "env": lm.replica_env(self.s.host, service_port)} if on else None
+        lmcache = (
+            {**lm.config(self.s.host), "env": lm.replica_env(self.s.host, service_port), **(self._ops or {})}
+            if on
+            else None
+        )
         return {
             "replica": i,
             "gpu": gpu,
@@ -515,3 +544,24 @@ class VllmTarget:
 
     def endpoint(self, replica: int) -> str:
         return self._urls[replica]
+
+
+def _import_ops(python: str, env: dict[str, str], where: str) -> dict[str, Any]:
+    """``{"ops": True|False|None, "ops_observed": ...}``: LMCache imported in ``python`` with
+    ``env``, and whether its device ops bound the compiled extension (the rule the helper and
+    pool probes record as ``with_ops``); None where that could not be told."""
+    how = f"LMCache's device ops resolved in {where} Python and environment"
+    try:
+        done = subprocess.run(
+            [python, "-c", OPS_STATE_SCRIPT], env=env, capture_output=True, text=True, timeout=_OPS_TIMEOUT_S
+        )
+        if done.returncode != 0:
+            last = (done.stderr.strip().splitlines() or ["no output"])[-1][:300]
+            return {"ops": None, "ops_observed": f"{how}: failed ({last})"}
+        state = json.loads(done.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError) as exc:
+        return {"ops": None, "ops_observed": f"{how}: could not run ({type(exc).__name__})"}
+    return {
+        "ops": bool(state["with_ops"]),
+        "ops_observed": f"{how}: {state['device_ops']} on {state['device_type']}",
+    }
