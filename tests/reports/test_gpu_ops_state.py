@@ -27,14 +27,18 @@ SEALING = ("seq", "digest", "chain")
 
 
 def _envelopes(ops: bool | None) -> list[dict[str, Any]]:
-    """The study's events as bare envelopes, its ON launches recording ``ops`` (None: as they ran)."""
-    out = []
+    """The study's validation, screening and probe runs as bare envelopes (its needle evaluations,
+    two thirds of its events and no ON config, left out), the ON launches recording ``ops``
+    (None: as they ran)."""
     with lzma.open(STUDY, "rt") as lines:
-        for line in lines:
-            e = {k: v for k, v in json.loads(line).items() if k not in SEALING}
-            if ops is not None and e["kind"] == "deployment.launched" and e["data"]["arm"] == "ON":
-                e["data"]["lmcache"]["ops"] = ops
-            out.append(e)
+        events = [{k: v for k, v in json.loads(line).items() if k not in SEALING} for line in lines]
+    needle = {
+        e["run_id"] for e in events if e["kind"] == "run.started" and e["data"]["experiment"] == "needle_eval"
+    }
+    out = [e for e in events if e["run_id"] not in needle]
+    for e in out:
+        if ops is not None and e["kind"] == "deployment.launched" and e["data"]["arm"] == "ON":
+            e["data"]["lmcache"]["ops"] = ops
     return out
 
 
