@@ -123,7 +123,6 @@ class VllmTarget:
         self._service: Process | None = None
         self._service_url: str | None = None
         self._ops_seen: dict[tuple[str, bytes], dict[str, Any]] = {}
-        self._ops: dict[str, Any] | None = None  # this block's, for its launch records
         self._client = httpx.AsyncClient(timeout=10.0)
 
     # --- what the runner records -----------------------------------------------
@@ -290,7 +289,7 @@ class VllmTarget:
         # A StartupError is a TargetError naming the process: the block fails with it as it is.
         await asyncio.to_thread(proc.wait_http, url, float(self.s.startup_timeout_s))
 
-    async def _start_service(self, logs: Path, digest: str) -> tuple[int, LaunchRecord]:
+    async def _start_service(self, logs: Path, digest: str) -> tuple[int, LaunchRecord, dict[str, Any]]:
         """Start the LMCache service of an ON block whose config digest is ``digest``."""
         # A fresh port for every server (a reused one fails with "Address already in use").
         port, http_port = free_port(self.s.host), free_port(self.s.host)
@@ -310,10 +309,10 @@ class VllmTarget:
         # The multiprocess service moves the KV: its compiled ops decide the copy path. In-process,
         # the replicas' LMCache does (same Python and packages as theirs).
         if self.lmcache.mode == "mp":
-            self._ops = await self._observe_ops(self.r.lmcache_python, env, "the LMCache service's")
+            ops = await self._observe_ops(self.r.lmcache_python, env, "the LMCache service's")
         else:
             replica_env = {**self._env(self._gpu_of(0)[0]), **self.lmcache.replica_env(self.s.host, port)}
-            self._ops = await self._observe_ops(self.r.vllm_python, replica_env, "the replicas'")
+            ops = await self._observe_ops(self.r.vllm_python, replica_env, "the replicas'")
         proc = start(argv, name=_SERVICE, log_dir=logs, env=env, die_with_parent=True)
         remote = self.lmcache.health == "tcp"
         self._service = proc
@@ -323,28 +322,32 @@ class VllmTarget:
             await asyncio.to_thread(wait_tcp, self.s.host, port, timeout, process=proc)
         else:
             await self._wait(proc, self._service_url + "/healthcheck")
-        return port, LaunchRecord(
-            "service.launched",
-            {
-                "service": _SERVICE,
-                "endpoint": self._service_url,
-                "port": port,
-                "mode": self.lmcache.mode,
-                "command": redact_command(argv),
-                "env": redact_env(env),
-                "version": self.r.service_version,
-                "pool_bytes": int(float(self.s.lmcache_l1_gb) * 2**30),
-                "pinned": None,
-                "chunk_size": self.chunk_size,
-                "config_sha256": digest,
-                "target": "vllm",
-                "allocator": self.lmcache.allocator_record(),
-                **(self._ops or {}),
-                "hash_seed": self.hash_seed,
-                "pid": proc.pid,
-                "ready_s": proc.ready_seconds,
-                "restarted": True,
-            },
+        return (
+            port,
+            LaunchRecord(
+                "service.launched",
+                {
+                    "service": _SERVICE,
+                    "endpoint": self._service_url,
+                    "port": port,
+                    "mode": self.lmcache.mode,
+                    "command": redact_command(argv),
+                    "env": redact_env(env),
+                    "version": self.r.service_version,
+                    "pool_bytes": int(float(self.s.lmcache_l1_gb) * 2**30),
+                    "pinned": None,
+                    "chunk_size": self.chunk_size,
+                    "config_sha256": digest,
+                    "target": "vllm",
+                    "allocator": self.lmcache.allocator_record(),
+                    **ops,
+                    "hash_seed": self.hash_seed,
+                    "pid": proc.pid,
+                    "ready_s": proc.ready_seconds,
+                    "restarted": True,
+                },
+            ),
+            ops,
         )
 
     def _gpu_of(self, slot: int) -> tuple[int | None, dict[str, Any] | None]:
@@ -364,9 +367,9 @@ class VllmTarget:
         digest = sha256_hex(canonical_json(config))
         records: list[LaunchRecord] = []
         service_port = None
-        self._ops = None
+        ops: dict[str, Any] = {}  # LMCache's copy path, observed as an ON block's service starts
         if on:
-            service_port, record = await self._start_service(logs, digest)
+            service_port, record, ops = await self._start_service(logs, digest)
             records.append(record)
         launched = []
         started_on: set[int] = set()
@@ -397,7 +400,7 @@ class VllmTarget:
             self._check_version(obs)
             gpu = self._engine_gpu(i, assigned, processes)
             replicas.append(Replica(i, self._urls[i], gpu))
-            data = self._replica_data(i, gpu, arm, argv, env, obs, service_port, config, digest)
+            data = self._replica_data(i, gpu, arm, argv, env, obs, service_port, config, digest, ops)
             data["assigned_gpu"] = assigned
             records.append(LaunchRecord("deployment.launched", data))
         return Launch(tuple(replicas), digest, tuple(records))
@@ -453,12 +456,13 @@ class VllmTarget:
         service_port: int | None,
         config: dict[str, Any],
         digest: str,
+        ops: dict[str, Any],
     ) -> dict[str, Any]:
         proc = self._procs[i]
         on = arm == "ON" and service_port is not None
         lm = self.lmcache
         lmcache = (
-            {**lm.config(self.s.host), "env": lm.replica_env(self.s.host, service_port), **(self._ops or {})}
+            {**lm.config(self.s.host), "env": lm.replica_env(self.s.host, service_port), **ops}
             if on
             else None
         )
