@@ -46,6 +46,7 @@ SK = "sk-" + "live0123456789abcdefXYZ"
         ("model=/nonexistent/checkpoint", "not a directory"),
         ("vllm_python=/nonexistent/python", "not found"),
         ("stop_grace_s=0", "> 0"),
+        ("cpu_worker_in_engine=1", "cpu_worker_in_engine must be bool"),
         ("no_such_option=1", "unknown param"),
     ],
 )
@@ -114,14 +115,37 @@ def test_replica_command_renders_one_argument_per_item() -> None:
         cmds.render(["{python}", "{gpu}"], {"python": "py"})
 
 
-def _target(tmp_path: Path, **params: Any) -> VllmTarget:
+def _target(tmp_path: Path, engine_device: str = "cuda", **params: Any) -> VllmTarget:
     model = tmp_path / "model"
     model.mkdir(exist_ok=True)
     (model / "config.json").write_text("{}")
     resolved = Resolved(
-        "/envs/vllm/bin/python", "/envs/lmcache/bin/python", model, None, "r1", "0.32.0", "0.5.6", tiny=True
+        "/envs/vllm/bin/python",
+        "/envs/lmcache/bin/python",
+        model,
+        None,
+        "r1",
+        "0.32.0",
+        "0.5.6",
+        tiny=True,
+        engine_device=engine_device,
     )
     return VllmTarget(Settings({**PARAMS, **params}), resolved)
+
+
+def test_a_cpu_engine_runs_its_model_in_the_engine_process_unless_told_not_to(tmp_path: Path) -> None:
+    """vLLM's CPU platform starts a worker process of its own per replica unless
+    VLLM_ENABLE_V1_MULTIPROCESSING is 0; the default sets it (as vLLM runs one GPU), the setting
+    is part of the config, and neither a GPU replica nor the LMCache service gets it."""
+    one, two = _target(tmp_path, "cpu"), _target(tmp_path, "cpu", cpu_worker_in_engine=False)
+    assert one._env(None)["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in two._env(None)
+    assert one.config("OFF")["cpu_worker_in_engine"] is True
+    assert two.config("OFF")["cpu_worker_in_engine"] is False
+    assert one.config_sha256("OFF") != two.config_sha256("OFF")
+    gpu = _target(tmp_path)
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in gpu._env(0)
+    assert gpu.config("OFF")["cpu_worker_in_engine"] is None
 
 
 def test_config_digest_is_stable_and_arm_specific(tmp_path: Path) -> None:

@@ -34,6 +34,10 @@ PARAMS: dict[str, Any] = {
     "enforce_eager": True,
     "gpus": None,  # "0,1" / [0,1]: physical GPUs; None: NVML's GPUs when present, else CPU
     "kv_cache_gb": 1,  # VLLM_CPU_KVCACHE_SPACE on CPU hosts
+    # CPU hosts: the model runs in the engine core's process, as vLLM runs it on one GPU
+    # (VLLM_ENABLE_V1_MULTIPROCESSING=0); false: vLLM's CPU default, a worker process of its own
+    # with OpenMP threads bound to cores (one more interpreter to start per replica)
+    "cpu_worker_in_engine": True,
     "gpu_memory_utilization": None,
     "lmcache_l1_gb": 1,  # the service's L1 (mp), or each replica's local CPU cache (remote)
     "lmcache_mode": None,  # "mp" / "remote"; None: by the installed LMCache (mp from 0.5.3)
