@@ -17,6 +17,7 @@ import weakref
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,10 @@ from ._verify import _NO_LOWER_BOUND, RangeResult
 DUCKDB_MEMORY_LIMIT = "1GB"
 # Rows read from the database at a time when projections are derived from them.
 _CHUNK = 250_000
+# Up to this many rows, a projection parsed natively in the checked read is served as the Arrow
+# table the read made, not copied into DuckDB (the copy was about a third of the derivation's CPU
+# at 1M events); past it, DuckDB's own tables, which it can move to disk past its memory limit.
+_HELD_ROWS_MAX = 2_000_000
 _ENVELOPE_COLUMNS = ("seq", "id", "ts", "kind", "run_id", "block_id")
 _READING = {
     duckdb.StatementType.SELECT,
@@ -171,6 +176,9 @@ class Derived:
     seconds: float = 0.0
     read_seconds: float = 0.0
     gaps: int = 0  # chunks whose rows were not exactly their seq range (rows deleted or moved)
+    # Projections served as Arrow tables registered on the connection (derive_checked), by name.
+    held: dict[str, pa.Table] = dataclass_field(default_factory=dict)
+    projections_held: int = 0  # how many were held when derived (some are released after the views)
 
 
 def derive_from_rows(
@@ -322,6 +330,12 @@ def derive_checked(
             result = carrow.read_checked_by_kind(path, lower, stop, after + 1, start_of(after), mask, None)
         return result, time.perf_counter() - began
 
+    # Typed projections whose Arrow tables are held (not copied into DuckDB), their pieces in seq
+    # order; one whose types differ from DuckDB's table, or with a part DuckDB parses, is copied.
+    holding: dict[str, list[pa.Table]] = (
+        {name: [] for name, _ in typed.values()} if until_seq <= _HELD_ROWS_MAX else {}
+    )
+    holding_types: set[str] = set()
     failed, chain = False, GENESIS
     # The two readers keep the cores busy: each projection runs on this thread alone (DuckDB's
     # own workers beside them cost more in switching than they gave).
@@ -379,9 +393,17 @@ def derive_checked(
                 for rows, parsed in kind_pieces:
                     for name in names:
                         if name == parsed_name and parsed is not None:
+                            if name in holding and (name in holding_types or _same_types(con, name, parsed)):
+                                holding_types.add(name)
+                                holding[name].append(parsed)
+                                continue
+                            _flush(con, name, holding.pop(name, None))
                             con.register("events", parsed)
                             con.execute(f"INSERT INTO {_quote(name)} SELECT * FROM events")
                         else:
+                            if name == parsed_name:
+                                # A part left to DuckDB: what was held goes first, in seq order.
+                                _flush(con, name, holding.pop(name, None))
                             con.register("events", rows)
                             con.execute(f"INSERT INTO {_quote(name)} {projections[name]}")
                         con.unregister("events")
@@ -390,8 +412,39 @@ def derive_checked(
         for name in projections:
             con.execute(f"DROP TABLE IF EXISTS {_quote(name)}")
         return None
+    for name, pieces_held in holding.items():
+        if not pieces_held:
+            continue  # no row of its kind: the empty table stays
+        # The table created by the projection's SQL gave the types; the Arrow table has them too.
+        con.execute(f"DROP TABLE {_quote(name)}")
+        table = pa.concat_tables(pieces_held) if len(pieces_held) > 1 else pieces_held[0]
+        con.register(name, table)
+        derived.held[name] = table
+        derived.projections_held += 1
+    del holding
     derived.seconds = time.perf_counter() - started
     return derived, RangeResult(derived.head_seq, str(derived.head_chain))
+
+
+def _same_types(con: duckdb.DuckDBPyConnection, name: str, table: pa.Table) -> bool:
+    """Whether DuckDB reads ``table`` with exactly the column names and types of its table
+    ``name`` (made by the projection's own SQL), so that serving one for the other changes no
+    query."""
+    con.register("held_types_probe", table.slice(0, 0))
+    try:
+        got = con.execute("DESCRIBE SELECT * FROM held_types_probe").fetchall()
+    finally:
+        con.unregister("held_types_probe")
+    want = con.execute(f"DESCRIBE SELECT * FROM {_quote(name)}").fetchall()
+    return [(r[0], r[1]) for r in got] == [(r[0], r[1]) for r in want]
+
+
+def _flush(con: duckdb.DuckDBPyConnection, name: str, pieces: list[pa.Table] | None) -> None:
+    """Copy the pieces held for ``name`` into its table (before a part that is not held)."""
+    for piece in pieces or ():
+        con.register("events", piece)
+        con.execute(f"INSERT INTO {_quote(name)} SELECT * FROM events")
+        con.unregister("events")
 
 
 def _timed_read(ledger: Ledger, after: int, stop: int) -> tuple[pa.Table, float]:
@@ -465,6 +518,26 @@ class Analytics:
                 )
         return self._con
 
+    def cursor(self) -> duckdb.DuckDBPyConnection:
+        """Another connection to the same in-memory database (for work on another thread), with
+        the projections held as Arrow tables registered on it too (a registration is one
+        connection's own)."""
+        cursor = self.connection().cursor()
+        for name, table in (self.derived.held if self.derived is not None else {}).items():
+            cursor.register(name, table)
+        return cursor
+
+    @property
+    def held(self) -> frozenset[str]:
+        """The projections served as Arrow tables registered on the connection."""
+        return frozenset(self.derived.held if self.derived is not None else ())
+
+    def release(self, name: str) -> None:
+        """Stop serving the held projection ``name`` on the connection, and let its rows go
+        (cursors made before keep their own registration until they close)."""
+        if self.derived is not None and self.derived.held.pop(name, None) is not None and self._con:
+            self._con.unregister(name)
+
     def sql(self, statement: str) -> pa.Table:
         """Run a reading statement; returns an Arrow table."""
         check_read_only(statement)
@@ -490,6 +563,8 @@ class Analytics:
         if self._con is not None:
             self._con.close()
             self._con = None
+        if self.derived is not None:
+            self.derived.held.clear()
         if self._spill is not None:
             shutil.rmtree(self._spill, ignore_errors=True)
             self._spill = None

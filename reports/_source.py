@@ -138,8 +138,9 @@ def _build_audit_views(con: duckdb.DuckDBPyConnection) -> float:
     return time.perf_counter() - started
 
 
-def _rederive_in_background(con: duckdb.DuckDBPyConnection) -> Future[float]:
-    cursor = con.cursor()  # a connection of its own to the same in-memory database
+def _rederive_in_background(cursor: duckdb.DuckDBPyConnection) -> Future[float]:
+    """Build the audit's re-derivations on ``cursor`` (a connection of its own to the source's
+    in-memory database) on a thread of their own; closes it when done."""
 
     def build() -> float:
         try:
@@ -196,7 +197,8 @@ def open_source(
             # holds them, and the ledger is verified apart, which names the first bad seq.
             started = _verify_in_background(ledger)
     create_views(con, until_seq)
-    release_extractions(con)
+    for name in release_extractions(con, analytics.held):
+        analytics.release(name)
     derived = analytics.derived
     if derived is not None and until_seq is None:
         head = Head(derived.head_seq, derived.head_chain) if derived.head_chain is not None else None
@@ -204,5 +206,5 @@ def open_source(
         bound = "" if until_seq is None else f"WHERE seq <= {int(until_seq)}"
         row = con.execute(f"SELECT seq, chain FROM events {bound} ORDER BY seq DESC LIMIT 1").fetchone()
         head = Head(int(row[0]), str(row[1])) if row else None
-    rederivation = _rederive_in_background(con) if verify else None
+    rederivation = _rederive_in_background(analytics.cursor()) if verify else None
     return Source(ledger, analytics, con, head, _verification=started, _rederivation=rederivation)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Collection
 from typing import Any
 
 import duckdb
@@ -954,21 +955,24 @@ def create_views(con: duckdb.DuckDBPyConnection, until_seq: int | None = None) -
         con.execute(f"CREATE OR REPLACE TABLE {name} AS {sql.strip()}")
 
 
-def release_extractions(con: duckdb.DuckDBPyConnection) -> list[str]:
+def release_extractions(con: duckdb.DuckDBPyConnection, held: Collection[str] = ()) -> list[str]:
     """Drop the projection tables that only the views read, once :func:`create_views` has run:
     where the projections are tables derived from the database's rows (held in memory), those
     of the kinds the views copy whole (requests, assertions, hits...) are otherwise kept to the
     end beside their copies, and push the re-derivations' tables past DuckDB's memory limit.
     The extractions the audit's re-derivations read stay; projections served from snapshot
-    files are views and stay too. The names dropped (their ``kv_x_`` views go with them)."""
+    files are views and stay too. ``held``: projections served as Arrow tables registered on
+    ``con``; those dropped are the caller's to release. The names dropped (their ``kv_x_`` views
+    go with them)."""
     audit_sql = " ".join(sql for _, sql in AUDIT_VIEWS)
     tables = {row[0] for row in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
     dropped = []
     for name in EXTRACTIONS:
         source = _source_name(name)
-        if source in tables and not re.search(rf"\b{name}\b", audit_sql):
+        if (source in tables or source in held) and not re.search(rf"\b{name}\b", audit_sql):
             con.execute(f"DROP VIEW IF EXISTS {name}")
-            con.execute(f"DROP TABLE {source}")
+            if source in tables:
+                con.execute(f"DROP TABLE {source}")
             dropped.append(source)
     return dropped
 

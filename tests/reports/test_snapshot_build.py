@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import orjson
@@ -353,16 +354,25 @@ def test_data_keys_with_quotes_backslashes_and_dots_have_their_columns(sqlite_ur
 
 
 def _tables(con: duckdb.DuckDBPyConnection) -> dict[str, list[tuple[object, ...]]]:
-    """Each projection's rows in the order they were inserted."""
-    return {name: con.execute(f'SELECT * FROM "{name}"').fetchall() for name in projections()}
+    """Each projection's rows in the order they were inserted, and its columns' names and types."""
+    return {
+        name: [
+            *con.execute(f'SELECT * FROM "{name}"').fetchall(),
+            *((c[0], c[1]) for c in con.execute(f'DESCRIBE SELECT * FROM "{name}"').fetchall()),
+        ]
+        for name in projections()
+    }
 
 
+@pytest.mark.parametrize("held_rows_max", [2_000_000, 0], ids=["held-as-arrow", "copied-into-duckdb"])
 def test_checked_derivation_equals_the_derivation_from_rows_and_verifies(
-    synthetic: Ledger, monkeypatch: pytest.MonkeyPatch
+    synthetic: Ledger, monkeypatch: pytest.MonkeyPatch, held_rows_max: int
 ) -> None:
     """Rows checked as they are read and split by kind in C give the tables the rows read apart
-    give, row for row and in order, over chunks of every size; and their check, with the rows
-    appended after it scanned, is the ledger's verification."""
+    give, row for row, in order and of the same types, over chunks of every size, whether the
+    natively parsed projections are served as the Arrow tables the read made (a ledger of up to
+    2M rows) or copied into DuckDB's tables; and their check, with the rows appended after it
+    scanned, is the ledger's verification."""
     head = synthetic.head()
     assert head is not None
     path = checked_source(synthetic, projections())
@@ -371,6 +381,7 @@ def test_checked_derivation_equals_the_derivation_from_rows_and_verifies(
     plain = derive_from_rows(plain_con, synthetic, projections(), head.seq)
     expected = _tables(plain_con)
     assert any(len(rows) > 1 for rows in expected.values())
+    monkeypatch.setattr(analytics_module, "_HELD_ROWS_MAX", held_rows_max)
     for chunk in (7, 64, head.seq - 1, head.seq, 250_000):
         monkeypatch.setattr(analytics_module, "_CHUNK", chunk)
         con = duckdb.connect(":memory:")
@@ -378,6 +389,8 @@ def test_checked_derivation_equals_the_derivation_from_rows_and_verifies(
         done = derive_checked(con, path, projections(), head.seq)
         assert done is not None
         derived, checked = done
+        # Held only under the limit, and then every kind parsed natively that has rows.
+        assert (len(derived.held) > 5) == (held_rows_max > 0), sorted(derived.held)
         assert (derived.rows, derived.head_seq, derived.head_chain) == (
             plain.rows,
             plain.head_seq,
@@ -390,6 +403,41 @@ def test_checked_derivation_equals_the_derivation_from_rows_and_verifies(
     synthetic.append_many([NewEvent("note.added", {"text": "after", "n": 9})])
     assert verify_after(path, read_heads(synthetic), checked) == verify(synthetic)
     assert verify(synthetic).head_seq == head.seq + 1
+
+
+def test_a_held_projection_whose_types_differ_is_copied_into_duckdb(
+    synthetic: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Serving the read's Arrow table in place of DuckDB's must change no query: where its
+    types are not the table's (here ``seq`` made a 32-bit integer), the rows are copied into the
+    table as before, with the table's types, and the other projections are still held."""
+    head = synthetic.head()
+    assert head is not None
+    path = checked_source(synthetic, projections())
+    assert path is not None
+    plain_con = duckdb.connect(":memory:")
+    derive_from_rows(plain_con, synthetic, projections(), head.seq)
+    expected = _tables(plain_con)
+    narrowed: set[int] = set()
+    typed_table = analytics_module.typed_table
+
+    def narrowing(spec: Any, rows: pa.Table, fields: Any) -> pa.Table:
+        table = typed_table(spec, rows, fields)
+        if spec.kind != "response.received":
+            return table
+        narrowed.add(table.num_rows)
+        return table.set_column(0, "seq", table.column("seq").cast(pa.int32()))
+
+    monkeypatch.setattr(analytics_module, "typed_table", narrowing)
+    monkeypatch.setattr(analytics_module, "_CHUNK", 64)
+    con = duckdb.connect(":memory:")
+    done = derive_checked(con, path, projections(), head.seq)
+    assert done is not None and narrowed
+    derived, _ = done
+    responses = [name for name, sql in projections().items() if single_kind(sql) == "response.received"]
+    assert responses and not set(responses) & set(derived.held) and len(derived.held) > 5
+    assert _tables(con) == expected
+    con.close()
 
 
 @pytest.mark.parametrize(
