@@ -335,7 +335,9 @@ def derive_checked(
     holding: dict[str, list[pa.Table]] = (
         {name: [] for name, _ in typed.values()} if until_seq <= _HELD_ROWS_MAX else {}
     )
-    holding_types: set[str] = set()
+    # The schema of each held projection's first piece: DuckDB's types, checked once; a piece
+    # of another schema is copied, and with it what was held.
+    held_schemas: dict[str, pa.Schema] = {}
     failed, chain = False, GENESIS
     # The two readers keep the cores busy: each projection runs on this thread alone (DuckDB's
     # own workers beside them cost more in switching than they gave).
@@ -393,8 +395,11 @@ def derive_checked(
                 for rows, parsed in kind_pieces:
                     for name in names:
                         if name == parsed_name and parsed is not None:
-                            if name in holding and (name in holding_types or _same_types(con, name, parsed)):
-                                holding_types.add(name)
+                            first = held_schemas.get(name)
+                            if name in holding and (
+                                parsed.schema.equals(first) if first else _same_types(con, name, parsed)
+                            ):
+                                held_schemas[name] = parsed.schema
                                 holding[name].append(parsed)
                                 continue
                             _flush(con, name, holding.pop(name, None))
