@@ -19,8 +19,8 @@ import pytest
 
 import ledger._analytics as analytics_module
 from ledger import Analytics, Ledger, NewEvent, open_ledger, query, read_jsonl, verify
-from ledger._analytics import checked_source, derive_checked, derive_from_rows, empty_table
-from ledger._events import GENESIS
+from ledger._analytics import Derived, checked_source, derive_checked, derive_from_rows, empty_table
+from ledger._events import GENESIS, Head
 from ledger._rows import SCHEMA, native_reader, read_rows, rows_to_table
 from ledger._snapshot import Snapshot, _seqs_follow, table_fields
 from ledger._snapshot_rows import checked_reader, read_checked, single_kind
@@ -364,6 +364,20 @@ def _tables(con: duckdb.DuckDBPyConnection) -> dict[str, list[tuple[object, ...]
     }
 
 
+def _checked_and_plain(ledger: Ledger) -> tuple[Head, str, Derived, dict[str, list[tuple[object, ...]]]]:
+    """The ledger's head, the checked read's source, and the derivation from rows read apart
+    with its tables: what a checked derivation must equal."""
+    head = ledger.head()
+    assert head is not None
+    path = checked_source(ledger, projections())
+    assert path is not None, "the native reader and verifier are built at install (setup.py)"
+    plain_con = duckdb.connect(":memory:")
+    plain = derive_from_rows(plain_con, ledger, projections(), head.seq)
+    expected = _tables(plain_con)
+    plain_con.close()
+    return head, path, plain, expected
+
+
 @pytest.mark.parametrize("held_rows_max", [2_000_000, 0], ids=["held-as-arrow", "copied-into-duckdb"])
 def test_checked_derivation_equals_the_derivation_from_rows_and_verifies(
     synthetic: Ledger, monkeypatch: pytest.MonkeyPatch, held_rows_max: int
@@ -373,13 +387,7 @@ def test_checked_derivation_equals_the_derivation_from_rows_and_verifies(
     natively parsed projections are served as the Arrow tables the read made (a ledger of up to
     2M rows) or copied into DuckDB's tables; and their check, with the rows appended after it
     scanned, is the ledger's verification."""
-    head = synthetic.head()
-    assert head is not None
-    path = checked_source(synthetic, projections())
-    assert path is not None, "the native reader and verifier are built at install (setup.py)"
-    plain_con = duckdb.connect(":memory:")
-    plain = derive_from_rows(plain_con, synthetic, projections(), head.seq)
-    expected = _tables(plain_con)
+    head, path, plain, expected = _checked_and_plain(synthetic)
     assert any(len(rows) > 1 for rows in expected.values())
     monkeypatch.setattr(analytics_module, "_HELD_ROWS_MAX", held_rows_max)
     for chunk in (7, 64, head.seq - 1, head.seq, 250_000):
@@ -413,22 +421,17 @@ def test_a_held_projection_whose_types_differ_is_copied_into_duckdb(
     types are not the table's (here ``seq`` made a 32-bit integer), or a later piece's are not
     the first's, the rows are copied into the table as before, those held first, with the
     table's types, and the other projections are still held."""
-    head = synthetic.head()
-    assert head is not None
-    path = checked_source(synthetic, projections())
-    assert path is not None
-    plain_con = duckdb.connect(":memory:")
-    derive_from_rows(plain_con, synthetic, projections(), head.seq)
-    expected = _tables(plain_con)
-    narrowed: set[int] = set()
+    head, path, _, expected = _checked_and_plain(synthetic)
+    responses_parsed = 0
     typed_table = analytics_module.typed_table
 
     def narrowing(spec: Any, rows: pa.Table, fields: Any) -> pa.Table:
+        nonlocal responses_parsed
         table = typed_table(spec, rows, fields)
         if spec.kind != "response.received":
             return table
-        narrowed.add(len(narrowed))
-        if len(narrowed) <= narrowed_from:
+        responses_parsed += 1
+        if responses_parsed <= narrowed_from:
             return table
         return table.set_column(0, "seq", table.column("seq").cast(pa.int32()))
 
@@ -439,7 +442,7 @@ def test_a_held_projection_whose_types_differ_is_copied_into_duckdb(
     monkeypatch.setattr(analytics_module, "_CHUNK", 1 if narrowed_from else 64)
     con = duckdb.connect(":memory:")
     done = derive_checked(con, path, projections(), head.seq)
-    assert done is not None and len(narrowed) > narrowed_from + 1
+    assert done is not None and responses_parsed > narrowed_from + 1
     derived, _ = done
     responses = [name for name, sql in projections().items() if single_kind(sql) == "response.received"]
     assert responses and not set(responses) & set(derived.held) and len(derived.held) > 5

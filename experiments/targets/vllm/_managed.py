@@ -156,6 +156,12 @@ class VllmTarget:
     def gpu_indices(self) -> tuple[int, ...]:
         return self.physical_gpus or ()
 
+    @property
+    def cpu_worker_in_engine(self) -> bool | None:
+        """Whether a CPU engine runs its model in the engine core's process (None: not a CPU
+        engine, where the setting means nothing)."""
+        return bool(self.s.cpu_worker_in_engine) if self.r.engine_device == "cpu" else None
+
     def _service_config(self) -> dict[str, Any]:
         if self.lmcache.mode == "remote":
             return {
@@ -194,7 +200,7 @@ class VllmTarget:
             "enable_prefix_caching": True,
             "block_size": self.s.block_size,
             "enforce_eager": self.s.enforce_eager,
-            "cpu_worker_in_engine": self.s.cpu_worker_in_engine if self.r.engine_device == "cpu" else None,
+            "cpu_worker_in_engine": self.cpu_worker_in_engine,
             "replicas": self.s.replicas,
             "transfer_path": self.transfer_path,
             "extra_args": self.s.extra_args,
@@ -252,7 +258,7 @@ class VllmTarget:
         )
         if gpu is None:
             env["VLLM_CPU_KVCACHE_SPACE"] = str(self.s.kv_cache_gb)
-            if self.s.cpu_worker_in_engine and self.r.engine_device == "cpu":
+            if self.cpu_worker_in_engine:
                 # vLLM's CPU platform starts the model in a worker process of its own unless this
                 # is 0: with it, one interpreter fewer per replica (about half the start-up).
                 env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
