@@ -1,7 +1,8 @@
 """The committed GPU screening, re-read: request rate and the seed's Table 3 ratios per size.
 
 ``python -m benchmarks gpu-screening [--data DIR ...]`` (default: every committed
-GPU study, ``tests/data/gpu``, ``tests/data/gpu-mp`` and ``tests/data/gpu-mp-32k``, side by side)
+GPU study, ``tests/data/gpu``, ``tests/data/gpu-mp``, ``tests/data/gpu-mp-32k`` and
+``tests/data/gpu-published``, side by side)
 
 For each study, imports its export (``ledger.jsonl.xz``) into a fresh SQLite
 ledger and prints, for its screening run:
@@ -33,7 +34,7 @@ from ledger import open_ledger, query
 from ledger._jsonl import import_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT = [REPO / "tests" / "data" / name for name in ("gpu", "gpu-mp", "gpu-mp-32k")]
+DEFAULT = [REPO / "tests" / "data" / name for name in ("gpu", "gpu-mp", "gpu-mp-32k", "gpu-published")]
 
 
 def _seconds(ts: str) -> float:

@@ -107,6 +107,38 @@ def test_audit_blocks_only_on_what_the_study_explains(study: Study) -> None:
     assert all(len(reason) > 20 for reason in accepted.values())  # each one explained
 
 
+def test_publish_gate_passes_only_the_study_that_says_it_may(study: Study) -> None:
+    """``ledger audit --publish`` exits 0 only where STUDY.json claims a publishable study, and
+    then no finding of any severity above info is left to explain."""
+    result = ledger_cli("audit", "--db", study.url, "--publish")
+    publishable = bool(study.spec.get("publishable"))
+    assert result.exit_code == (0 if publishable else 1), result.output
+    if publishable:
+        assert not study.spec["accepted_blocking"]
+        assert not [f for f in study.findings() if f["severity"] == "blocking"]
+
+
+def test_on_configs_record_the_copy_path_that_decides_their_gpu_layers(study: Study) -> None:
+    """STUDY.json names LMCache's compiled-ops state exactly where the launches record it: every
+    ON launch and every LMCache service of a study that names it records that state, as
+    observed; the studies recorded before the vllm target observed it record none. On GPUs the
+    report's coverage table judges each ON config validated exactly when the study is
+    publishable: without the ops state its pinned and helper layers fail on the host's probes."""
+    want = study.spec.get("lmcache_ops")  # None: the launches predate the record
+    on = [e.data["lmcache"] for e in study.of("deployment.launched") if e.data["arm"] == "ON"]
+    services = [e.data for e in study.of("service.launched")]
+    assert on and services
+    assert all(d.get("ops") is want for d in on + services)
+    if want is not None:
+        assert all("resolved" in d["ops_observed"] for d in on + services)
+    result = ledger_cli("report", "--db", study.url, "--json")
+    assert result.exit_code == 0, result.output
+    configs = json.loads(result.output)["tables"]["validation"]["configs"]
+    assert configs and all(c["lmcache_ops"] is want for c in configs)
+    if study.spec["device"] != "cpu":  # on the CPU path the GPU layers do not apply
+        assert all(c["passed"] is bool(study.spec.get("publishable")) for c in configs), configs
+
+
 def test_experiments_that_ran(study: Study) -> None:
     want = study.spec.get("experiments", ["screening", "validation"])
     assert sorted(e.data["experiment"] for e in study.of("run.started")) == sorted(want)
