@@ -39,5 +39,6 @@ def test_cold_dwarfs_cross_which_exceeds_local_at_128k(sqlite_url: str) -> None:
     assert ttft[("ON", "cold")] > 5 * ttft[("ON", "cross")], ttft
     assert ttft[("ON", "cross")] > on_local, ttft
     assert ttft[("OFF", "cross")] > 5 * ttft[("ON", "cross")], ttft  # OFF recomputes on the receiver
-    # Scaled back to model seconds: cross-replica reuse well under a second at 128k.
-    assert ttft[("ON", "cross")] / DEMO_SCALE < 1.0, ttft
+    # No wall-clock bound: under load it measures the machine, not the sim (a CI run on 2 busy
+    # cores saw 1.05 model seconds for the 0.53 modelled); tests/sim/test_latency.py checks the
+    # model's own figures.

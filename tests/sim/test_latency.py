@@ -75,8 +75,8 @@ def test_cold_dwarfs_cross_which_exceeds_local_at_128k(tmp_path: Path) -> None:
 
     assert ttft["cold"] > 5 * ttft["cross"], ttft
     assert ttft["cross"] > min(ttft["local1"], ttft["local2"], ttft["receiver_local"]), ttft
-    # Scaled back to model seconds: cross-replica reuse well under a second at 128k.
-    assert ttft["cross"] / SCALE < 1.0, ttft
+    # Orderings only: a wall-clock bound would measure the machine's load, not the model (the
+    # model's own figures are checked below, without a clock).
 
     # The server's work on the first cold 128k prompt (tokenizing it afresh: 0.1-0.5 s) happened
     # inside the modelled time, not after it.
@@ -85,6 +85,18 @@ def test_cold_dwarfs_cross_which_exceeds_local_at_128k(tmp_path: Path) -> None:
     took = cold["t_first_emit_monotonic"] - cold["t_arrival_monotonic"]
     modelled = LatencyModel().prefill_s(TOKENS, 0, 0) * SCALE
     assert modelled <= took < modelled + 0.1, (took, modelled)
+
+
+def test_the_models_128k_figures_are_the_ones_its_docstring_gives() -> None:
+    """Cold prefill about 20 s, cross-replica reuse 0.5-0.7 s, first local reuse about 20 ms (model
+    seconds, before any time scale), computed from the model rather than timed."""
+    m = LatencyModel()
+    cold = m.prefill_s(TOKENS, local_hits=0, external_hits=0)
+    cross = m.prefill_s(TOKENS, local_hits=0, external_hits=TOKENS - 256)  # whole chunks shared
+    local = m.prefill_s(TOKENS, local_hits=TOKENS - 16, external_hits=0)  # vLLM's own blocks
+    assert 15.0 < cold < 25.0, cold
+    assert 0.5 < cross < 0.7, cross
+    assert 0.015 <= local < 0.03, local
 
 
 def test_modelled_time_runs_from_the_requests_arrival_at_the_socket() -> None:
