@@ -17,6 +17,7 @@ failed), ``STUDY.json`` names it and the test checks that the data shows exactly
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from collections import defaultdict
 from dataclasses import dataclass
@@ -137,6 +138,41 @@ def test_on_configs_record_the_copy_path_that_decides_their_gpu_layers(study: St
     assert configs and all(c["lmcache_ops"] is want for c in configs)
     if study.spec["device"] != "cpu":  # on the CPU path the GPU layers do not apply
         assert all(c["passed"] is bool(study.spec.get("publishable")) for c in configs), configs
+
+
+def test_ttft_cells_infer_only_from_six_block_pairs_and_say_so(study: Study) -> None:
+    """Every Table 3 cell of the screening is matched over each block pair with no excluded block;
+    each per-pair change is ON over OFF of that pair's observations, and from six pairs the
+    Hodges-Lehmann estimate is the median of their Walsh averages, inside its Wilcoxon interval;
+    below six, no interval."""
+    result = ledger_cli("report", "--db", study.url, "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    screening = study.run_of("screening")
+    pair_of = {e.block_id: e.data["pair"] for e in study.of("block.started") if e.run_id == screening}
+    excluded = {pair_of[b] for b in report["accounting"]["excluded_blocks"] if b in pair_of}
+    pairs = study.spec["screening_params"]["block_pairs"] - len(excluded)
+    cells = report["tables"]["ttft"]
+    assert cells
+    for cell in cells:
+        inference = cell["inference"]
+        assert cell["matched_units"] == pairs and inference["n_block_pairs"] == pairs
+        on, off = (
+            dict(zip(cell["arms"][arm]["observation_pairs"], cell["arms"][arm]["observations"], strict=True))
+            for arm in ("ON", "OFF")
+        )
+        changes = inference["per_pair_change_pct"]
+        recomputed = [100 * (on[p] / off[p] - 1) for p in inference["pairs"]]
+        assert changes == pytest.approx(recomputed, abs=0.01)  # observations are rounded to 1 µs
+        if pairs < 6:
+            assert inference["mode"] == "descriptive" and "wilcoxon_ci" not in inference
+            continue
+        walsh = sorted((a + b) / 2 for i, a in enumerate(changes) for b in changes[i:])
+        mid = len(walsh) // 2
+        median = walsh[mid] if len(walsh) % 2 else (walsh[mid - 1] + walsh[mid]) / 2
+        assert inference["hodges_lehmann_change_pct"] == pytest.approx(median, abs=1e-5)
+        ci = inference["wilcoxon_ci"]
+        assert ci["low"] <= inference["hodges_lehmann_change_pct"] <= ci["high"] and ci["level"] >= 0.95
 
 
 def test_experiments_that_ran(study: Study) -> None:
@@ -278,3 +314,29 @@ def test_the_readmes_by_hand_commands_are_what_ran() -> None:
     assert all(s["rc"] == 0 for s in summary["steps"])
     for command in ran:
         assert f"\n{command}\n" in readme, command
+
+
+def test_the_cpu_studys_documented_table_is_its_report(tmp_path: Path) -> None:
+    """docs/cpu-study.md's Table 3 excerpt (medians, Hodges-Lehmann estimates and intervals) is the
+    committed CPU study's report, cell for cell, as rounded there."""
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    imported = ledger_cli("import", str(DATA / "cpu-published" / "ledger.jsonl.xz"), "--db", url)
+    assert imported.exit_code == 0, imported.output
+    result = ledger_cli("report", "--db", url, "--json")
+    assert result.exit_code == 0, result.output
+    cells = {
+        (c["nominal_tokens"], c["locality_label"]): c for c in json.loads(result.output)["tables"]["ttft"]
+    }
+    doc = (DATA.parents[1] / "docs" / "cpu-study.md").read_text(encoding="utf-8")
+    rows = [line for line in doc.splitlines() if re.match(r"\| \d+k \| ", line)]
+    assert len(rows) >= 5
+    for row in rows:
+        size, locality, off, on, hl = (cell.strip().strip("*") for cell in row.strip("|").split("|"))
+        cell = cells[(int(size[:-1]) * 1000, locality)]
+        inference = cell["inference"]
+        medians = [f"{cell['arms'][arm]['median']:.3f} s" for arm in ("OFF", "ON")]
+        assert [off, on] == medians, row
+        ci = inference["wilcoxon_ci"]
+        want = [inference["hodges_lehmann_change_pct"], ci["low"], ci["high"]]
+        got = [float(x.replace("−", "-")) for x in re.findall(r"[+−-]?\d+\.\d", hl)]
+        assert got == pytest.approx(want, abs=0.051), row
