@@ -14,7 +14,7 @@ import shutil
 import tempfile
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
@@ -402,15 +402,13 @@ def derive_checked(
                                 held_schemas[name] = parsed.schema
                                 holding[name].append(parsed)
                                 continue
-                            _flush(con, name, holding.pop(name, None))
-                            con.register("events", parsed)
-                            con.execute(f"INSERT INTO {_quote(name)} SELECT * FROM events")
-                        else:
-                            if name == parsed_name:
-                                # A part left to DuckDB: what was held goes first, in seq order.
-                                _flush(con, name, holding.pop(name, None))
-                            con.register("events", rows)
-                            con.execute(f"INSERT INTO {_quote(name)} {projections[name]}")
+                            _copy_pieces(con, name, [*holding.pop(name, ()), parsed])
+                            continue
+                        if name == parsed_name:
+                            # A part left to DuckDB: what was held goes first, in seq order.
+                            _copy_pieces(con, name, holding.pop(name, ()))
+                        con.register("events", rows)
+                        con.execute(f"INSERT INTO {_quote(name)} {projections[name]}")
                         con.unregister("events")
             del pieces
     if failed:
@@ -444,9 +442,10 @@ def _same_types(con: duckdb.DuckDBPyConnection, name: str, table: pa.Table) -> b
     return [(r[0], r[1]) for r in got] == [(r[0], r[1]) for r in want]
 
 
-def _flush(con: duckdb.DuckDBPyConnection, name: str, pieces: list[pa.Table] | None) -> None:
-    """Copy the pieces held for ``name`` into its table (before a part that is not held)."""
-    for piece in pieces or ():
+def _copy_pieces(con: duckdb.DuckDBPyConnection, name: str, pieces: Sequence[pa.Table]) -> None:
+    """Copy ``pieces`` (natively parsed Arrow tables of ``name``'s columns) into its table, in
+    order: what was held, then the piece at hand."""
+    for piece in pieces:
         con.register("events", piece)
         con.execute(f"INSERT INTO {_quote(name)} SELECT * FROM events")
         con.unregister("events")
