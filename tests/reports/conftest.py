@@ -10,8 +10,10 @@ from typing import Any
 import orjson
 import pytest
 
-from ledger import Ledger, open_ledger, read_jsonl
+from ledger import Event, Ledger, open_ledger, query, read_jsonl
 from reports import Source, open_source
+
+from .._cli import ledger_cli
 
 
 @pytest.fixture(autouse=True)
@@ -25,6 +27,28 @@ def import_envelopes(url: str, envelopes: list[dict[str, Any]]) -> Ledger:
     led = open_ledger(url)
     led.append_sealed(read_jsonl(iter(orjson.dumps(e) for e in envelopes)))
     return led
+
+
+def import_export(path: Path, url: str) -> list[Event]:
+    """A committed export (JSON Lines, ``.xz`` as committed) imported by ``ledger import`` into
+    the empty ledger at ``url``; its events, as the ledger now holds them."""
+    result = ledger_cli("import", str(path), "--db", url)
+    assert result.exit_code == 0, result.output
+    led = open_ledger(url)
+    try:
+        return list(led.events())
+    finally:
+        led.close()
+
+
+def ledger_rows(url: str, statement: str) -> list[dict[str, Any]]:
+    """``statement`` over the ledger's views at ``url``, each row a dict."""
+    led = open_ledger(url)
+    try:
+        rows: list[dict[str, Any]] = query(led, statement).to_pylist()
+        return rows
+    finally:
+        led.close()
 
 
 @pytest.fixture

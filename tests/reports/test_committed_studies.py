@@ -26,9 +26,10 @@ from typing import Any
 
 import pytest
 
-from ledger import Event, open_ledger, query
+from ledger import Event
 
 from .._cli import ledger_cli
+from .conftest import import_export, ledger_rows
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 STUDIES = sorted(p.parent for p in DATA.glob("*/STUDY.json"))
@@ -55,12 +56,7 @@ class Study:
         return [e for e in self.events if e.kind == kind]
 
     def sql(self, statement: str) -> list[dict[str, Any]]:
-        led = open_ledger(self.url)
-        try:
-            rows: list[dict[str, Any]] = query(led, statement).to_pylist()
-            return rows
-        finally:
-            led.close()
+        return ledger_rows(self.url, statement)
 
     def run_of(self, experiment: str) -> str:
         (run,) = [e.run_id for e in self.of("run.started") if e.data["experiment"] == experiment]
@@ -77,13 +73,7 @@ def study(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     path: Path = request.param
     tmp = tmp_path_factory.mktemp(path.name)
     url = f"sqlite:///{tmp / 'ledger.db'}"
-    result = ledger_cli("import", str(path / "ledger.jsonl.xz"), "--db", url)
-    assert result.exit_code == 0, result.output
-    led = open_ledger(url)
-    try:
-        events = list(led.events())
-    finally:
-        led.close()
+    events = import_export(path / "ledger.jsonl.xz", url)
     return Study(path.name, path, url, json.loads((path / "STUDY.json").read_text()), events)
 
 
@@ -320,8 +310,7 @@ def test_the_cpu_studys_documented_table_is_its_report(tmp_path: Path) -> None:
     """docs/cpu-study.md's Table 3 excerpt (medians, Hodges-Lehmann estimates and intervals) is the
     committed CPU study's report, cell for cell, as rounded there."""
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
-    imported = ledger_cli("import", str(DATA / "cpu-published" / "ledger.jsonl.xz"), "--db", url)
-    assert imported.exit_code == 0, imported.output
+    import_export(DATA / "cpu-published" / "ledger.jsonl.xz", url)
     result = ledger_cli("report", "--db", url, "--json")
     assert result.exit_code == 0, result.output
     cells = {

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from ledger import Event, open_ledger, query
+from ledger import Event
 
 from .._cli import ledger_cli
+from .conftest import import_export, ledger_rows
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "gpu-remote-ops"
 
@@ -27,22 +27,7 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "gpu-remote-ops"
 @pytest.fixture(scope="module")
 def record(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[Event]]:
     url = f"sqlite:///{tmp_path_factory.mktemp('remote') / 'ledger.db'}"
-    result = ledger_cli("import", str(DATA / "ledger.jsonl.xz"), "--db", url)
-    assert result.exit_code == 0, result.output
-    led = open_ledger(url)
-    try:
-        return url, list(led.events())
-    finally:
-        led.close()
-
-
-def _sql(url: str, statement: str) -> list[dict[str, Any]]:
-    led = open_ledger(url)
-    try:
-        rows: list[dict[str, Any]] = query(led, statement).to_pylist()
-        return rows
-    finally:
-        led.close()
+    return url, import_export(DATA / "ledger.jsonl.xz", url)
 
 
 def test_the_export_verifies_and_its_report_rederives(record: tuple[str, list[Event]]) -> None:
@@ -79,7 +64,7 @@ def test_answers_are_right_when_computed_and_wrong_whenever_kv_was_loaded(
     record: tuple[str, list[Event]],
 ) -> None:
     url, _ = record
-    rows = _sql(
+    rows = ledger_rows(
         url,
         """SELECT q.step, a."check", a.passed, h.external_hit_tokens, h.local_hit_tokens
            FROM assertion_evaluated a JOIN request_sent q USING (request_id)
@@ -92,7 +77,7 @@ def test_answers_are_right_when_computed_and_wrong_whenever_kv_was_loaded(
     assert not any(r["passed"] for r in loaded), loaded
     assert all(r["passed"] for r in computed), computed
     # One of the loaded ones was a cold request under a fresh salt: the salt did not isolate.
-    salted = _sql(url, """SELECT passed, observed FROM assertion_evaluated WHERE "check" = 'salt_control'""")
+    salted = ledger_rows(url, """SELECT passed FROM assertion_evaluated WHERE "check" = 'salt_control'""")
     assert salted and not any(r["passed"] for r in salted)
 
 
