@@ -197,3 +197,33 @@ def test_deadline_interrupts_the_run_and_exports_what_exists(tmp_path: Path) -> 
     events = _events(tmp_path / "out" / "ledger.jsonl.xz")
     kinds = [e["kind"] for e in events]
     assert "run.started" in kinds and "request.sent" in kinds and "run.completed" not in kinds
+
+
+def test_replay_step_needs_a_run(tmp_path: Path) -> None:
+    proc, _ = _drive(tmp_path, "--steps", "replay")
+    assert proc.returncode == 2 and "--replay RUN_ID" in proc.stderr
+
+
+@pytest.mark.slow
+def test_replay_step_reruns_a_recorded_run_in_the_same_ledger(tmp_path: Path) -> None:
+    # A first call records a screening; a second call on the same work folder replays it, as a
+    # host replays a run imported from a committed export.
+    proc, _ = _drive(tmp_path, "--target", "sim", "--steps", "screening", *SMALL)
+    assert proc.returncode == 0, proc.stderr
+    first = _events(tmp_path / "out" / "ledger.jsonl.xz")
+    (original,) = [e["run_id"] for e in first if e["kind"] == "run.started"]
+    proc, summary = _drive(tmp_path, "--target", "sim", "--steps", "replay", "--replay", original)
+    assert proc.returncode == 0, proc.stderr
+    steps = {s["name"]: s for s in summary["steps"]}
+    assert steps["replay"]["rc"] == 0, steps["replay"]
+    events = _events(tmp_path / "out" / "ledger.jsonl.xz")
+    (replayed,) = [e["run_id"] for e in events if e["kind"] == "run.started" and e["data"].get("replay_of")]
+    sent = {
+        run: {
+            e["data"]["request_key"]: e["data"]["payload_sha256"]
+            for e in events
+            if e["run_id"] == run and e["kind"] == "request.sent"
+        }
+        for run in (original, replayed)
+    }
+    assert sent[original] and sent[original] == sent[replayed]

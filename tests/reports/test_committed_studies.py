@@ -58,10 +58,16 @@ class Study:
     def sql(self, statement: str) -> list[dict[str, Any]]:
         return ledger_rows(self.url, statement)
 
-    def run_of(self, experiment: str) -> str:
-        (run,) = [e.run_id for e in self.of("run.started") if e.data["experiment"] == experiment]
-        assert run is not None
-        return run
+    def runs_of(self, experiment: str) -> list[str]:
+        """The runs of ``experiment``: the one a study ran, and any replays of it (a study that
+        replays a committed run holds both, and every claim holds for each)."""
+        runs = [str(e.run_id) for e in self.of("run.started") if e.data["experiment"] == experiment]
+        assert runs
+        return runs
+
+    def runs_sql(self, experiment: str) -> str:
+        """``runs_of(experiment)`` as a SQL list."""
+        return "(" + ", ".join(f"'{run}'" for run in self.runs_of(experiment)) + ")"
 
 
 def test_there_is_a_committed_study() -> None:
@@ -138,13 +144,16 @@ def test_ttft_cells_infer_only_from_six_block_pairs_and_say_so(study: Study) -> 
     result = ledger_cli("report", "--db", study.url, "--json")
     assert result.exit_code == 0, result.output
     report = json.loads(result.output)
-    screening = study.run_of("screening")
-    pair_of = {e.block_id: e.data["pair"] for e in study.of("block.started") if e.run_id == screening}
+    screenings = study.runs_of("screening")
+    pair_of = {
+        e.block_id: (e.run_id, e.data["pair"]) for e in study.of("block.started") if e.run_id in screenings
+    }
     excluded = {pair_of[b] for b in report["accounting"]["excluded_blocks"] if b in pair_of}
-    pairs = study.spec["screening_params"]["block_pairs"] - len(excluded)
     cells = report["tables"]["ttft"]
-    assert cells
+    assert {cell["run_id"] for cell in cells} == set(screenings)
     for cell in cells:
+        lost = {pair for run, pair in excluded if run == cell["run_id"]}
+        pairs = study.spec["screening_params"]["block_pairs"] - len(lost)
         inference = cell["inference"]
         assert cell["matched_units"] == pairs and inference["n_block_pairs"] == pairs
         on, off = (
@@ -168,18 +177,19 @@ def test_ttft_cells_infer_only_from_six_block_pairs_and_say_so(study: Study) -> 
 def test_experiments_that_ran(study: Study) -> None:
     want = study.spec.get("experiments", ["screening", "validation"])
     assert sorted(e.data["experiment"] for e in study.of("run.started")) == sorted(want)
-    (screening,) = [e for e in study.of("run.started") if e.data["experiment"] == "screening"]
-    for name, value in study.spec["screening_params"].items():
-        assert screening.data["params"][name] == value, name
+    for screening in [e for e in study.of("run.started") if e.data["experiment"] == "screening"]:
+        for name, value in study.spec["screening_params"].items():
+            assert screening.data["params"][name] == value, name
 
 
 def test_replicas_ran_on_the_recorded_devices(study: Study) -> None:
     blocks = {e.block_id: e.data for e in study.of("block.started")}
-    launched = [e for e in study.of("deployment.launched") if e.run_id == study.run_of("screening")]
+    screenings = study.runs_of("screening")
+    launched = [e for e in study.of("deployment.launched") if e.run_id in screenings]
     by_block: dict[str, dict[int, Any]] = defaultdict(dict)
     for e in launched:
         by_block[str(e.block_id)][int(e.data["replica"])] = e.data
-    assert len(by_block) == 2 * study.spec["screening_params"]["block_pairs"]
+    assert len(by_block) == 2 * study.spec["screening_params"]["block_pairs"] * len(screenings)
     device = study.spec["device"]
     for block_id, replicas in by_block.items():
         assert sorted(replicas) == [0, 1]
@@ -200,7 +210,7 @@ def test_replicas_ran_on_the_recorded_devices(study: Study) -> None:
         by_pair: dict[int, set[tuple[str, ...]]] = defaultdict(set)
         for b in blocks.values():
             if "uuids" in b:
-                by_pair[int(b["pair"])].add(tuple(b["uuids"]))
+                by_pair[int(b["pair"])].add(tuple(b["uuids"]))  # every run places its pairs alike
         first = next(iter(by_pair[0]))
         for pair, placements in by_pair.items():
             assert placements == {first if pair % 2 == 0 else first[::-1]}, (pair, placements)
@@ -212,7 +222,7 @@ def _requests(study: Study) -> list[dict[str, Any]]:
                r.prompt_tokens, r.cached_tokens, h.local_hit_tokens, h.external_hit_tokens, h.prefix_queries
         FROM request_sent q JOIN block_started b USING (block_id)
         JOIN response_received r USING (request_id) JOIN hits_observed h USING (request_id)
-        WHERE q.run_id = '{study.run_of("screening")}' ORDER BY q.seq""")
+        WHERE q.run_id IN {study.runs_sql("screening")} ORDER BY q.seq""")
 
 
 def test_off_blocks_saw_no_external_hits(study: Study) -> None:
@@ -268,7 +278,7 @@ def test_exact_values_failed_only_where_the_study_says(study: Study) -> None:
     rows = study.sql(f"""
         SELECT b.arm, q.step, q.nominal_tokens, a.passed FROM assertion_evaluated a
         JOIN request_sent q USING (request_id) JOIN block_started b ON b.block_id = q.block_id
-        WHERE a."check" = 'exact_values' AND a.run_id = '{study.run_of("screening")}'""")
+        WHERE a."check" = 'exact_values' AND a.run_id IN {study.runs_sql("screening")}""")
     failing = study.spec.get("exact_values_fail_on", [])
     failed = {(r["arm"], r["step"]) for r in rows if not r["passed"]}
     assert failed == {("ON", step) for step in failing}, failed
