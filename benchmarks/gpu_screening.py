@@ -1,11 +1,12 @@
 """The committed GPU screening, re-read: request rate and the seed's Table 3 ratios per size.
 
 ``python -m benchmarks gpu-screening [--data DIR ...]`` (default: every committed
-GPU study, ``tests/data/gpu``, ``tests/data/gpu-mp``, ``tests/data/gpu-mp-32k`` and
-``tests/data/gpu-published``, side by side)
+GPU study, ``tests/data/gpu``, ``tests/data/gpu-mp``, ``tests/data/gpu-mp-32k``,
+``tests/data/gpu-published`` and ``tests/data/gpu-replay``, side by side)
 
 For each study, imports its export (``ledger.jsonl.xz``) into a fresh SQLite
-ledger and prints, for its screening run:
+ledger and prints, for each of its screening runs in the order they started (a
+study that replays a run holds the original and its replay):
 
 - measured requests per second of wall time (``run.started`` to ``run.finished``;
   the isolation certificate's probe requests are not measured);
@@ -16,7 +17,8 @@ ledger and prints, for its screening run:
 - how many ON blocks had a measured cold request with hits: the audit excludes
   those blocks (namespace-leak), so their figures describe, they compare nothing.
 
-The last line is one JSON object: ``studies``, one entry per study, in order.
+The last line is one JSON object: ``studies``, one entry per screening run, in order
+(``replay_of`` names the run a replay re-ran).
 """
 
 from __future__ import annotations
@@ -34,7 +36,9 @@ from ledger import open_ledger, query
 from ledger._jsonl import import_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT = [REPO / "tests" / "data" / name for name in ("gpu", "gpu-mp", "gpu-mp-32k", "gpu-published")]
+DEFAULT = [
+    REPO / "tests" / "data" / name for name in ("gpu", "gpu-mp", "gpu-mp-32k", "gpu-published", "gpu-replay")
+]
 
 
 def _seconds(ts: str) -> float:
@@ -66,67 +70,78 @@ def main() -> int:
         result = study(folder)
         if result is None:
             return 2
-        studies.append(result)
+        studies += result
     emit({"benchmark": "gpu-screening", "studies": studies})
     return 0
 
 
-def study(data: Path) -> dict[str, Any] | None:
-    """One study's rate, medians and ratios, printed; its figures (None: it holds no screening)."""
+def study(data: Path) -> list[dict[str, Any]] | None:
+    """One study's screening runs, each one's rate, medians and ratios printed; their figures
+    (None: it holds no screening)."""
     export = data / "ledger.jsonl.xz"
+    figures: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="kvledger-gpu-") as tmp:
         ledger = open_ledger(f"sqlite:///{Path(tmp) / 'ledger.db'}")
         try:
             import_jsonl(ledger, export)
+            columns = {r["column_name"] for r in query(ledger, "DESCRIBE run_started").to_pylist()}
+            replay_of = "s.replay_of" if "replay_of" in columns else "NULL"
             runs = query(
                 ledger,
-                """SELECT s.run_id, s.ts AS started, f.ts AS finished, f.data
-                                 FROM (SELECT * FROM run_started WHERE experiment = 'screening') s
-                                 LEFT JOIN (SELECT run_id, ts, status AS data FROM run_finished) f
-                                 USING (run_id)""",
+                f"""SELECT s.run_id, s.ts AS started, f.ts AS finished, f.data, {replay_of} AS replay_of
+                    FROM (SELECT * FROM run_started WHERE experiment = 'screening') s
+                    LEFT JOIN (SELECT run_id, ts, status AS data FROM run_finished) f USING (run_id)
+                    ORDER BY s.seq""",
             ).to_pylist()
             if not runs:
                 print(f"error: {export} holds no screening run", file=sys.stderr)
                 return None
-            run = runs[-1]
-            rows = query(
-                ledger,
-                f"""
-                SELECT b.arm, q.step, q.nominal_tokens, r.ttft_s
-                FROM request_sent q JOIN block_started b USING (block_id)
-                JOIN response_received r USING (request_id)
-                WHERE q.run_id = '{run["run_id"]}' AND q.workload = 'micro' AND NOT q.warmup
-                  AND r.ttft_s IS NOT NULL""",
-            ).to_pylist()
-            leaky = query(
-                ledger,
-                f"""
-                SELECT count(DISTINCT b.block_id) FILTER (WHERE h.local_hit_tokens > 0
-                           OR h.external_hit_tokens > 0) AS leaky, count(DISTINCT b.block_id) AS blocks
-                FROM request_sent q JOIN block_started b USING (block_id)
-                JOIN hits_observed h USING (request_id)
-                WHERE q.run_id = '{run["run_id"]}' AND b.arm = 'ON' AND q.step = 'cold'
-                  AND NOT q.warmup""",
-            ).to_pylist()[0]
-            # request_sent's columns are the fields its events carry: no probe, no probe column.
-            columns = {r["column_name"] for r in query(ledger, "DESCRIBE request_sent").to_pylist()}
-            unprobed = " AND probe IS NULL" if "probe" in columns else ""
-            measured = query(
-                ledger,
-                f"""SELECT count(*) AS n FROM request_sent
-                    WHERE run_id = '{run["run_id"]}' AND NOT warmup{unprobed}""",
-            ).to_pylist()[0]["n"]
+            for index, run in enumerate(runs):
+                if index:
+                    print()
+                figures.append(_run(ledger, data, run))
         finally:
             ledger.close()
+    return figures
+
+
+def _run(ledger: Any, data: Path, run: dict[str, Any]) -> dict[str, Any]:
+    rows = query(
+        ledger,
+        f"""
+        SELECT b.arm, q.step, q.nominal_tokens, r.ttft_s
+        FROM request_sent q JOIN block_started b USING (block_id)
+        JOIN response_received r USING (request_id)
+        WHERE q.run_id = '{run["run_id"]}' AND q.workload = 'micro' AND NOT q.warmup
+          AND r.ttft_s IS NOT NULL""",
+    ).to_pylist()
+    leaky = query(
+        ledger,
+        f"""
+        SELECT count(DISTINCT b.block_id) FILTER (WHERE h.local_hit_tokens > 0
+                   OR h.external_hit_tokens > 0) AS leaky, count(DISTINCT b.block_id) AS blocks
+        FROM request_sent q JOIN block_started b USING (block_id)
+        JOIN hits_observed h USING (request_id)
+        WHERE q.run_id = '{run["run_id"]}' AND b.arm = 'ON' AND q.step = 'cold'
+          AND NOT q.warmup""",
+    ).to_pylist()[0]
+    # request_sent's columns are the fields its events carry: no probe, no probe column.
+    columns = {r["column_name"] for r in query(ledger, "DESCRIBE request_sent").to_pylist()}
+    unprobed = " AND probe IS NULL" if "probe" in columns else ""
+    measured = query(
+        ledger,
+        f"""SELECT count(*) AS n FROM request_sent
+            WHERE run_id = '{run["run_id"]}' AND NOT warmup{unprobed}""",
+    ).to_pylist()[0]["n"]
     wall = _seconds(str(run["finished"])) - _seconds(str(run["started"])) if run["finished"] else None
-    medians: dict[tuple[str, str, int], float] = {}
     groups: dict[tuple[str, str, int], list[float]] = {}
     for r in rows:
         groups.setdefault((r["arm"], r["step"], int(r["nominal_tokens"])), []).append(float(r["ttft_s"]))
     medians = {k: statistics.median(v) for k, v in groups.items()}
     sizes = sorted({k[2] for k in medians})
     per_size: list[dict[str, Any]] = []
-    print(f"{data.name}: screening {run['run_id']}, status {run['data']}")
+    replay = f", a replay of {run['replay_of']}" if run["replay_of"] else ""
+    print(f"{data.name}: screening {run['run_id']}{replay}, status {run['data']}")
     print(
         f"{measured} measured requests in {wall:.1f} s of wall time: {measured / wall:.2f} requests/s"
         if wall
@@ -164,8 +179,9 @@ def study(data: Path) -> dict[str, Any] | None:
             f"{ms(m['ON', 'local1'])} {ratios[0]!s:>12} {ratios[1]!s:>12} {ratios[2]!s:>10}"
         )
     return {
-        "data": str(data.relative_to(REPO)) if data.resolve().is_relative_to(REPO) else str(data),
+        "data": str(data.resolve().relative_to(REPO)) if data.resolve().is_relative_to(REPO) else str(data),
         "run_id": run["run_id"],
+        "replay_of": run["replay_of"],
         "measured": measured,
         "on_blocks_with_cold_hits": leaky["leaky"],
         "wall_s": round(wall, 2) if wall else None,

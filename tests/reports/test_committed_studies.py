@@ -183,7 +183,7 @@ def test_experiments_that_ran(study: Study) -> None:
 
 
 def test_replicas_ran_on_the_recorded_devices(study: Study) -> None:
-    blocks = {e.block_id: e.data for e in study.of("block.started")}
+    blocks = {e.block_id: {**e.data, "run_id": e.run_id} for e in study.of("block.started")}
     screenings = study.runs_of("screening")
     launched = [e for e in study.of("deployment.launched") if e.run_id in screenings]
     by_block: dict[str, dict[int, Any]] = defaultdict(dict)
@@ -206,14 +206,15 @@ def test_replicas_ran_on_the_recorded_devices(study: Study) -> None:
         assert all(device in replicas[i]["gpu"]["name"] for i in (0, 1))
         assert all(r["transfer_path"] == "gpu" for r in replicas.values())
         blocks[block_id]["uuids"] = uuids
-    if device != "cpu":  # odd block pairs swap the replicas' GPUs
-        by_pair: dict[int, set[tuple[str, ...]]] = defaultdict(set)
-        for b in blocks.values():
-            if "uuids" in b:
-                by_pair[int(b["pair"])].add(tuple(b["uuids"]))  # every run places its pairs alike
-        first = next(iter(by_pair[0]))
-        for pair, placements in by_pair.items():
-            assert placements == {first if pair % 2 == 0 else first[::-1]}, (pair, placements)
+    if device != "cpu":  # odd block pairs swap the replicas' GPUs, within each run (its own host)
+        for run in screenings:
+            by_pair: dict[int, set[tuple[str, ...]]] = defaultdict(set)
+            for b in blocks.values():
+                if "uuids" in b and b["run_id"] == run:
+                    by_pair[int(b["pair"])].add(tuple(b["uuids"]))
+            first = next(iter(by_pair[0]))
+            for pair, placements in by_pair.items():
+                assert placements == {first if pair % 2 == 0 else first[::-1]}, (run, pair, placements)
 
 
 def _requests(study: Study) -> list[dict[str, Any]]:

@@ -1,0 +1,161 @@
+"""tests/data/gpu-replay: the publishable GPU study replayed on another H200, re-derived from its export.
+
+The export holds the original study (imported from tests/data/gpu-published) and, after it,
+the replaying host's probes and the replays of its validation and screening. Here every
+replay claim is derived from the events themselves, not from the replay's own note: each
+replay names its original, runs the original's recorded script, params and seed, sends a
+request with the same payload digest for every request key and no other, registers the same
+plan, and ran on a GPU other than the original's, with that GPU's own probes in the ledger.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ledger import Event
+
+from .._cli import ledger_cli
+from .conftest import import_export
+
+STUDY = Path(__file__).resolve().parents[1] / "data" / "gpu-replay"
+PUBLISHED = STUDY.parent / "gpu-published"
+
+
+@pytest.fixture(scope="module")
+def record(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[Event]]:
+    url = f"sqlite:///{tmp_path_factory.mktemp('gpu-replay') / 'ledger.db'}"
+    return url, import_export(STUDY / "ledger.jsonl.xz", url)
+
+
+def _replays() -> dict[str, str]:
+    replays: dict[str, str] = json.loads((STUDY / "STUDY.json").read_text())["replays"]
+    return replays
+
+
+def _started(events: list[Event]) -> dict[str, Event]:
+    return {str(e.run_id): e for e in events if e.kind == "run.started"}
+
+
+def test_the_original_study_is_the_published_one_event_for_event(
+    record: tuple[str, list[Event]], tmp_path: Path
+) -> None:
+    _, events = record
+    published = import_export(PUBLISHED / "ledger.jsonl.xz", f"sqlite:///{tmp_path / 'published.db'}")
+    assert [(e.id, e.digest, e.chain) for e in events[: len(published)]] == [
+        (e.id, e.digest, e.chain) for e in published
+    ]
+    assert len(events) > len(published)  # the replays and the replaying host's probes follow
+
+
+def test_each_replay_reran_its_original_from_the_recorded_script(record: tuple[str, list[Event]]) -> None:
+    _, events = record
+    started = _started(events)
+    recorded = {run: e.data.get("replay_of") for run, e in started.items() if e.data.get("replay_of")}
+    assert {v: k for k, v in recorded.items()} == _replays()
+    for original, replay in _replays().items():
+        a, b = started[original].data, started[replay].data
+        assert b["experiment"] == a["experiment"]
+        assert b["source"] == a["source"] and b["script_sha256"] == a["script_sha256"]
+        assert b["seed"] == a["seed"]
+        # The params are the recorded ones: the config digest and every experiment param alike.
+        assert b["params"]["config_sha256"] == a["params"]["config_sha256"]
+        assert {k: v for k, v in b["params"].items() if k != "logs_dir"} == {
+            k: v for k, v in a["params"].items() if k != "logs_dir"
+        }
+
+
+def _payloads(events: list[Event], run: str) -> dict[str, str]:
+    sent = [e for e in events if e.kind == "request.sent" and e.run_id == run]
+    keys = [e.data["request_key"] for e in sent]
+    assert len(keys) == len(set(keys))  # one request per key
+    return {e.data["request_key"]: e.data["payload_sha256"] for e in sent}
+
+
+def test_every_request_of_a_replay_has_its_originals_payload_digest(record: tuple[str, list[Event]]) -> None:
+    _, events = record
+    for original, replay in _replays().items():
+        before, after = _payloads(events, original), _payloads(events, replay)
+        assert before and before == after
+        plans = {
+            run: [e.data["plan_sha256"] for e in events if e.kind == "plan.registered" and e.run_id == run]
+            for run in (original, replay)
+        }
+        assert len(plans[original]) == 1 and plans[original] == plans[replay]
+        # The replay's own note says what the events say.
+        (note,) = [e.data for e in events if e.kind == "note.added" and e.data.get("replay_of") == original]
+        assert note["matched"] == note["requests"] == len(before) and note["all_matched"] is True
+        assert note["plan_matched"] is True and note["mismatched"] == []
+
+
+def _gpus(events: list[Event], run: str) -> set[str]:
+    return {
+        e.data["gpu"]["uuid"]
+        for e in events
+        if e.kind == "deployment.launched" and e.run_id == run and e.data["gpu"]
+    }
+
+
+def test_the_replays_ran_on_another_gpu_with_its_own_probes(record: tuple[str, list[Event]]) -> None:
+    _, events = record
+    started = _started(events)
+    for original, replay in _replays().items():
+        (old,), (new,) = _gpus(events, original), _gpus(events, replay)
+        assert old != new and old.startswith("GPU-") and new.startswith("GPU-")
+    probed: dict[str, set[str]] = defaultdict(set)
+    for e in started.values():
+        if e.data["experiment"].startswith("probe."):
+            probed[e.data["experiment"]] |= {g["uuid"] for g in e.data["host"]["gpus"]}
+    replayed_on = set().union(*(_gpus(events, r) for r in _replays().values()))
+    ran_on = set().union(*(_gpus(events, r) for r in _replays()))
+    assert set(probed) == {"probe.copy-ordering", "probe.lmcache-helpers", "probe.lmcache-pool"}
+    assert all(uuids == replayed_on | ran_on for uuids in probed.values()), probed
+
+
+def test_the_replay_passes_every_check_the_original_passed(record: tuple[str, list[Event]]) -> None:
+    url, events = record
+    for original, replay in _replays().items():
+        verdicts: dict[str, dict[str, Any]] = {}
+        for run in (original, replay):
+            checks = [e.data for e in events if e.kind == "assertion.evaluated" and e.run_id == run]
+            verdicts[run] = {
+                "checks": sorted({c["check"] for c in checks}),
+                "count": len(checks),
+                "failed": [c for c in checks if not c["passed"]],
+            }
+        assert verdicts[original]["count"] > 0 and not verdicts[original]["failed"]
+        assert verdicts[replay] == verdicts[original]
+    result = ledger_cli("audit", "--db", url, "--publish")
+    assert result.exit_code == 0, result.output
+
+
+def test_the_documented_side_by_side_table_is_what_the_benchmark_derives(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from benchmarks.gpu_screening import study
+
+    figures = study(STUDY)
+    capsys.readouterr()
+    assert figures is not None
+    by_run = {f["run_id"]: {row["size"]: row for row in f["sizes"]} for f in figures}
+    ((original, replay),) = [(o, r) for o, r in _replays().items() if o in by_run]
+    doc = (STUDY.parents[2] / "docs" / "gpu-study.md").read_text()
+    table = doc[doc.index("| size | cross ON/OFF, original |") :].split("\n\n")[0]
+    rows = table.splitlines()[2:]
+    documented = {int(r.split("|")[1].replace(",", "")): [float(x) for x in r.split("|")[2:8]] for r in rows}
+    assert set(documented) == set(by_run[original]) == set(by_run[replay])
+    for size, cells in documented.items():
+        a, b = by_run[original][size], by_run[replay][size]
+        derived = [
+            a["cross_on_over_off"],
+            b["cross_on_over_off"],
+            a["cross_over_local1_on"],
+            b["cross_over_local1_on"],
+            a["cold_over_cross_on"],
+            b["cold_over_cross_on"],
+        ]
+        assert cells == derived, size
