@@ -41,15 +41,7 @@ from ledger._analytics import checked_source
 from ledger._snapshot import Mismatch, Proof
 from ledger._verify import read_heads, verify_after
 
-from ._build import build
-from ._views import (
-    audit_statements,
-    create_audit_views,
-    create_extraction_views,
-    projections,
-    release_extractions,
-    view_statements,
-)
+from ._views import create_audit_views, create_views, projections, release_extractions
 
 T = TypeVar("T")
 
@@ -146,6 +138,23 @@ def _build_audit_views(con: duckdb.DuckDBPyConnection) -> float:
     return time.perf_counter() - started
 
 
+def _rederive_in_background(cursor: duckdb.DuckDBPyConnection) -> Future[float]:
+    """Build the audit's re-derivations on ``cursor`` (a connection of its own to the source's
+    in-memory database) on a thread of their own; closes it when done."""
+
+    def build() -> float:
+        try:
+            return _build_audit_views(cursor)
+        finally:
+            cursor.close()
+
+    executor = ThreadPoolExecutor(1, thread_name_prefix="kvledger-rederive")
+    try:
+        return executor.submit(build)
+    finally:
+        executor.shutdown(wait=False)
+
+
 def open_source(
     url_or_ledger: str | Ledger,
     snapshot_root: Path | None = None,
@@ -187,17 +196,7 @@ def open_source(
             # A check failed (or nothing to read): the tables came from the rows as the database
             # holds them, and the ledger is verified apart, which names the first bad seq.
             started = _verify_in_background(ledger)
-    create_extraction_views(con, until_seq)
-    # The views, and with ``verify`` the audit's re-derivations, built as a graph on two cursors
-    # (reports/_build.py); the re-derivations go on building beside whatever the caller does next.
-    steps, rederived = view_statements(), audit_statements() if verify else []
-    building = build([*steps, *rederived], analytics.cursor)
-    try:
-        building.wait(name for name, _ in steps)
-    except BaseException:
-        wait([task.done for task in building.tasks])  # no worker left on the database
-        raise
-    rederivation = building.when_done(name for name, _ in rederived) if verify else None
+    create_views(con, until_seq)
     for name in release_extractions(con, analytics.held):
         analytics.release(name)
     derived = analytics.derived
@@ -207,4 +206,5 @@ def open_source(
         bound = "" if until_seq is None else f"WHERE seq <= {int(until_seq)}"
         row = con.execute(f"SELECT seq, chain FROM events {bound} ORDER BY seq DESC LIMIT 1").fetchone()
         head = Head(int(row[0]), str(row[1])) if row else None
+    rederivation = _rederive_in_background(analytics.cursor()) if verify else None
     return Source(ledger, analytics, con, head, _verification=started, _rederivation=rederivation)

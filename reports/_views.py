@@ -939,38 +939,20 @@ FROM kv_rederived""",
 ORDERED_METHODS = ("wait_then_fallback", "memcpy_async_current_stream", "same_stream_tensor_copy")
 
 
-def create_extraction_views(con: duckdb.DuckDBPyConnection, until_seq: int | None = None) -> None:
-    """The extractions as views of their projections, as of ``until_seq`` (attestation checks
-    re-derive at the attested head)."""
-    bound = "" if until_seq is None else f" WHERE seq <= {int(until_seq)}"
-    for name in EXTRACTIONS:
-        con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM {_source_name(name)}{bound}")
-
-
-def view_statements() -> list[tuple[str, str]]:
-    """Each view's name and the statement that materialises it as a table, in build order.
+def create_views(con: duckdb.DuckDBPyConnection, until_seq: int | None = None) -> None:
+    """Materialise every view as a table on ``con`` (an in-memory DuckDB; the ledger is untouched).
 
     Tables, not views: each report and audit query would otherwise re-parse
     every event's JSON; materialised once, the whole report is a few scans.
     Plain (not TEMP) objects of the in-memory database, so that another cursor
-    of it sees them: they are built on several (reports/_build.py)."""
-    return [(name, f"CREATE OR REPLACE TABLE {name} AS {sql.strip()}") for name, sql in VIEWS]
-
-
-def audit_statements() -> list[tuple[str, str]]:
-    """The audit's re-derivations, as :func:`view_statements` (after the views, on the same bound);
-    ``kv_rederived_shown`` stays a view, formatted only for the rows the audit reports, and so does
-    ``kv_scrape_deltas``, which only ``kv_hits_rederived`` reads (once, as it is materialised)."""
-    kinds = {name: "VIEW" if name in _AUDIT_VIEWS_NOT_MATERIALISED else "TABLE" for name, _ in AUDIT_VIEWS}
-    return [(name, f"CREATE OR REPLACE {kinds[name]} {name} AS {sql.strip()}") for name, sql in AUDIT_VIEWS]
-
-
-def create_views(con: duckdb.DuckDBPyConnection, until_seq: int | None = None) -> None:
-    """Materialise every view as a table on ``con`` (an in-memory DuckDB; the ledger is
-    untouched), one after another."""
-    create_extraction_views(con, until_seq)
-    for _, statement in view_statements():
-        con.execute(statement)
+    of it sees them: the audit's re-derivations are built on one beside the report.
+    """
+    # As of one event: attestation checks re-derive at the attested head.
+    bound = "" if until_seq is None else f" WHERE seq <= {int(until_seq)}"
+    for name in EXTRACTIONS:
+        con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM {_source_name(name)}{bound}")
+    for name, sql in VIEWS:
+        con.execute(f"CREATE OR REPLACE TABLE {name} AS {sql.strip()}")
 
 
 def release_extractions(con: duckdb.DuckDBPyConnection, held: Collection[str] = ()) -> list[str]:
@@ -999,10 +981,12 @@ _AUDIT_VIEWS_NOT_MATERIALISED = ("kv_scrape_deltas", "kv_rederived_shown")
 
 
 def create_audit_views(con: duckdb.DuckDBPyConnection) -> None:
-    """Materialise the audit's re-derivations on ``con`` (after :func:`create_views`), one after
-    another."""
-    for _, statement in audit_statements():
-        con.execute(statement)
+    """Materialise the audit's re-derivations (after :func:`create_views`, on the same bound);
+    ``kv_rederived_shown`` stays a view, formatted only for the rows the audit reports, and so does
+    ``kv_scrape_deltas``, which only ``kv_hits_rederived`` reads (once, as it is materialised)."""
+    for name, sql in AUDIT_VIEWS:
+        kind = "VIEW" if name in _AUDIT_VIEWS_NOT_MATERIALISED else "TABLE"
+        con.execute(f"CREATE OR REPLACE {kind} {name} AS {sql.strip()}")
 
 
 def with_clause(query: str) -> str:
