@@ -159,3 +159,32 @@ def test_the_documented_side_by_side_table_is_what_the_benchmark_derives(
             b["cold_over_cross_on"],
         ]
         assert cells == derived, size
+
+
+def test_the_documented_calls_are_the_ones_that_ran() -> None:
+    """docs/gpu-study.md's two gpu-study calls name the steps, pre-step commands and replays that
+    each call's summary recorded, in that order."""
+    doc = (STUDY.parents[2] / "docs" / "gpu-study.md").read_text()
+    section = doc[doc.index("## Replayed on another H200") :]
+    block = section[section.index("```bash") : section.index("```", section.index("```bash") + 3)]
+    calls = [line for line in block.replace("\\\n    ", " ").splitlines() if "scripts/gpu-study" in line]
+    summary = json.loads((STUDY / "summary.json").read_text())["calls"]
+    assert len(calls) == len(summary) == 2
+    final = ["verify", "audit", "report", "export"]
+    for call, ran in zip(calls, summary, strict=True):
+        steps = [s["name"] for s in ran["steps"]]
+        assert all(s["rc"] == 0 for s in ran["steps"]), ran["steps"]
+        wanted = call.split("--steps ")[1].split()[0].split(",")
+        pre = [s for s in ran["steps"] if s["name"].startswith("pre-")]
+        # The named steps in the driver's order (install, kvledger, engines; each --pre; each
+        # --replay), then the final ones.
+        expected = [n for n in ("install", "kvledger", "engines") if n in wanted]
+        expected += [s["name"] for s in pre] + ["replay"] * call.count("--replay ")
+        assert steps == expected + final, (steps, wanted)
+        for step in pre:
+            assert f"--pre '{step['name'].removeprefix('pre-')}={step['command']}'" in call, step
+        replays = [s["command"][-2] for s in ran["steps"] if s["name"] == "replay"]
+        assert [f"--replay {run}" for run in replays] == [
+            f"--replay {part.split()[0]}" for part in call.split("--replay ")[1:]
+        ]
+        assert set(replays) <= set(_replays())
