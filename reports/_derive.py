@@ -245,6 +245,41 @@ def ttft_table(src: Source, run: str | None) -> list[dict[str, Any]]:
     return table
 
 
+def ttft_series_table(src: Source, run: str | None) -> list[dict[str, Any]]:
+    """Table 3 over each series that pools runs (a run and its replays: kv_series), its block pairs
+    counted together as one sample; ``series`` is the first run's id, ``runs`` the runs pooled.
+    With ``run``, the series that holds it."""
+    pooled = {
+        str(series): [str(r) for r in runs]
+        for series, runs in src.tuples(
+            "SELECT series, list(run_id ORDER BY seq) FROM (SELECT DISTINCT s.series, s.run_id, r.seq "
+            "FROM kv_series s JOIN kv_runs r USING (run_id)) GROUP BY series HAVING count(*) > 1"
+        )
+    }
+    if run is not None:
+        pooled = {series: runs for series, runs in pooled.items() if run in runs}
+    if not pooled:
+        return []
+    table = [
+        row
+        for row in _table(
+            src,
+            None,
+            ("series", "nominal_tokens", "locality"),
+            "ttft_s",
+            "kv_ttft_series WHERE true",
+            "kv_ttft_pairs_series WHERE true",
+        )
+        if row["series"] in pooled
+    ]
+    order = {"cold": 0, "local1": 1, "cross": 2}
+    table.sort(key=lambda r: (str(r["series"]), r["nominal_tokens"] or 0, order.get(r["locality"], 9)))
+    for row in table:
+        row["locality_label"] = LOCALITY_LABELS.get(row["locality"], row["locality"])
+        row["runs"] = pooled[row["series"]]
+    return table
+
+
 def ttft_methods(src: Source, run: str | None) -> list[dict[str, Any]]:
     """Which method dated the TTFT table's observations, per run (more than one: mixed)."""
     return src.rows(
@@ -348,10 +383,14 @@ def _no_cycle_collection() -> Iterator[None]:
             gc.enable()
 
 
-def derive_report(src: Source, run: str | None = None) -> dict[str, Any]:
-    """The whole report as a JSON-able dict (no rendering time, sorted when dumped)."""
+def derive_report(src: Source, run: str | None = None, pool_replays: bool = False) -> dict[str, Any]:
+    """The whole report as a JSON-able dict (no rendering time, sorted when dumped). With
+    ``pool_replays``, ``tables.ttft_series`` adds Table 3 over each run and its replays pooled."""
     with _no_cycle_collection():
-        return _derive_report(src, run)
+        report = _derive_report(src, run)
+        if pool_replays:
+            report["tables"]["ttft_series"] = Clean(ttft_series_table(src, run))
+        return report
 
 
 def _derive_report(src: Source, run: str | None) -> dict[str, Any]:

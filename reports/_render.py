@@ -204,6 +204,31 @@ def sections(report: dict[str, Any], label: Callable[[Any], str] = run_label) ->
             ),
             ttft_method_notes(report.get("measurement", {}).get("ttft_methods", []), label),
         ),
+        *(
+            [
+                Section(
+                    "Table 3, pooled: a run and its replays (same plan, same config) as one sample "
+                    "of block pairs",
+                    ["series", "size", "locality", *_PAIRED_HEAD],
+                    _paired_rows(
+                        [{**r, "run_id": r["series"]} for r in t["ttft_series"]],
+                        [
+                            ("size", lambda r: size(r["nominal_tokens"])),
+                            ("locality", lambda r: r["locality_label"]),
+                        ],
+                        label=label,
+                    ),
+                    sorted(
+                        {
+                            f"series {label(r['series'])}: runs {', '.join(label(x) for x in r['runs'])}"
+                            for r in t["ttft_series"]
+                        }
+                    ),
+                )
+            ]
+            if "ttft_series" in t
+            else []
+        ),
         Section(
             "Table 4: session wall time (s) by size × routing",
             ["run", "size", "routing", *_PAIRED_HEAD],

@@ -114,7 +114,8 @@ VIEWS: list[tuple[str, str]] = [
 SELECT r.run_id, r.seq, r.experiment, r.params->>'target' AS target,
        r.params->>'config_sha256' AS validated_config,
        coalesce(r.code->>'commit', r.code->>'git_commit') AS code_commit,
-       r.packages, f.status AS finish_status, r.seed, coalesce(r.registers_plan, false) AS registers_plan
+       r.packages, f.status AS finish_status, r.seed, coalesce(r.registers_plan, false) AS registers_plan,
+       r.replay_of
 FROM ({
             _extract(
                 "run.started",
@@ -125,6 +126,7 @@ FROM ({
                     "packages": "JSON",
                     "seed": "BIGINT",
                     "registers_plan": "BOOLEAN",
+                    "replay_of": "VARCHAR",
                 },
             )
         }) r
@@ -168,6 +170,30 @@ FROM ({
                 },
             )
         })""",
+    ),
+    # Each run's series: a replay (run.started.replay_of) joins the series of the run it replayed when
+    # both registered the same plan and validated the same config (the same requests against the
+    # same configuration); any other run is a series of its own. ``unit`` numbers the series' block
+    # pairs (run by run in the order they started, then pair), so that the pairs of a run and its
+    # replays can be counted as one sample of block pairs (`ledger report --pool-replays`).
+    (
+        "kv_series",
+        """
+WITH RECURSIVE r AS (
+    SELECT k.run_id, k.seq, k.replay_of, k.validated_config AS config, p.plan
+    FROM kv_runs k LEFT JOIN (SELECT run_id, min(plan_sha256) AS plan FROM kv_plans GROUP BY run_id) p
+    USING (run_id)),
+up(run_id, series, depth) AS (
+    SELECT run_id, run_id, 0 FROM r
+    UNION ALL
+    SELECT u.run_id, o.run_id, u.depth + 1
+    FROM up u JOIN r c ON c.run_id = u.series JOIN r o ON o.run_id = c.replay_of
+    WHERE c.plan IS NOT NULL AND c.plan = o.plan AND c.config IS NOT DISTINCT FROM o.config AND u.depth < 64),
+series AS (SELECT run_id, arg_max(series, depth) AS series FROM up GROUP BY run_id),
+pairs AS (SELECT DISTINCT b.run_id, b.pair FROM kv_blocks b WHERE b.pair IS NOT NULL)
+SELECT s.run_id, s.series, p.pair,
+       CAST(dense_rank() OVER (PARTITION BY s.series ORDER BY r.seq, p.pair) - 1 AS BIGINT) AS unit
+FROM series s JOIN r USING (run_id) LEFT JOIN pairs p USING (run_id)""",
     ),
     # Each block's starting cache state (cache.inspected): prefix-cache reset, KV usage, stored objects.
     (
@@ -429,6 +455,21 @@ SELECT run_id, pair, nominal_tokens, step AS locality, chain, on_ttft, off_ttft,
        100 * (on_ttft / off_ttft - 1) AS change_pct, seq
 FROM kv_pairs WHERE status = 'matched' AND workload = 'micro' AND step IN ('cold', 'local1', 'cross')
   AND on_ttft IS NOT NULL AND off_ttft > 0""",
+    ),
+    # Table 3's observations and matched pairs by series (kv_series): ``pair`` is the series' unit.
+    (
+        "kv_ttft_series",
+        """
+SELECT t.run_id, s.series, t.block_id, s.unit AS pair, t.arm, t.request_id, t.nominal_tokens, t.locality,
+       t.chain, t.ttft_s, t.ttft_method, t.seq
+FROM kv_ttft t JOIN kv_series s ON s.run_id = t.run_id AND s.pair = t.pair""",
+    ),
+    (
+        "kv_ttft_pairs_series",
+        """
+SELECT t.run_id, s.series, s.unit AS pair, t.nominal_tokens, t.locality, t.chain, t.on_ttft, t.off_ttft,
+       t.change_pct, t.seq
+FROM kv_ttft_pairs t JOIN kv_series s ON s.run_id = t.run_id AND s.pair = t.pair""",
     ),
     (
         "kv_sessions",

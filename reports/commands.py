@@ -43,9 +43,20 @@ def _open(db_url: str, run_id: str | None, verify: bool = False) -> Source:
     default=None,
     help="Write one static HTML file with figures.",
 )
+@click.option(
+    "--pool-replays",
+    is_flag=True,
+    help="Add Table 3 over each run and its replays (same plan, same config) pooled: their block "
+    "pairs counted as one sample.",
+)
 @db_option
 def report_command(
-    run_id: str | None, as_json: bool, as_markdown: bool, html_path: Path | None, db_url: str
+    run_id: str | None,
+    as_json: bool,
+    as_markdown: bool,
+    html_path: Path | None,
+    pool_replays: bool,
+    db_url: str,
 ) -> None:
     """The report derived from the ledger: pairing, exclusions, the study's tables.
 
@@ -58,13 +69,20 @@ def report_command(
     Example:
 
         ledger report --run 0193... --markdown > report.md && ledger report --html report.html
+
+    A run replayed with `ledger replay` sent the same requests again; with
+    --pool-replays, Table 3 is also given over the run and its replays together,
+    so that three replays of a two-pair screening reach the six block pairs an
+    interval needs:
+
+        ledger report --pool-replays --markdown
     """
     if as_json and as_markdown:
         raise click.UsageError("give at most one of --json and --markdown")
     # The HTML page opens with the audit's verdict: its chain check runs beside the derivation.
     src = _open(db_url, run_id, verify=html_path is not None)
     try:
-        report = derive_report(src, run_id)
+        report = derive_report(src, run_id, pool_replays=pool_replays)
         audit = audit_json(src, run_id) if html_path is not None else None
     finally:
         src.close()

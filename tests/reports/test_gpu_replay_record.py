@@ -188,3 +188,18 @@ def test_the_documented_calls_are_the_ones_that_ran() -> None:
             f"--replay {part.split()[0]}" for part in call.split("--replay ")[1:]
         ]
         assert set(replays) <= set(_replays())
+
+
+def test_the_pooled_table_counts_both_runs_block_pairs(record: tuple[str, list[Event]]) -> None:
+    url, _ = record
+    result = ledger_cli("report", "--db", url, "--json", "--pool-replays")
+    assert result.exit_code == 0, result.output
+    tables = json.loads(result.output)["tables"]
+    ((original, replay),) = [
+        (o, r) for o, r in _replays().items() if o in {c["run_id"] for c in tables["ttft"]}
+    ]
+    pooled = tables["ttft_series"]
+    assert len(pooled) == len([c for c in tables["ttft"] if c["run_id"] == original]) == 15
+    for cell in pooled:
+        assert cell["series"] == original and cell["runs"] == [original, replay]
+        assert cell["matched_units"] == 4 and cell["inference"]["mode"] == "descriptive"
