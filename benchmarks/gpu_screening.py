@@ -2,7 +2,8 @@
 
 ``python -m benchmarks gpu-screening [--data DIR ...]`` (default: every committed
 GPU study, ``tests/data/gpu``, ``tests/data/gpu-mp``, ``tests/data/gpu-mp-32k``,
-``tests/data/gpu-published`` and ``tests/data/gpu-replay``, side by side)
+``tests/data/gpu-published``, ``tests/data/gpu-replay`` and ``tests/data/gpu-replay-3``,
+side by side)
 
 For each study, imports its export (``ledger.jsonl.xz``) into a fresh SQLite
 ledger and prints, for each of its screening runs in the order they started (a
@@ -37,7 +38,8 @@ from ledger._jsonl import import_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT = [
-    REPO / "tests" / "data" / name for name in ("gpu", "gpu-mp", "gpu-mp-32k", "gpu-published", "gpu-replay")
+    REPO / "tests" / "data" / name
+    for name in ("gpu", "gpu-mp", "gpu-mp-32k", "gpu-published", "gpu-replay", "gpu-replay-3")
 ]
 
 

@@ -133,7 +133,9 @@ def test_on_configs_record_the_copy_path_that_decides_their_gpu_layers(study: St
     configs = json.loads(result.output)["tables"]["validation"]["configs"]
     assert configs and all(c["lmcache_ops"] is want for c in configs)
     if study.spec["device"] != "cpu":  # on the CPU path the GPU layers do not apply
-        assert all(c["passed"] is bool(study.spec.get("publishable")) for c in configs), configs
+        # A study may fail to publish for another reason than its configs (an interrupted run).
+        validated = study.spec.get("configs_validated", bool(study.spec.get("publishable")))
+        assert all(c["passed"] is validated for c in configs), configs
 
 
 def test_ttft_cells_infer_only_from_six_block_pairs_and_say_so(study: Study) -> None:
