@@ -238,11 +238,31 @@ def ttft_table(src: Source, run: str | None) -> list[dict[str, Any]]:
         "kv_ttft WHERE true",
         "kv_ttft_pairs WHERE true",
     )
+    return _in_table_3_order(table, "run_id")
+
+
+def _in_table_3_order(table: list[dict[str, Any]], unit: str) -> list[dict[str, Any]]:
+    """Table 3's cells by ``unit`` (run or series), size, then cold, first local, cross; labelled."""
     order = {"cold": 0, "local1": 1, "cross": 2}
-    table.sort(key=lambda r: (str(r["run_id"]), r["nominal_tokens"] or 0, order.get(r["locality"], 9)))
+    table.sort(key=lambda r: (str(r[unit]), r["nominal_tokens"] or 0, order.get(r["locality"], 9)))
     for row in table:
         row["locality_label"] = LOCALITY_LABELS.get(row["locality"], row["locality"])
     return table
+
+
+# The series that pool runs (kv_series: a run and its replays of the same plan and config).
+_POOLED_SERIES = "SELECT series FROM kv_series GROUP BY series HAVING count(DISTINCT run_id) > 1"
+
+
+def _by_series(relation: str) -> str:
+    """``relation``'s rows of pooled series, its ``pair`` the series' unit (kv_series), as
+    :func:`_table`'s ``relation WHERE condition``. Joined here, when asked, rather than kept as
+    views that every report would materialise."""
+    return (
+        f"(SELECT t.* EXCLUDE (pair), s.series, s.unit AS pair FROM {relation} t "
+        f"JOIN kv_series s ON s.run_id = t.run_id AND s.pair = t.pair) "
+        f"WHERE series IN ({_POOLED_SERIES})"
+    )
 
 
 def ttft_series_table(src: Source, run: str | None) -> list[dict[str, Any]]:
@@ -253,29 +273,24 @@ def ttft_series_table(src: Source, run: str | None) -> list[dict[str, Any]]:
         str(series): [str(r) for r in runs]
         for series, runs in src.tuples(
             "SELECT series, list(run_id ORDER BY seq) FROM (SELECT DISTINCT s.series, s.run_id, r.seq "
-            "FROM kv_series s JOIN kv_runs r USING (run_id)) GROUP BY series HAVING count(*) > 1"
+            f"FROM kv_series s JOIN kv_runs r USING (run_id) WHERE s.series IN ({_POOLED_SERIES})) "
+            "GROUP BY series"
         )
     }
     if run is not None:
         pooled = {series: runs for series, runs in pooled.items() if run in runs}
     if not pooled:
         return []
-    table = [
-        row
-        for row in _table(
-            src,
-            None,
-            ("series", "nominal_tokens", "locality"),
-            "ttft_s",
-            "kv_ttft_series WHERE true",
-            "kv_ttft_pairs_series WHERE true",
-        )
-        if row["series"] in pooled
-    ]
-    order = {"cold": 0, "local1": 1, "cross": 2}
-    table.sort(key=lambda r: (str(r["series"]), r["nominal_tokens"] or 0, order.get(r["locality"], 9)))
+    cells = _table(
+        src,
+        None,
+        ("series", "nominal_tokens", "locality"),
+        "ttft_s",
+        _by_series("kv_ttft"),
+        _by_series("kv_ttft_pairs"),
+    )
+    table = _in_table_3_order([row for row in cells if row["series"] in pooled], "series")
     for row in table:
-        row["locality_label"] = LOCALITY_LABELS.get(row["locality"], row["locality"])
         row["runs"] = pooled[row["series"]]
     return table
 

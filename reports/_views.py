@@ -175,7 +175,8 @@ FROM ({
     # both registered the same plan and validated the same config (the same requests against the
     # same configuration); any other run is a series of its own. ``unit`` numbers the series' block
     # pairs (run by run in the order they started, then pair), so that the pairs of a run and its
-    # replays can be counted as one sample of block pairs (`ledger report --pool-replays`).
+    # replays can be counted as one sample of block pairs (reports/_derive.py ttft_series_table,
+    # `ledger report --pool-replays`).
     (
         "kv_series",
         """
@@ -455,21 +456,6 @@ SELECT run_id, pair, nominal_tokens, step AS locality, chain, on_ttft, off_ttft,
        100 * (on_ttft / off_ttft - 1) AS change_pct, seq
 FROM kv_pairs WHERE status = 'matched' AND workload = 'micro' AND step IN ('cold', 'local1', 'cross')
   AND on_ttft IS NOT NULL AND off_ttft > 0""",
-    ),
-    # Table 3's observations and matched pairs by series (kv_series): ``pair`` is the series' unit.
-    (
-        "kv_ttft_series",
-        """
-SELECT t.run_id, s.series, t.block_id, s.unit AS pair, t.arm, t.request_id, t.nominal_tokens, t.locality,
-       t.chain, t.ttft_s, t.ttft_method, t.seq
-FROM kv_ttft t JOIN kv_series s ON s.run_id = t.run_id AND s.pair = t.pair""",
-    ),
-    (
-        "kv_ttft_pairs_series",
-        """
-SELECT t.run_id, s.series, s.unit AS pair, t.nominal_tokens, t.locality, t.chain, t.on_ttft, t.off_ttft,
-       t.change_pct, t.seq
-FROM kv_ttft_pairs t JOIN kv_series s ON s.run_id = t.run_id AND s.pair = t.pair""",
     ),
     (
         "kv_sessions",
