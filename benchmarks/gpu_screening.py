@@ -98,16 +98,21 @@ def study(data: Path) -> list[dict[str, Any]] | None:
             if not runs:
                 print(f"error: {export} holds no screening run", file=sys.stderr)
                 return None
+            # request_sent's columns are the fields its events carry: no probe, no probe column.
+            columns = {r["column_name"] for r in query(ledger, "DESCRIBE request_sent").to_pylist()}
+            unprobed = " AND probe IS NULL" if "probe" in columns else ""
             for index, run in enumerate(runs):
                 if index:
                     print()
-                figures.append(_run(ledger, data, run))
+                figures.append(_run(ledger, data, run, unprobed))
         finally:
             ledger.close()
     return figures
 
 
-def _run(ledger: Any, data: Path, run: dict[str, Any]) -> dict[str, Any]:
+def _run(ledger: Any, data: Path, run: dict[str, Any], unprobed: str) -> dict[str, Any]:
+    """One screening run's rate, medians and ratios, printed; its figures. ``unprobed``: the SQL
+    that leaves out the isolation certificate's probe requests, where the ledger records any."""
     rows = query(
         ledger,
         f"""
@@ -127,9 +132,6 @@ def _run(ledger: Any, data: Path, run: dict[str, Any]) -> dict[str, Any]:
         WHERE q.run_id = '{run["run_id"]}' AND b.arm = 'ON' AND q.step = 'cold'
           AND NOT q.warmup""",
     ).to_pylist()[0]
-    # request_sent's columns are the fields its events carry: no probe, no probe column.
-    columns = {r["column_name"] for r in query(ledger, "DESCRIBE request_sent").to_pylist()}
-    unprobed = " AND probe IS NULL" if "probe" in columns else ""
     measured = query(
         ledger,
         f"""SELECT count(*) AS n FROM request_sent
