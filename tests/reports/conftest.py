@@ -51,6 +51,23 @@ def ledger_rows(url: str, statement: str) -> list[dict[str, Any]]:
         led.close()
 
 
+def payload_digests(events: list[Event], run: str) -> dict[str, str]:
+    """Each request key of ``run`` and the SHA-256 of the payload it sent (one request per key)."""
+    sent = [e for e in events if e.kind == "request.sent" and e.run_id == run]
+    keys = [e.data["request_key"] for e in sent]
+    assert len(keys) == len(set(keys))  # one request per key
+    return {e.data["request_key"]: e.data["payload_sha256"] for e in sent}
+
+
+def replica_gpus(events: list[Event], run: str) -> set[str]:
+    """The UUIDs of the GPUs ``run``'s replicas were launched on, as the launches record them."""
+    return {
+        e.data["gpu"]["uuid"]
+        for e in events
+        if e.kind == "deployment.launched" and e.run_id == run and e.data["gpu"]
+    }
+
+
 @pytest.fixture
 def build(ledger_url: str) -> Iterator[Any]:
     """``build(envelopes) -> Source`` over a fresh ledger at ``ledger_url``."""

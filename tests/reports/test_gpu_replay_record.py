@@ -20,7 +20,7 @@ import pytest
 from ledger import Event
 
 from .._cli import ledger_cli
-from .conftest import import_export
+from .conftest import import_export, payload_digests, replica_gpus
 
 STUDY = Path(__file__).resolve().parents[1] / "data" / "gpu-replay"
 PUBLISHED = STUDY.parent / "gpu-published"
@@ -69,17 +69,10 @@ def test_each_replay_reran_its_original_from_the_recorded_script(record: tuple[s
         }
 
 
-def _payloads(events: list[Event], run: str) -> dict[str, str]:
-    sent = [e for e in events if e.kind == "request.sent" and e.run_id == run]
-    keys = [e.data["request_key"] for e in sent]
-    assert len(keys) == len(set(keys))  # one request per key
-    return {e.data["request_key"]: e.data["payload_sha256"] for e in sent}
-
-
 def test_every_request_of_a_replay_has_its_originals_payload_digest(record: tuple[str, list[Event]]) -> None:
     _, events = record
     for original, replay in _replays().items():
-        before, after = _payloads(events, original), _payloads(events, replay)
+        before, after = payload_digests(events, original), payload_digests(events, replay)
         assert before and before == after
         plans = {
             run: [e.data["plan_sha256"] for e in events if e.kind == "plan.registered" and e.run_id == run]
@@ -92,26 +85,18 @@ def test_every_request_of_a_replay_has_its_originals_payload_digest(record: tupl
         assert note["plan_matched"] is True and note["mismatched"] == []
 
 
-def _gpus(events: list[Event], run: str) -> set[str]:
-    return {
-        e.data["gpu"]["uuid"]
-        for e in events
-        if e.kind == "deployment.launched" and e.run_id == run and e.data["gpu"]
-    }
-
-
 def test_the_replays_ran_on_another_gpu_with_its_own_probes(record: tuple[str, list[Event]]) -> None:
     _, events = record
     started = _started(events)
     for original, replay in _replays().items():
-        (old,), (new,) = _gpus(events, original), _gpus(events, replay)
+        (old,), (new,) = replica_gpus(events, original), replica_gpus(events, replay)
         assert old != new and old.startswith("GPU-") and new.startswith("GPU-")
     probed: dict[str, set[str]] = defaultdict(set)
     for e in started.values():
         if e.data["experiment"].startswith("probe."):
             probed[e.data["experiment"]] |= {g["uuid"] for g in e.data["host"]["gpus"]}
-    replayed_on = set().union(*(_gpus(events, r) for r in _replays().values()))
-    ran_on = set().union(*(_gpus(events, r) for r in _replays()))
+    replayed_on = set().union(*(replica_gpus(events, r) for r in _replays().values()))
+    ran_on = set().union(*(replica_gpus(events, r) for r in _replays()))
     assert set(probed) == {"probe.copy-ordering", "probe.lmcache-helpers", "probe.lmcache-pool"}
     assert all(uuids == replayed_on | ran_on for uuids in probed.values()), probed
 

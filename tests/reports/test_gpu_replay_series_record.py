@@ -19,7 +19,7 @@ import pytest
 from ledger import Event
 
 from .._cli import ledger_cli
-from .conftest import import_export
+from .conftest import import_export, payload_digests, replica_gpus
 
 STUDY = Path(__file__).resolve().parents[1] / "data" / "gpu-replay-3"
 ORIGINAL = "01a2355e-1b19-73f6-85dc-dc530fe1769c"
@@ -44,19 +44,9 @@ def test_three_runs_of_one_plan_on_three_gpus(record: tuple[str, list[Event], di
     assert len(runs) == 3 and runs[0] == ORIGINAL
     started = {str(e.run_id): e.data for e in events if e.kind == "run.started"}
     assert [started[r].get("replay_of") for r in runs] == [None, ORIGINAL, ORIGINAL]
-    payloads = [
-        {
-            e.data["request_key"]: e.data["payload_sha256"]
-            for e in events
-            if e.kind == "request.sent" and e.run_id == r
-        }
-        for r in runs
-    ]
+    payloads = [payload_digests(events, r) for r in runs]
     assert payloads[0] and payloads[0] == payloads[1] == payloads[2]
-    gpus = [
-        {e.data["gpu"]["uuid"] for e in events if e.kind == "deployment.launched" and e.run_id == r}
-        for r in runs
-    ]
+    gpus = [replica_gpus(events, r) for r in runs]
     assert all(len(g) == 1 for g in gpus) and len(set().union(*gpus)) == 3
 
 
