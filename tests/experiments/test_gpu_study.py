@@ -199,6 +199,37 @@ def test_deadline_interrupts_the_run_and_exports_what_exists(tmp_path: Path) -> 
     assert "run.started" in kinds and "request.sent" in kinds and "run.completed" not in kinds
 
 
+def test_a_smaller_final_reserve_gives_the_run_its_seconds_and_the_report_can_be_left_out(
+    tmp_path: Path,
+) -> None:
+    # The same 60 s deadline as above, with 15 s kept for the final steps instead of 45: the
+    # screening's limit is the deadline less that reserve, and without the report the export
+    # still comes back whole.
+    proc, summary = _drive(
+        tmp_path,
+        "--target",
+        "sim",
+        "--steps",
+        "screening",
+        "--deadline-s",
+        "60",
+        "--final-reserve-s",
+        "15",
+        "--no-final-report",
+        "--screening-param",
+        "block_pairs=4",
+        "--screening-param",
+        "time_scale=0.05",
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "screening: start (limit 45 s)" in proc.stdout or "screening: start (limit 44 s)" in proc.stdout
+    steps = {s["name"]: s for s in summary["steps"]}
+    assert steps["report"]["rc"] is None and "--no-final-report" in steps["report"]["skipped"]
+    assert [steps[n]["rc"] for n in ("verify", "audit", "export")] == [0, 0, 0]
+    assert not (tmp_path / "out" / "report.md").exists()
+    assert any(e["kind"] == "request.sent" for e in _events(tmp_path / "out" / "ledger.jsonl.xz"))
+
+
 def test_replay_step_needs_a_run(tmp_path: Path) -> None:
     proc, _ = _drive(tmp_path, "--steps", "replay")
     assert proc.returncode == 2 and "--replay RUN_ID" in proc.stderr
