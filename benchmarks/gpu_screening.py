@@ -2,7 +2,8 @@
 
 ``python -m benchmarks gpu-screening [--data DIR ...]`` (default: every committed
 GPU study, ``tests/data/gpu``, ``tests/data/gpu-mp``, ``tests/data/gpu-mp-32k``,
-``tests/data/gpu-published``, ``tests/data/gpu-replay`` and ``tests/data/gpu-replay-3``,
+``tests/data/gpu-published``, ``tests/data/gpu-replay``, ``tests/data/gpu-replay-3`` and
+``tests/data/gpu-pooled``,
 side by side)
 
 For each study, imports its export (``ledger.jsonl.xz``) into a fresh SQLite
@@ -39,7 +40,7 @@ from ledger._jsonl import import_jsonl
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT = [
     REPO / "tests" / "data" / name
-    for name in ("gpu", "gpu-mp", "gpu-mp-32k", "gpu-published", "gpu-replay", "gpu-replay-3")
+    for name in ("gpu", "gpu-mp", "gpu-mp-32k", "gpu-published", "gpu-replay", "gpu-replay-3", "gpu-pooled")
 ]
 
 

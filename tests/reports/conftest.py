@@ -68,6 +68,33 @@ def replica_gpus(events: list[Event], run: str) -> set[str]:
     }
 
 
+POOLED_HEADER = "| size | cold | first local reuse | cross-replica reuse |"
+
+
+def documented_pooled_table(section: str) -> dict[int, list[str]]:
+    """The pooled Table 3 that docs/gpu-study.md gives under the heading ``section``: size → its
+    cells (cold, first local reuse, cross-replica reuse) as written."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "gpu-study.md").read_text()
+    after = doc[doc.index(section) :]
+    table = after[after.index(POOLED_HEADER) :].split("\n\n")[0]
+    documented = {}
+    for line in table.splitlines()[2:]:
+        size, *cells = [c.strip() for c in line.strip("|").split("|")]
+        documented[int(size.replace(",", ""))] = cells
+    return documented
+
+
+def pooled_table(report: dict[str, Any]) -> dict[int, list[str]]:
+    """The report's pooled Table 3 (``--pool-replays``) written as the docs write it: the
+    Hodges–Lehmann change and its Wilcoxon interval, per size in the report's order."""
+    derived: dict[int, list[str]] = {}
+    for cell in report["tables"]["ttft_series"]:
+        estimate, ci = cell["inference"]["hodges_lehmann_change_pct"], cell["inference"]["wilcoxon_ci"]
+        text = f"{estimate:+.1f} % [{ci['low']:+.1f}, {ci['high']:+.1f}]"
+        derived.setdefault(cell["nominal_tokens"], []).append(text)
+    return derived
+
+
 @pytest.fixture
 def build(ledger_url: str) -> Iterator[Any]:
     """``build(envelopes) -> Source`` over a fresh ledger at ``ledger_url``."""

@@ -19,7 +19,7 @@ import pytest
 from ledger import Event
 
 from .._cli import ledger_cli
-from .conftest import import_export, payload_digests, replica_gpus
+from .conftest import documented_pooled_table, import_export, payload_digests, pooled_table, replica_gpus
 
 STUDY = Path(__file__).resolve().parents[1] / "data" / "gpu-replay-3"
 ORIGINAL = "01a2355e-1b19-73f6-85dc-dc530fe1769c"
@@ -91,15 +91,6 @@ def test_pooled_cells_count_six_pairs_each_its_own_runs_change(
 
 def test_the_documented_table_is_the_pooled_report(record: tuple[str, list[Event], dict[str, Any]]) -> None:
     _, _, report = record
-    doc = (STUDY.parents[2] / "docs" / "gpu-study.md").read_text()
-    table = doc[doc.index("| size | cold | first local reuse | cross-replica reuse |") :].split("\n\n")[0]
-    documented = {}
-    for line in table.splitlines()[2:]:
-        size, *cells = [c.strip() for c in line.strip("|").split("|")]
-        documented[int(size.replace(",", ""))] = cells
-    derived: dict[int, list[str]] = {}
-    for cell in report["tables"]["ttft_series"]:
-        estimate, ci = cell["inference"]["hodges_lehmann_change_pct"], cell["inference"]["wilcoxon_ci"]
-        text = f"{estimate:+.1f} % [{ci['low']:+.1f}, {ci['high']:+.1f}]"
-        derived.setdefault(cell["nominal_tokens"], []).append(text)  # cold, local1, cross: the report's order
-    assert documented == derived
+    assert documented_pooled_table(
+        "## Three runs, six block pairs (`tests/data/gpu-replay-3`)"
+    ) == pooled_table(report)
