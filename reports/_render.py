@@ -104,12 +104,14 @@ def _paired_rows(
     dims: list[tuple[str, Any]],
     places: int = 3,
     label: Callable[[Any], str] = run_label,
+    key: str = "run_id",
 ) -> list[list[str]]:
+    """One row per paired cell, led by its ``key`` column (a run, or a series of runs)."""
     rows = []
     for r in table:
         rows.append(
             [
-                label(r["run_id"]),
+                label(r[key]),
                 *(fn(r) for _, fn in dims),
                 num(r["arms"]["OFF"]["median"], places),
                 num(r["arms"]["ON"]["median"], places),
@@ -211,12 +213,13 @@ def sections(report: dict[str, Any], label: Callable[[Any], str] = run_label) ->
                     "of block pairs",
                     ["series", "size", "locality", *_PAIRED_HEAD],
                     _paired_rows(
-                        [{**r, "run_id": r["series"]} for r in t["ttft_series"]],
+                        t["ttft_series"],
                         [
                             ("size", lambda r: size(r["nominal_tokens"])),
                             ("locality", lambda r: r["locality_label"]),
                         ],
                         label=label,
+                        key="series",
                     ),
                     sorted(
                         {
