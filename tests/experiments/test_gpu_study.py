@@ -42,6 +42,21 @@ SMALL = [
 ]
 
 
+# A sim screening far longer than the whole-run deadline of 60 s it is given.
+SIM_SCREENING_IN_60_S = [
+    "--target",
+    "sim",
+    "--steps",
+    "screening",
+    "--deadline-s",
+    "60",
+    "--screening-param",
+    "block_pairs=4",
+    "--screening-param",
+    "time_scale=0.05",
+]
+
+
 def _events(path: Path) -> list[dict[str, Any]]:
     with lzma.open(path, "rt") as f:
         return [json.loads(line) for line in f]
@@ -176,19 +191,7 @@ def test_sim_run_failed_pre_step_recorded_rest_exported(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_deadline_interrupts_the_run_and_exports_what_exists(tmp_path: Path) -> None:
     # 60 s less the final steps' reserve (45 s): the screening gets ~15 s, far from enough.
-    proc, summary = _drive(
-        tmp_path,
-        "--target",
-        "sim",
-        "--steps",
-        "screening",
-        "--deadline-s",
-        "60",
-        "--screening-param",
-        "block_pairs=4",
-        "--screening-param",
-        "time_scale=0.05",
-    )
+    proc, summary = _drive(tmp_path, *SIM_SCREENING_IN_60_S)
     assert proc.returncode == 0, proc.stderr
     steps = {s["name"]: s for s in summary["steps"]}
     cut = steps["screening"]
@@ -205,22 +208,7 @@ def test_a_smaller_final_reserve_gives_the_run_its_seconds_and_the_report_can_be
     # The same 60 s deadline as above, with 15 s kept for the final steps instead of 45: the
     # screening's limit is the deadline less that reserve, and without the report the export
     # still comes back whole.
-    proc, summary = _drive(
-        tmp_path,
-        "--target",
-        "sim",
-        "--steps",
-        "screening",
-        "--deadline-s",
-        "60",
-        "--final-reserve-s",
-        "15",
-        "--no-final-report",
-        "--screening-param",
-        "block_pairs=4",
-        "--screening-param",
-        "time_scale=0.05",
-    )
+    proc, summary = _drive(tmp_path, *SIM_SCREENING_IN_60_S, "--final-reserve-s", "15", "--no-final-report")
     assert proc.returncode == 0, proc.stderr
     assert "screening: start (limit 45 s)" in proc.stdout or "screening: start (limit 44 s)" in proc.stdout
     steps = {s["name"]: s for s in summary["steps"]}

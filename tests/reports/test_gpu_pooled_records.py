@@ -1,0 +1,117 @@
+"""Table 3 pooled over three runs of one plan and config on three H200s (`ledger report
+--pool-replays`), re-derived from two committed exports:
+
+- tests/data/gpu-replay-3: the third run was interrupted in its last block's teardown: every
+  request and check of it is in the ledger, its last block has no block.finished, and the audit
+  blocks publishing on exactly that;
+- tests/data/gpu-pooled: the third run complete, and the ledger publishes with no finding.
+
+For each, the runs' payload digests and GPUs, and the pooled cells against each run's own
+per-pair changes and against the table docs/gpu-study.md gives.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ledger import Event
+
+from .._cli import ledger_cli
+from .conftest import documented_pooled_table, import_export, payload_digests, pooled_table, replica_gpus
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+ORIGINAL = "01a2355e-1b19-73f6-85dc-dc530fe1769c"
+# Each study and the heading of its section in docs/gpu-study.md.
+SECTIONS = {
+    "gpu-replay-3": "## Three runs, six block pairs (`tests/data/gpu-replay-3`)",
+    "gpu-pooled": "## Three complete runs, six block pairs, published (`tests/data/gpu-pooled`)",
+}
+Record = tuple[str, str, list[Event], dict[str, Any]]
+
+
+@pytest.fixture(scope="module", params=sorted(SECTIONS))
+def record(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Record:
+    study = str(request.param)
+    url = f"sqlite:///{tmp_path_factory.mktemp(study) / 'ledger.db'}"
+    events = import_export(DATA / study / "ledger.jsonl.xz", url)
+    result = ledger_cli("report", "--db", url, "--json", "--pool-replays")
+    assert result.exit_code == 0, result.output
+    return study, url, events, json.loads(result.output)
+
+
+def _screenings(events: list[Event]) -> list[str]:
+    return [str(e.run_id) for e in events if e.kind == "run.started" and e.data["experiment"] == "screening"]
+
+
+def _of(events: list[Event], run: str, kind: str) -> list[Event]:
+    return [e for e in events if e.run_id == run and e.kind == kind]
+
+
+def test_three_runs_of_one_plan_on_three_gpus(record: Record) -> None:
+    _, _, events, _ = record
+    runs = _screenings(events)
+    assert len(runs) == 3 and runs[0] == ORIGINAL
+    started = {str(e.run_id): e.data for e in events if e.kind == "run.started"}
+    assert [started[r].get("replay_of") for r in runs] == [None, ORIGINAL, ORIGINAL]
+    payloads = [payload_digests(events, r) for r in runs]
+    assert len(payloads[0]) == 224 and payloads[0] == payloads[1] == payloads[2]
+    gpus = [replica_gpus(events, r) for r in runs]
+    assert all(len(g) == 1 for g in gpus) and len(set().union(*gpus)) == 3
+    for run in runs:
+        checks = [e.data["passed"] for e in _of(events, run, "assertion.evaluated")]
+        assert len(checks) == 612 and all(checks)
+
+
+def test_the_audit_blocks_exactly_on_an_interrupted_run(record: Record) -> None:
+    study, url, events, _ = record
+    runs = _screenings(events)
+    complete = {
+        run
+        for run in runs
+        if [e.data["status"] for e in _of(events, run, "run.finished")] == ["completed"]
+        and len(_of(events, run, "block.finished")) == len(_of(events, run, "block.started")) == 4
+    }
+    result = ledger_cli("audit", "--db", url, "--json")
+    blocking = [f for f in json.loads(result.output)["findings"] if f["severity"] == "blocking"]
+    assert [(f["code"], f["run_id"]) for f in blocking] == [
+        ("run-incomplete", r) for r in runs if r not in complete
+    ]
+    publishes = ledger_cli("audit", "--db", url, "--publish").exit_code == 0
+    assert publishes == (complete == set(runs))
+    # What each study says of itself: gpu-pooled publishes; gpu-replay-3's third run was cut.
+    assert publishes == (study == "gpu-pooled")
+    if study == "gpu-replay-3":
+        third = runs[-1]
+        started = [e.block_id for e in _of(events, third, "block.started")]
+        assert [e.block_id for e in _of(events, third, "block.finished")] == started[:3]
+        (done,) = [e.data for e in _of(events, third, "run.finished")]
+        assert done["status"] == "aborted" and "interrupted" in done["error"]
+    else:
+        assert json.loads(result.output)["findings"] == []
+
+
+def test_pooled_cells_count_six_pairs_each_its_own_runs_change(record: Record) -> None:
+    _, _, events, report = record
+    runs = _screenings(events)
+    own = {
+        (c["run_id"], c["nominal_tokens"], c["locality"]): c["inference"]["per_pair_change_pct"]
+        for c in report["tables"]["ttft"]
+    }
+    pooled = report["tables"]["ttft_series"]
+    assert len(pooled) == 15
+    for cell in pooled:
+        assert cell["series"] == ORIGINAL and cell["runs"] == runs
+        inference = cell["inference"]
+        assert cell["matched_units"] == 6 and inference["n_block_pairs"] == 6 and "wilcoxon_ci" in inference
+        key = (cell["nominal_tokens"], cell["locality"])
+        assert Counter(inference["per_pair_change_pct"]) == Counter(x for r in runs for x in own[(r, *key)])
+
+
+def test_the_documented_table_is_the_pooled_report(record: Record) -> None:
+    study, _, _, report = record
+    assert documented_pooled_table(SECTIONS[study]) == pooled_table(report)
