@@ -71,17 +71,23 @@ def replica_gpus(events: list[Event], run: str) -> set[str]:
 POOLED_HEADER = "| size | cold | first local reuse | cross-replica reuse |"
 
 
+def documented_table(header: str, section: str = "") -> dict[int, list[str]]:
+    """The Markdown table of docs/gpu-study.md whose header line is ``header`` (the first after
+    the heading ``section``, when given): its first column's size → the other cells as written."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "gpu-study.md").read_text()
+    after = doc[doc.index(section) :] if section else doc
+    table = after[after.index(header) :].split("\n\n")[0]
+    documented = {}
+    for line in table.splitlines()[2:]:
+        size, *cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        documented[int(size.replace(",", ""))] = cells
+    return documented
+
+
 def documented_pooled_table(section: str) -> dict[int, list[str]]:
     """The pooled Table 3 that docs/gpu-study.md gives under the heading ``section``: size → its
     cells (cold, first local reuse, cross-replica reuse) as written."""
-    doc = (Path(__file__).resolve().parents[2] / "docs" / "gpu-study.md").read_text()
-    after = doc[doc.index(section) :]
-    table = after[after.index(POOLED_HEADER) :].split("\n\n")[0]
-    documented = {}
-    for line in table.splitlines()[2:]:
-        size, *cells = [c.strip() for c in line.strip("|").split("|")]
-        documented[int(size.replace(",", ""))] = cells
-    return documented
+    return documented_table(POOLED_HEADER, section)
 
 
 def pooled_table(report: dict[str, Any]) -> dict[int, list[str]]:

@@ -20,7 +20,7 @@ import pytest
 from ledger import Event
 
 from .._cli import ledger_cli
-from .conftest import import_export, payload_digests, replica_gpus
+from .conftest import documented_table, import_export, payload_digests, replica_gpus
 
 STUDY = Path(__file__).resolve().parents[1] / "data" / "gpu-replay"
 PUBLISHED = STUDY.parent / "gpu-published"
@@ -128,10 +128,10 @@ def test_the_documented_side_by_side_table_is_what_the_benchmark_derives(
     assert figures is not None
     by_run = {f["run_id"]: {row["size"]: row for row in f["sizes"]} for f in figures}
     ((original, replay),) = [(o, r) for o, r in _replays().items() if o in by_run]
-    doc = (STUDY.parents[2] / "docs" / "gpu-study.md").read_text()
-    table = doc[doc.index("| size | cross ON/OFF, original |") :].split("\n\n")[0]
-    rows = table.splitlines()[2:]
-    documented = {int(r.split("|")[1].replace(",", "")): [float(x) for x in r.split("|")[2:8]] for r in rows}
+    documented = {
+        size: [float(x) for x in cells]
+        for size, cells in documented_table("| size | cross ON/OFF, original |").items()
+    }
     assert set(documented) == set(by_run[original]) == set(by_run[replay])
     for size, cells in documented.items():
         a, b = by_run[original][size], by_run[replay][size]
