@@ -40,7 +40,16 @@ from ledger._jsonl import import_jsonl
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT = [
     REPO / "tests" / "data" / name
-    for name in ("gpu", "gpu-mp", "gpu-mp-32k", "gpu-published", "gpu-replay", "gpu-replay-3", "gpu-pooled")
+    for name in (
+        "gpu",
+        "gpu-mp",
+        "gpu-mp-32k",
+        "gpu-published",
+        "gpu-replay",
+        "gpu-replay-3",
+        "gpu-pooled",
+        "gpu-pooled-12",
+    )
 ]
 
 

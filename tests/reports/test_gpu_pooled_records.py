@@ -1,10 +1,12 @@
-"""Table 3 pooled over three runs of one plan and config on three H200s (`ledger report
---pool-replays`), re-derived from two committed exports:
+"""Table 3 pooled over the runs of one plan and config on several H200s (`ledger report
+--pool-replays`), re-derived from three committed exports:
 
 - tests/data/gpu-replay-3: the third run was interrupted in its last block's teardown: every
   request and check of it is in the ledger, its last block has no block.finished, and the audit
   blocks publishing on exactly that;
-- tests/data/gpu-pooled: the third run complete, and the ledger publishes with no finding.
+- tests/data/gpu-pooled: the third run complete, and the ledger publishes with no finding;
+- tests/data/gpu-pooled-12: gpu-pooled's export replayed three more times on a fourth H200: six
+  complete runs, twelve block pairs, and the ledger publishes with no finding.
 
 For each, the runs' payload digests and GPUs, and the pooled cells against each run's own
 per-pair changes and against the table docs/gpu-study.md gives.
@@ -30,6 +32,7 @@ ORIGINAL = "01a2355e-1b19-73f6-85dc-dc530fe1769c"
 SECTIONS = {
     "gpu-replay-3": "## Three runs, six block pairs (`tests/data/gpu-replay-3`)",
     "gpu-pooled": "## Three complete runs, six block pairs, published (`tests/data/gpu-pooled`)",
+    "gpu-pooled-12": "## Six complete runs, twelve block pairs, published (`tests/data/gpu-pooled-12`)",
 }
 Record = tuple[str, str, list[Event], dict[str, Any]]
 
@@ -52,16 +55,20 @@ def _of(events: list[Event], run: str, kind: str) -> list[Event]:
     return [e for e in events if e.run_id == run and e.kind == kind]
 
 
-def test_three_runs_of_one_plan_on_three_gpus(record: Record) -> None:
-    _, _, events, _ = record
+def test_the_runs_replay_one_plan_on_gpus_other_than_the_originals(record: Record) -> None:
+    study, _, events, _ = record
     runs = _screenings(events)
-    assert len(runs) == 3 and runs[0] == ORIGINAL
+    replays = json.loads((DATA / study / "STUDY.json").read_text())["replays"]
+    assert runs[0] == ORIGINAL and runs[1:] == [r for r, of in replays.items() if of == ORIGINAL]
     started = {str(e.run_id): e.data for e in events if e.kind == "run.started"}
-    assert [started[r].get("replay_of") for r in runs] == [None, ORIGINAL, ORIGINAL]
+    assert [started[r].get("replay_of") for r in runs] == [None] + [ORIGINAL] * (len(runs) - 1)
     payloads = [payload_digests(events, r) for r in runs]
-    assert len(payloads[0]) == 224 and payloads[0] == payloads[1] == payloads[2]
+    assert len(payloads[0]) == 224 and all(p == payloads[0] for p in payloads)
     gpus = [replica_gpus(events, r) for r in runs]
-    assert all(len(g) == 1 for g in gpus) and len(set().union(*gpus)) == 3
+    # Each run on one GPU; the first replay on another host than the original, the second on a
+    # third; any later replays on yet another (gpu-pooled-12's three, all on a fourth).
+    assert all(len(g) == 1 for g in gpus) and len(set().union(*gpus[:3])) == 3
+    assert all(g.isdisjoint(set().union(*gpus[:3])) for g in gpus[3:])
     for run in runs:
         checks = [e.data["passed"] for e in _of(events, run, "assertion.evaluated")]
         assert len(checks) == 612 and all(checks)
@@ -83,8 +90,8 @@ def test_the_audit_blocks_exactly_on_an_interrupted_run(record: Record) -> None:
     ]
     publishes = ledger_cli("audit", "--db", url, "--publish").exit_code == 0
     assert publishes == (complete == set(runs))
-    # What each study says of itself: gpu-pooled publishes; gpu-replay-3's third run was cut.
-    assert publishes == (study == "gpu-pooled")
+    # What each study says of itself: the pooled ones publish; gpu-replay-3's third run was cut.
+    assert publishes == (study != "gpu-replay-3")
     if study == "gpu-replay-3":
         third = runs[-1]
         started = [e.block_id for e in _of(events, third, "block.started")]
@@ -95,7 +102,7 @@ def test_the_audit_blocks_exactly_on_an_interrupted_run(record: Record) -> None:
         assert json.loads(result.output)["findings"] == []
 
 
-def test_pooled_cells_count_six_pairs_each_its_own_runs_change(record: Record) -> None:
+def test_pooled_cells_count_every_runs_pairs_each_its_own_runs_change(record: Record) -> None:
     _, _, events, report = record
     runs = _screenings(events)
     own = {
@@ -104,10 +111,16 @@ def test_pooled_cells_count_six_pairs_each_its_own_runs_change(record: Record) -
     }
     pooled = report["tables"]["ttft_series"]
     assert len(pooled) == 15
+    pairs = sum(len(_of(events, run, "block.started")) // 2 for run in runs)  # OFF–ON–ON–OFF: two a run
+    assert pairs == 2 * len(runs)
     for cell in pooled:
         assert cell["series"] == ORIGINAL and cell["runs"] == runs
         inference = cell["inference"]
-        assert cell["matched_units"] == 6 and inference["n_block_pairs"] == 6 and "wilcoxon_ci" in inference
+        assert (
+            cell["matched_units"] == pairs
+            and inference["n_block_pairs"] == pairs
+            and "wilcoxon_ci" in inference
+        )
         key = (cell["nominal_tokens"], cell["locality"])
         assert Counter(inference["per_pair_change_pct"]) == Counter(x for r in runs for x in own[(r, *key)])
 
