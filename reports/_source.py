@@ -21,11 +21,14 @@ forged together with its recorded digest cannot reach a number that ``ledger
 audit --publish`` or ``ledger attest`` publishes. Once the views are built, the
 derived projections that only they read are dropped (the views hold copies); the
 audit's re-derivations are built on a second cursor while the report is derived
-(DuckDB works off the GIL).
+(DuckDB works off the GIL), where DuckDB's memory leaves room for both: past half its
+limit, or once it has moved tables to disk, two builds side by side can pin all of it at
+once and fail (an out-of-memory error, not a spill), so they are built one after the other.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -58,6 +61,9 @@ class Source:
     _verification: Future[Verification] | None = None
     _rederivation: Future[float] | None = None
     _once: dict[str, Any] = field(default_factory=dict)
+    # Whether the audit's re-derivations were built beside the derivation (started at open, and
+    # not built again alone after running out of memory there).
+    rederived_beside: bool = False
 
     def once(self, key: str, build: Callable[[], T]) -> T:
         """``build()``, run once per source and key: for what several checks derive from the same
@@ -70,9 +76,15 @@ class Source:
     def rederive(self) -> float:
         """Build the audit's re-derivations (reports/_views.py AUDIT_VIEWS) once per source
         (started at open when asked: then this waits for them); the seconds building took."""
-        if self._rederivation is None:
-            self._rederivation = Future()
-            self._rederivation.set_result(_build_audit_views(self.con))
+        if self._rederivation is not None:
+            try:
+                return self._rederivation.result()
+            except duckdb.OutOfMemoryException:
+                # Beside the derivation, the two pinned all of DuckDB's memory between them (its
+                # statements fail whole, so nothing of theirs is left): built again, alone.
+                self.rederived_beside = False
+        self._rederivation = Future()
+        self._rederivation.set_result(_build_audit_views(self.con))
         return self._rederivation.result()
 
     def verification(self) -> Verification:
@@ -138,6 +150,37 @@ def _build_audit_views(con: duckdb.DuckDBPyConnection) -> float:
     return time.perf_counter() - started
 
 
+# DuckDB's memory units as its settings print them (``953.6 MiB``).
+_MEMORY_UNITS = {
+    "byte": 1,
+    "bytes": 1,
+    "KiB": 2**10,
+    "MiB": 2**20,
+    "GiB": 2**30,
+    "TiB": 2**40,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+}
+
+
+def room_beside(con: duckdb.DuckDBPyConnection) -> bool:
+    """Whether DuckDB's memory leaves room to build the audit's re-derivations beside the
+    derivation: nothing moved to disk, and at most half the memory limit in use. Past that,
+    the two builds side by side can each pin what the other needs and one of them fails."""
+    used, spilled = con.execute(
+        "SELECT coalesce(sum(memory_usage_bytes), 0), coalesce(sum(temporary_storage_bytes), 0) "
+        "FROM duckdb_memory()"
+    ).fetchone() or (0, 0)
+    setting = con.execute("SELECT current_setting('memory_limit')").fetchone()
+    match = re.fullmatch(r"([\d.]+)\s*(\w+)", str(setting[0]).strip()) if setting else None
+    if match is None or match.group(2) not in _MEMORY_UNITS:
+        return False  # a limit not read: one after the other, which fits whatever it is
+    limit = float(match.group(1)) * _MEMORY_UNITS[match.group(2)]
+    return int(spilled) == 0 and int(used) <= limit / 2
+
+
 def _rederive_in_background(cursor: duckdb.DuckDBPyConnection) -> Future[float]:
     """Build the audit's re-derivations on ``cursor`` (a connection of its own to the source's
     in-memory database) on a thread of their own; closes it when done."""
@@ -160,6 +203,7 @@ def open_source(
     snapshot_root: Path | None = None,
     until_seq: int | None = None,
     verify: bool = False,
+    rederive_beside: bool | None = None,
 ) -> Source:
     """Open a ledger for reading and prepare the report views.
 
@@ -167,7 +211,9 @@ def open_source(
     the attested head even after the ledger has grown). ``verify`` starts the
     full chain verification now, beside the views, and once the views are built,
     the audit's re-derivations beside whatever the caller does next (the audit and
-    ``ledger attest`` ask for it).
+    ``ledger attest`` ask for it). ``rederive_beside``: build those beside the derivation (True)
+    or when the audit first asks, after it (False); by default beside where DuckDB's memory
+    leaves room for both (:func:`room_beside`).
     """
     ledger = open_ledger(url_or_ledger, create=False) if isinstance(url_or_ledger, str) else url_or_ledger
     started, verified_from, heads_read = None, None, None
@@ -206,5 +252,16 @@ def open_source(
         bound = "" if until_seq is None else f"WHERE seq <= {int(until_seq)}"
         row = con.execute(f"SELECT seq, chain FROM events {bound} ORDER BY seq DESC LIMIT 1").fetchone()
         head = Head(int(row[0]), str(row[1])) if row else None
-    rederivation = _rederive_in_background(analytics.cursor()) if verify else None
-    return Source(ledger, analytics, con, head, _verification=started, _rederivation=rederivation)
+    # Beside the derivation where DuckDB has the memory for both; otherwise the audit builds
+    # them when it first asks (Source.rederive), after the derivation.
+    beside = verify and (room_beside(con) if rederive_beside is None else rederive_beside)
+    rederivation = _rederive_in_background(analytics.cursor()) if beside else None
+    return Source(
+        ledger,
+        analytics,
+        con,
+        head,
+        _verification=started,
+        _rederivation=rederivation,
+        rederived_beside=rederivation is not None,
+    )

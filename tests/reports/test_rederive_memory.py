@@ -1,0 +1,108 @@
+"""The audit's re-derivations beside the derivation, only where DuckDB's memory holds both.
+
+Built side by side, the report's derivation and the audit's re-derivations each pin DuckDB
+memory; on a 10M-event ledger under the 1 GB limit one of them failed with DuckDB's
+out-of-memory error (not a spill). The source builds them one after the other once DuckDB is
+past half its limit or has moved tables to disk, and a build beside that still runs out is
+built again alone. Either way the audit is the same.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pytest
+
+from reports import audit, derive_report, open_source, to_json
+from reports._source import room_beside
+
+from .._synthetic import Flaws, generate
+from .conftest import import_envelopes
+
+FLAWS = Flaws(assertion_failed=True, counter_mismatch=True, declared_exclusion=True)
+
+
+@pytest.fixture(scope="module")
+def ledger_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("rederive") / "ledger.db"
+    events, _ = generate(flaws=FLAWS)
+    import_envelopes(f"sqlite:///{path}", events).close()
+    return path
+
+
+def _report_and_findings(src: Any) -> tuple[str, list[tuple[str, str, str]]]:
+    text = to_json(derive_report(src))
+    return text, sorted((f.code, f.severity, str(f.target)) for f in audit(src))
+
+
+@pytest.mark.parametrize("beside", [True, False])
+def test_beside_or_after_the_derivation_the_audit_is_the_same(
+    ledger_path: Path, tmp_path: Path, beside: bool
+) -> None:
+    url = f"sqlite:///{ledger_path}"
+    chosen = open_source(url, tmp_path / "a", verify=True)  # the memory decides
+    forced = open_source(url, tmp_path / "b", verify=True, rederive_beside=beside)
+    try:
+        # A ledger this small leaves DuckDB nearly all of its memory: beside, by default.
+        assert chosen.rederived_beside is True
+        assert forced.rederived_beside is beside
+        report, findings = _report_and_findings(forced)
+        assert (report, findings) == _report_and_findings(chosen)
+        assert {"assertion-failed", "counter-mismatch"} <= {code for code, _, _ in findings}
+    finally:
+        for src in (chosen, forced):
+            src.close()
+            src.ledger.close()
+
+
+def test_a_build_beside_that_ran_out_of_memory_is_built_again_alone(
+    ledger_path: Path, tmp_path: Path
+) -> None:
+    src = open_source(f"sqlite:///{ledger_path}", tmp_path / "s", verify=True, rederive_beside=False)
+    # As a build beside the derivation leaves it when DuckDB runs out of memory there.
+    failed: Future[float] = Future()
+    failed.set_exception(duckdb.OutOfMemoryException("failed to pin block of size 256.0 KiB"))
+    ran_out = dataclasses.replace(src, _rederivation=failed, rederived_beside=True)
+    try:
+        assert ran_out.rederive() >= 0.0
+        assert ran_out.rederived_beside is False
+        rows = ran_out.scalar("SELECT count(*) FROM kv_rederived")
+        assert rows == src.scalar("SELECT count(*) FROM kv_assertions") and rows > 0
+        assert {f.code for f in audit(ran_out)} >= {"assertion-failed", "counter-mismatch"}
+    finally:
+        ran_out.close()
+        src.ledger.close()
+
+
+def test_other_errors_of_a_build_beside_are_raised(ledger_path: Path, tmp_path: Path) -> None:
+    src = open_source(f"sqlite:///{ledger_path}", tmp_path / "s", verify=True, rederive_beside=False)
+    failed: Future[float] = Future()
+    failed.set_exception(duckdb.BinderException("no such column"))
+    broken = dataclasses.replace(src, _rederivation=failed, rederived_beside=True)
+    try:
+        with pytest.raises(duckdb.BinderException, match="no such column"):
+            broken.rederive()
+        assert broken.rederived_beside is True
+    finally:
+        broken.close()
+        src.ledger.close()
+
+
+def test_room_beside_is_half_of_duckdbs_memory_with_nothing_on_disk(tmp_path: Path) -> None:
+    con = duckdb.connect(config={"memory_limit": "64MB", "temp_directory": str(tmp_path)})
+    try:
+        assert room_beside(con)
+        # About 40 MB of hashes (nothing for DuckDB to compress) held in a table: past half of
+        # the 64 MB limit.
+        con.execute("CREATE TABLE held AS SELECT hash(range) AS x, hash(range + 1) AS y FROM range(2500000)")
+        used = con.execute("SELECT sum(memory_usage_bytes) FROM duckdb_memory()").fetchone()
+        assert used is not None and used[0] > 32 * 10**6
+        assert not room_beside(con)
+        con.execute("DROP TABLE held")
+        assert room_beside(con)
+    finally:
+        con.close()
