@@ -14,7 +14,7 @@ the report's tables from the database's own rows (read natively and checked
 as they are read, link by link from GENESIS: that read is the full chain
 verification of seq 1..head, and the rows appended since are scanned after it),
 derive every table, render JSON, and run every audit check including the
-re-derivations, built beside the derivation once the views are where DuckDB's memory
+re-derivations, built beside the derivation once the views are, where DuckDB's memory
 holds both (else after it). The proof's and the derivation
 from rows' seconds are reported on their own, and the peak resident size of
 the timed part. Goals: ≤ 2 s at 1M events; ≤ 15 s and ≤ 2 GB at 10M.
