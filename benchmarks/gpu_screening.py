@@ -49,6 +49,7 @@ DEFAULT = [
         "gpu-replay-3",
         "gpu-pooled",
         "gpu-pooled-12",
+        "gpu-pooled-18",
     )
 ]
 

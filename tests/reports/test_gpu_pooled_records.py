@@ -1,12 +1,14 @@
 """Table 3 pooled over the runs of one plan and config on several H200s (`ledger report
---pool-replays`), re-derived from three committed exports:
+--pool-replays`), re-derived from four committed exports:
 
 - tests/data/gpu-replay-3: the third run was interrupted in its last block's teardown: every
   request and check of it is in the ledger, its last block has no block.finished, and the audit
   blocks publishing on exactly that;
 - tests/data/gpu-pooled: the third run complete, and the ledger publishes with no finding;
 - tests/data/gpu-pooled-12: gpu-pooled's export replayed three more times on a fourth H200: six
-  complete runs, twelve block pairs, and the ledger publishes with no finding.
+  complete runs, twelve block pairs, and the ledger publishes with no finding;
+- tests/data/gpu-pooled-18: gpu-pooled-12's export replayed three more times on a fifth H200:
+  nine complete runs, eighteen block pairs, and the ledger publishes with no finding.
 
 For each, the runs' payload digests and GPUs, and the pooled cells against each run's own
 per-pair changes and against the table docs/gpu-study.md gives.
@@ -33,7 +35,11 @@ SECTIONS = {
     "gpu-replay-3": "## Three runs, six block pairs (`tests/data/gpu-replay-3`)",
     "gpu-pooled": "## Three complete runs, six block pairs, published (`tests/data/gpu-pooled`)",
     "gpu-pooled-12": "## Six complete runs, twelve block pairs, published (`tests/data/gpu-pooled-12`)",
+    "gpu-pooled-18": "## Nine complete runs, eighteen block pairs, published (`tests/data/gpu-pooled-18`)",
 }
+# The hosts each study's screenings ran on, in the order of its runs: the original's, the first
+# replay's, the second's, then three runs on each later host.
+HOSTS = {"gpu-replay-3": 3, "gpu-pooled": 3, "gpu-pooled-12": 4, "gpu-pooled-18": 5}
 Record = tuple[str, str, list[Event], dict[str, Any]]
 
 
@@ -66,9 +72,13 @@ def test_the_runs_replay_one_plan_on_gpus_other_than_the_originals(record: Recor
     assert len(payloads[0]) == 224 and all(p == payloads[0] for p in payloads)
     gpus = [replica_gpus(events, r) for r in runs]
     # Each run on one GPU; the first replay on another host than the original, the second on a
-    # third; any later replays on yet another (gpu-pooled-12's three, all on a fourth).
+    # third; later replays three to a host, each host new (gpu-pooled-12's on a fourth, the three
+    # gpu-pooled-18 adds on a fifth).
     assert all(len(g) == 1 for g in gpus) and len(set().union(*gpus[:3])) == 3
-    assert all(g.isdisjoint(set().union(*gpus[:3])) for g in gpus[3:])
+    later = [set().union(*gpus[i : i + 3]) for i in range(3, len(gpus), 3)]
+    assert all(len(host) == 1 for host in later)
+    hosts = [*gpus[:3], *later]
+    assert len(set().union(*hosts)) == len(hosts) == HOSTS[study]
     for run in runs:
         checks = [e.data["passed"] for e in _of(events, run, "assertion.evaluated")]
         assert len(checks) == 612 and all(checks)
