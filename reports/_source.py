@@ -169,12 +169,13 @@ def room_beside(con: duckdb.DuckDBPyConnection) -> bool:
     """Whether DuckDB's memory leaves room to build the audit's re-derivations beside the
     derivation: nothing moved to disk, and at most half the memory limit in use. Past that,
     the two builds side by side can each pin what the other needs and one of them fails."""
-    used, spilled = con.execute(
-        "SELECT coalesce(sum(memory_usage_bytes), 0), coalesce(sum(temporary_storage_bytes), 0) "
-        "FROM duckdb_memory()"
-    ).fetchone() or (0, 0)
-    setting = con.execute("SELECT current_setting('memory_limit')").fetchone()
-    match = re.fullmatch(r"([\d.]+)\s*(\w+)", str(setting[0]).strip()) if setting else None
+    # One statement, fetched whole: a result left half-read on the source's connection would make
+    # DuckDB refuse a later register or unregister there.
+    ((used, spilled, setting),) = con.execute(
+        "SELECT coalesce(sum(memory_usage_bytes), 0), coalesce(sum(temporary_storage_bytes), 0), "
+        "current_setting('memory_limit') FROM duckdb_memory()"
+    ).fetchall()
+    match = re.fullmatch(r"([\d.]+)\s*(\w+)", str(setting).strip())
     if match is None or match.group(2) not in _MEMORY_UNITS:
         return False  # a limit not read: one after the other, which fits whatever it is
     limit = float(match.group(1)) * _MEMORY_UNITS[match.group(2)]
