@@ -26,9 +26,11 @@ import pyarrow as pa
 
 from ._errors import QueryError
 from ._events import GENESIS
+from ._row_sources import RowSource
+from ._row_sources import row_source as row_source_for
 from ._rows import SCHEMA, native_table, read_rows, rows_to_table
 from ._snapshot import Proof, Snapshot, _seqs_follow, key_path, sql_literal
-from ._snapshot_rows import _carrow, _stored_chains, by_kind, checked_reader, columns_read, single_kind
+from ._snapshot_rows import _carrow, by_kind, columns_read, single_kind
 from ._store import Ledger
 from ._typed import Typed, typed_table
 from ._typed import typed as typed_fields
@@ -235,18 +237,19 @@ def empty_table(schema: pa.Schema) -> pa.Table:
     return pa.Table.from_arrays([pa.nulls(0, field.type) for field in schema], schema=schema)
 
 
-def checked_source(ledger: Ledger, projections: Mapping[str, str]) -> str | None:
-    """The SQLite file whose rows :func:`derive_checked` reads, checks and splits by kind in one
-    native pass, or None (the reader or verifier is not native, an older build lacks the call,
-    or a projection reads more than one kind's rows)."""
-    path = checked_reader(ledger)
-    if path is None or not hasattr(_carrow, "read_checked_by_kind"):
+def checked_source(ledger: Ledger, projections: Mapping[str, str]) -> RowSource | None:
+    """Where :func:`derive_checked` reads, checks and splits by kind the rows in one native pass
+    (an SQLite file, or PostgreSQL in bulk: ledger/_row_sources.py), or None (the reader or
+    verifier is not native, an older build lacks the call, or a projection reads more than one
+    kind's rows)."""
+    if _carrow is None or not hasattr(_carrow, "read_checked_by_kind"):
         return None
-    return path if all(single_kind(sql) for sql in projections.values()) else None
+    source = row_source_for(ledger)
+    return source if source is not None and all(single_kind(sql) for sql in projections.values()) else None
 
 
 def derive_checked(
-    con: duckdb.DuckDBPyConnection, path: str, projections: Mapping[str, str], until_seq: int
+    con: duckdb.DuckDBPyConnection, source: RowSource, projections: Mapping[str, str], until_seq: int
 ) -> tuple[Derived, RangeResult] | None:
     """:func:`derive_from_rows` over rows that are verified as they are read: each chunk's rows are
     checked link by link from GENESIS (digest recomputed from the envelope, chain followed, seq in
@@ -307,7 +310,7 @@ def derive_checked(
     # Each chunk is read in two parts side by side; a part after the first starts on the chain the
     # database stores before it, which must be the chain the part before ended on, checked.
     parts = [[(a, a + (b - a) // 2), (a + (b - a) // 2, b)] if b - a > 1 else [(a, b)] for a, b in bounds]
-    stored = _stored_chains(path, [a for chunk in parts for a, _ in chunk if a > 0])
+    stored = source.stored_chains([a for chunk in parts for a, _ in chunk if a > 0])
 
     def start_of(after: int) -> str:
         return GENESIS if after == 0 else stored.get(after, "")
@@ -318,16 +321,12 @@ def derive_checked(
         lower = _NO_LOWER_BOUND if after == 0 else after
         if not native_typed:
             # Also what a build older than the typed fields takes and gives.
-            rows, groups, check = carrow.read_checked_by_kind(
-                path, lower, stop, after + 1, start_of(after), mask
-            )[:3]
+            rows, groups, check = source.by_kind(lower, stop, after + 1, start_of(after), mask, None)[:3]
             return (rows, [(*group[:4], None) for group in groups], check, False), time.perf_counter() - began
-        result = carrow.read_checked_by_kind(
-            path, lower, stop, after + 1, start_of(after), mask, native_typed
-        )
+        result = source.by_kind(lower, stop, after + 1, start_of(after), mask, native_typed)
         if result[3]:
             # A row the native parse was not sure of: the part again, its data for DuckDB to parse.
-            result = carrow.read_checked_by_kind(path, lower, stop, after + 1, start_of(after), mask, None)
+            result = source.by_kind(lower, stop, after + 1, start_of(after), mask, None)
         return result, time.perf_counter() - began
 
     # Typed projections whose Arrow tables are held (not copied into DuckDB), their pieces in seq
@@ -508,8 +507,8 @@ class Analytics:
                 # cache: the cache is proven as always (its mismatches are still reported), but
                 # nothing it holds reaches a number.
                 until = self.snapshot.proof.head_seq
-                path = checked_source(self.ledger, self.projections)
-                done = None if path is None else derive_checked(con, path, self.projections, until)
+                source = checked_source(self.ledger, self.projections)
+                done = None if source is None else derive_checked(con, source, self.projections, until)
                 if done is not None:
                     self.derived, self.checked = done
                 else:

@@ -1,4 +1,4 @@
-/* Native read of an SQLite ledger's rows into Arrow buffers (the snapshot's raw rows), and,
+/* Native read of a ledger's rows into Arrow buffers (the snapshot's raw rows), and,
  * for a segment being written, the same rows' chain check and data fields in that one pass.
  *
  * Why C: through Python's sqlite3 each row becomes a tuple of nine objects and each
@@ -36,6 +36,11 @@
  * its typed columns (else None), and the result ends with True where a row of a listed kind was
  * one the parse is not sure of (its kind's typed columns are then dropped: read the range again
  * without ``typed`` and let DuckDB parse it).
+ *
+ * check_copy(data, expected_seq, previous_chain[, columns, typed]) -> the same, for the rows of
+ * ``data``, PostgreSQL's binary COPY of those nine columns (a PostgreSQL ledger's rows, fetched by
+ * ledger/_row_sources.py): every step above reads a row through a Source, an SQLite statement or
+ * that data, so rows from either database are checked, split and parsed by the same code.
  */
 #define PY_SSIZE_T_CLEAN
 /* OpenSSL's direct SHA256_* calls, as in _cverify.c (EVP costs about 30 ns more per hash). */
@@ -80,6 +85,112 @@ static int raise_read_error(int outcome, const char *message) {
     }
 }
 
+/* ---- Where rows come from. ---- */
+
+/* An SQLite statement stepped row by row, or rows already in memory in PostgreSQL's binary COPY
+ * format (a PostgreSQL ledger's rows, fetched by ledger/_row_sources.py with
+ * ``COPY (SELECT seq, id, ts, kind, run_id, block_id, data, digest, chain ...) TO STDOUT (FORMAT
+ * binary)``) walked tuple by tuple: every step below reads a row through these, so both are
+ * checked, split and parsed by the same code. */
+typedef struct {
+    sqlite3_stmt *st;            /* NULL: the COPY data */
+    const unsigned char *at, *end; /* the COPY data not yet read */
+    long long seq;               /* the current tuple's seq and text columns (1 id ... 8 chain) */
+    Text texts[TEXT_COLUMNS];
+    const char *error;           /* why the COPY data could not be read, else NULL */
+} Source;
+
+static inline long long source_seq(const Source *s) {
+    return s->st != NULL ? sqlite3_column_int64(s->st, 0) : s->seq;
+}
+
+/* A buffered row's text column ``col`` (1 id ... 8 chain, as in the SQLite statement). */
+static inline void buffered_text(const Source *s, int col, Text *t) { *t = s->texts[col - 1]; }
+
+static inline uint32_t be32(const unsigned char *p) {
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | (uint32_t)p[3];
+}
+
+/* The COPY data's header (signature, flags, extension), checked and skipped: 0, or -1 with
+ * ``error`` set. */
+static int copy_start(Source *s) {
+    static const unsigned char SIGNATURE[11] = {'P', 'G', 'C', 'O', 'P', 'Y', '\n', 0xff, '\r', '\n', 0};
+    if (s->end - s->at < 19 || memcmp(s->at, SIGNATURE, 11) != 0) {
+        s->error = "not PostgreSQL's binary COPY format (no signature)";
+        return -1;
+    }
+    uint32_t extension = be32(s->at + 15);
+    if ((uint64_t)(s->end - s->at - 19) < extension) {
+        s->error = "the header's extension passes the end of the data";
+        return -1;
+    }
+    s->at += 19 + extension;
+    return 0;
+}
+
+/* The next tuple into seq and texts: 1, 0 at the trailer, -1 with ``error`` set where the data
+ * is not nine fields of an int8 and eight texts, or ends early. */
+static int copy_next(Source *s) {
+    if (s->end - s->at < 2) {
+        s->error = "the data ends before its trailer";
+        return -1;
+    }
+    int fields = (int16_t)(s->at[0] << 8 | s->at[1]);
+    s->at += 2;
+    if (fields == -1) return 0;
+    if (fields != 1 + TEXT_COLUMNS) {
+        s->error = "a tuple without the nine columns seq, id, ts, kind, run_id, block_id, data, digest, chain";
+        return -1;
+    }
+    for (int f = 0; f < fields; f++) {
+        if (s->end - s->at < 4) goto short_data;
+        int32_t n = (int32_t)be32(s->at);
+        s->at += 4;
+        if (n < -1 || (n > 0 && s->end - s->at < n)) goto short_data;
+        if (f == 0) {
+            if (n != 8) {
+                s->error = "a seq that is not an int8";
+                return -1;
+            }
+            uint64_t v = (uint64_t)be32(s->at) << 32 | be32(s->at + 4);
+            s->seq = (long long)v;
+        } else {
+            Text *t = &s->texts[f - 1];
+            t->is_null = n == -1;
+            t->p = n > 0 ? s->at : (const unsigned char *)"";
+            t->n = n > 0 ? (size_t)n : 0;
+        }
+        if (n > 0) s->at += n;
+    }
+    return 1;
+short_data:
+    s->error = "a field passes the end of the data";
+    return -1;
+}
+
+/* The current row's canonical envelope into ``b``: 0, -1 on a column that cannot hold it, -2 when
+ * out of memory. */
+static int source_envelope(Buffer *b, const Source *s) {
+    if (s->st != NULL) return envelope(b, s->st);
+    Text id, ts, kind, run_id, block_id, data;
+    buffered_text(s, 1, &id);
+    buffered_text(s, 2, &ts);
+    buffered_text(s, 3, &kind);
+    buffered_text(s, 4, &run_id);
+    buffered_text(s, 5, &block_id);
+    buffered_text(s, 6, &data);
+    if (id.is_null || ts.is_null || kind.is_null || data.is_null) return -1;
+    return envelope_of(b, &id, &ts, &kind, &run_id, &block_id, &data);
+}
+
+/* A stored hex column (7 digest, 8 chain) equals ``hex``. */
+static int source_column_is(const Source *s, int col, const char *hex) {
+    if (s->st != NULL) return column_is(s->st, col, hex);
+    Text t;
+    buffered_text(s, col, &t);
+    return !t.is_null && t.n == HEX_LEN && memcmp(t.p, hex, HEX_LEN) == 0;
+}
+
 /* ---- The chain check of each row read (mirrors _cverify.c's scan_rows). ---- */
 
 enum { CHECK_OK = 0, CHECK_DELETED = 1, CHECK_EDITED = 2, CHECK_RELINKED = 3 };
@@ -94,9 +205,9 @@ typedef struct {
 } Check;
 
 /* Check the current row (before any column is converted); after a failure rows are only read. */
-static int check_row(Check *c, sqlite3_stmt *st) {
+static int check_row(Check *c, const Source *src) {
     if (c->outcome != CHECK_OK) return READ_OK;
-    long long seq = sqlite3_column_int64(st, 0);
+    long long seq = source_seq(src);
     if (seq != c->expected) {
         c->outcome = CHECK_DELETED;
         c->found_seq = seq;
@@ -104,16 +215,16 @@ static int check_row(Check *c, sqlite3_stmt *st) {
         return READ_OK;
     }
     char digest[HEX_LEN], chain[HEX_LEN];
-    int built = envelope(&c->envelope, st);
+    int built = source_envelope(&c->envelope, src);
     if (built == -2) return READ_NOMEM;
     if (built == 0) sha256_hex(c->envelope.p, c->envelope.len, NULL, 0, digest);
-    if (built == -1 || !column_is(st, 7, digest)) {
+    if (built == -1 || !source_column_is(src, 7, digest)) {
         c->outcome = CHECK_EDITED;
         c->bad_seq = seq;
         return READ_OK;
     }
     sha256_hex(c->chain, c->chain_len, digest, HEX_LEN, chain);
-    if (!column_is(st, 8, chain)) {
+    if (!source_column_is(src, 8, chain)) {
         c->outcome = CHECK_RELINKED;
         c->bad_seq = seq;
         return READ_OK;
@@ -348,9 +459,10 @@ static int scan_fields(Fields *f, const unsigned char *kind, size_t kind_len, co
 /* All text columns, or those of a mask's bits (bit c: text column c). */
 #define ALL_COLUMNS ((1u << TEXT_COLUMNS) - 1)
 
-static int add_row(Buffer *seqs, Column *cols, sqlite3_stmt *st, int64_t row, unsigned mask) {
+static int add_row(Buffer *seqs, Column *cols, const Source *src, int64_t row, unsigned mask) {
     if (reserve(seqs, 8) < 0) return READ_NOMEM;
-    int64_t seq = sqlite3_column_int64(st, 0);
+    int64_t seq = source_seq(src);
+    sqlite3_stmt *st = src->st;
     memcpy(seqs->p + seqs->len, &seq, 8);
     seqs->len += 8;
     for (int c = 0; c < TEXT_COLUMNS; c++) {
@@ -361,11 +473,13 @@ static int add_row(Buffer *seqs, Column *cols, sqlite3_stmt *st, int64_t row, un
             col->validity.p[col->validity.len++] = 0;
         }
         size_t n = 0;
-        if (sqlite3_column_type(st, c + 1) == SQLITE_NULL) {
+        Text buffered = {NULL, 0, 0};
+        if (st == NULL) buffered_text(src, c + 1, &buffered);
+        if (st != NULL ? sqlite3_column_type(st, c + 1) == SQLITE_NULL : buffered.is_null) {
             col->nulls++;
         } else {
-            const unsigned char *text = sqlite3_column_text(st, c + 1);
-            n = (size_t)sqlite3_column_bytes(st, c + 1);
+            const unsigned char *text = st != NULL ? sqlite3_column_text(st, c + 1) : buffered.p;
+            n = st != NULL ? (size_t)sqlite3_column_bytes(st, c + 1) : buffered.n;
             if (text == NULL && n) return READ_NOMEM;
             if (col->data.len + n > INT32_MAX) return READ_TOO_LARGE;
             if (reserve(&col->data, n) < 0) return READ_NOMEM;
@@ -932,11 +1046,21 @@ static const unsigned char *extract_object(const unsigned char *p, const unsigne
 
 /* One row's data into its kind's columns: READ_OK, READ_NOMEM, or EXTRACT_UNSURE. */
 #define EXTRACT_UNSURE (-1)
-static int extract_row(const Spec *spec, Out *outs, sqlite3_stmt *st) {
-    if (sqlite3_column_type(st, 6) != SQLITE_TEXT) return EXTRACT_UNSURE;
-    const unsigned char *p = sqlite3_column_text(st, 6);
-    size_t n = (size_t)sqlite3_column_bytes(st, 6);
-    if (p == NULL) return READ_NOMEM;
+static int extract_row(const Spec *spec, Out *outs, const Source *src) {
+    const unsigned char *p;
+    size_t n;
+    if (src->st != NULL) {
+        if (sqlite3_column_type(src->st, 6) != SQLITE_TEXT) return EXTRACT_UNSURE;
+        p = sqlite3_column_text(src->st, 6);
+        n = (size_t)sqlite3_column_bytes(src->st, 6);
+        if (p == NULL) return READ_NOMEM;
+    } else {
+        Text data;
+        buffered_text(src, 6, &data);
+        if (data.is_null) return EXTRACT_UNSURE;
+        p = data.n ? data.p : (const unsigned char *)"";
+        n = data.n;
+    }
     const unsigned char *after = extract_object(p, p + n, spec->fields, spec->order, spec->nfields, outs, 0);
     if (after == NOMEM) return READ_NOMEM;
     if (after == UNSURE || after != p + n) return EXTRACT_UNSURE;
@@ -988,10 +1112,21 @@ static int columns_start(Column *cols) {
 }
 
 /* The group of the current row's kind, made on its first row; NULL when out of memory. */
-static Group *group_of(Groups *g, sqlite3_stmt *st) {
-    int is_null = sqlite3_column_type(st, 3) == SQLITE_NULL;
-    const unsigned char *kind = is_null ? NULL : sqlite3_column_text(st, 3);
-    size_t n = is_null ? 0 : (size_t)sqlite3_column_bytes(st, 3);
+static Group *group_of(Groups *g, const Source *src) {
+    int is_null;
+    const unsigned char *kind;
+    size_t n;
+    if (src->st != NULL) {
+        is_null = sqlite3_column_type(src->st, 3) == SQLITE_NULL;
+        kind = is_null ? NULL : sqlite3_column_text(src->st, 3);
+        n = is_null ? 0 : (size_t)sqlite3_column_bytes(src->st, 3);
+    } else {
+        Text t;
+        buffered_text(src, 3, &t);
+        is_null = t.is_null;
+        n = t.n;
+        kind = is_null ? NULL : (n ? t.p : (const unsigned char *)"");
+    }
     if (!is_null && kind == NULL) return NULL;
     for (size_t k = 0; k < g->used; k++) {
         size_t i = (g->last + k) % g->used;
@@ -1037,6 +1172,36 @@ static Group *group_of(Groups *g, sqlite3_stmt *st) {
     return x;
 }
 
+/* One row into seqs and cols, or, where groups is given, into its kind's group; checked first
+ * where check is given (reading a column as text may convert it, and the check needs its type). */
+static int take_row(const Source *src, int64_t row, Buffer *seqs, Column *cols, Check *check, Fields *fields,
+                    Groups *groups) {
+    int outcome;
+    if (check != NULL && (outcome = check_row(check, src)) != READ_OK) return outcome;
+    if (groups != NULL) {
+        Group *group = group_of(groups, src);
+        if (group == NULL) return READ_NOMEM;
+        if ((outcome = add_row(&group->seqs, group->cols, src, group->rows, group->mask)) != READ_OK) return outcome;
+        if (group->spec != NULL && !group->unsure) {
+            int typed = extract_row(group->spec, group->outs, src);
+            if (typed == READ_NOMEM) return READ_NOMEM;
+            group->unsure = typed != READ_OK;
+        }
+        group->rows++;
+        return READ_OK;
+    }
+    if ((outcome = add_row(seqs, cols, src, row, ALL_COLUMNS)) != READ_OK) return outcome;
+    if (fields != NULL && !fields->unsure) {
+        size_t kind_len = 0, data_len = 0;
+        const unsigned char *kind = last_text(&cols[COL_KIND], row, &kind_len);
+        const unsigned char *data = last_text(&cols[COL_DATA], row, &data_len);
+        int scanned = kind == NULL || data == NULL ? 1 : scan_fields(fields, kind, kind_len, data, data_len);
+        if (scanned < 0) return READ_NOMEM;
+        fields->unsure = scanned;
+    }
+    return READ_OK;
+}
+
 /* Into seqs and cols, or, where groups is given, into each kind's group. */
 static int read_rows(const char *path, int64_t after, int64_t until, Buffer *seqs, Column *cols, int64_t *rows,
                      const char **sqlite_message, Check *check, Fields *fields, Groups *groups) {
@@ -1061,41 +1226,9 @@ static int read_rows(const char *path, int64_t after, int64_t until, Buffer *seq
     sqlite3_bind_int64(st, 2, until);
     int step;
     int64_t row = 0;
+    Source src = {.st = st};
     while ((step = sqlite3_step(st)) == SQLITE_ROW) {
-        /* Checked first: reading a column as text may convert it, and the check needs its type. */
-        if (check != NULL && (outcome = check_row(check, st)) != READ_OK) goto done;
-        if (groups != NULL) {
-            Group *group = group_of(groups, st);
-            if (group == NULL) {
-                outcome = READ_NOMEM;
-                goto done;
-            }
-            if ((outcome = add_row(&group->seqs, group->cols, st, group->rows, group->mask)) != READ_OK) goto done;
-            if (group->spec != NULL && !group->unsure) {
-                int typed = extract_row(group->spec, group->outs, st);
-                if (typed == READ_NOMEM) {
-                    outcome = READ_NOMEM;
-                    goto done;
-                }
-                group->unsure = typed != READ_OK;
-            }
-            group->rows++;
-            row++;
-            continue;
-        }
-        outcome = add_row(seqs, cols, st, row, ALL_COLUMNS);
-        if (outcome != READ_OK) goto done;
-        if (fields != NULL && !fields->unsure) {
-            size_t kind_len = 0, data_len = 0;
-            const unsigned char *kind = last_text(&cols[COL_KIND], row, &kind_len);
-            const unsigned char *data = last_text(&cols[COL_DATA], row, &data_len);
-            int scanned = kind == NULL || data == NULL ? 1 : scan_fields(fields, kind, kind_len, data, data_len);
-            if (scanned < 0) {
-                outcome = READ_NOMEM;
-                goto done;
-            }
-            fields->unsure = scanned;
-        }
+        if ((outcome = take_row(&src, row, seqs, cols, check, fields, groups)) != READ_OK) goto done;
         row++;
     }
     if (step != SQLITE_DONE) outcome = READ_SQLITE;
@@ -1393,15 +1526,11 @@ static PyObject *outs_list(Group *x) {
     return list;
 }
 
-static PyObject *read_checked_by_kind(PyObject *self, PyObject *args) {
-    (void)self;
-    const char *path, *chain;
-    Py_ssize_t chain_len;
-    long long after, until, expected;
-    unsigned int mask = ALL_COLUMNS;
-    PyObject *typed = NULL;
-    if (!PyArg_ParseTuple(args, "sLLLs#|IO", &path, &after, &until, &expected, &chain, &chain_len, &mask, &typed))
-        return NULL;
+/* read_checked_by_kind's work, over the SQLite file at ``path`` (rows after < seq <= until), or,
+ * where ``buffered`` is given, over the rows of its COPY data. */
+static PyObject *checked_by_kind(const char *path, long long after, long long until, Source *buffered,
+                                 long long expected, const char *chain, Py_ssize_t chain_len, unsigned int mask,
+                                 PyObject *typed) {
     if (chain_len != HEX_LEN && chain_len != 0) {
         PyErr_SetString(PyExc_ValueError, "previous chain must be 64 hex characters or empty");
         return NULL;
@@ -1413,12 +1542,26 @@ static PyObject *read_checked_by_kind(PyObject *self, PyObject *args) {
     Groups groups = {.specs = &specs, .mask = mask};
     int64_t rows = 0;
     const char *message = NULL;
-    int outcome, unsure = 0;
+    int outcome = READ_OK, unsure = 0;
     PyObject *result = NULL, *list = NULL;
     if (specs_parse(typed, &specs) < 0) goto done;
     Py_BEGIN_ALLOW_THREADS
-    outcome = read_rows(path, after, until, NULL, NULL, &rows, &message, &check, NULL, &groups);
+    if (buffered == NULL) {
+        outcome = read_rows(path, after, until, NULL, NULL, &rows, &message, &check, NULL, &groups);
+    } else if (copy_start(buffered) == 0) {
+        int next;
+        while ((next = copy_next(buffered)) == 1) {
+            if ((outcome = take_row(buffered, rows, NULL, NULL, &check, NULL, &groups)) != READ_OK) break;
+            rows++;
+        }
+        if (outcome == READ_OK && next == 0 && buffered->at != buffered->end)
+            buffered->error = "data after the trailer";
+    }
     Py_END_ALLOW_THREADS
+    if (buffered != NULL && buffered->error != NULL && outcome == READ_OK) {
+        PyErr_Format(PyExc_ValueError, "COPY data: %s", buffered->error);
+        goto done;
+    }
     if (raise_read_error(outcome, message)) goto done;
     list = PyList_New((Py_ssize_t)groups.used);
     if (list == NULL) goto done;
@@ -1454,6 +1597,34 @@ done:
     return result;
 }
 
+static PyObject *read_checked_by_kind(PyObject *self, PyObject *args) {
+    (void)self;
+    const char *path, *chain;
+    Py_ssize_t chain_len;
+    long long after, until, expected;
+    unsigned int mask = ALL_COLUMNS;
+    PyObject *typed = NULL;
+    if (!PyArg_ParseTuple(args, "sLLLs#|IO", &path, &after, &until, &expected, &chain, &chain_len, &mask, &typed))
+        return NULL;
+    return checked_by_kind(path, after, until, NULL, expected, chain, chain_len, mask, typed);
+}
+
+static PyObject *check_copy(PyObject *self, PyObject *args) {
+    (void)self;
+    const char *chain;
+    Py_ssize_t chain_len;
+    long long expected;
+    unsigned int mask = ALL_COLUMNS;
+    PyObject *data, *typed = NULL;
+    if (!PyArg_ParseTuple(args, "OLs#|IO", &data, &expected, &chain, &chain_len, &mask, &typed)) return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0) return NULL;
+    Source src = {.st = NULL, .at = view.buf, .end = (const unsigned char *)view.buf + view.len};
+    PyObject *result = checked_by_kind(NULL, 0, 0, &src, expected, chain, chain_len, mask, typed);
+    PyBuffer_Release(&view);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"read", read_range, METH_VARARGS,
      "read(path, after_seq, until_seq) -> (rows, seq_bytes, [(validity, nulls, offsets, data)] * 8)"},
@@ -1466,6 +1637,10 @@ static PyMethodDef methods[] = {
      "    -> (rows, [(kind, rows, seq_bytes, columns, typed_columns | None)] in order of first\n"
      "        appearance (the text columns of the mask's bits, 1 << 0 = id ... 1 << 7 = chain),\n"
      "        (outcome, bad_seq, found_seq, last_good_seq, last_good_chain), unsure)"},
+    {"check_copy", check_copy, METH_VARARGS,
+     "check_copy(data, expected_seq, previous_chain, columns=all, typed=None)\n"
+     "    -> what read_checked_by_kind gives, for the rows of ``data``, PostgreSQL's binary COPY of\n"
+     "       (seq, id, ts, kind, run_id, block_id, data, digest, chain), instead of an SQLite file's"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,4 +1,5 @@
 # Types of the native row reader (ledger/_carrow.c).
+from typing import Any
 
 class Memory:
     """Bytes read natively, lent to Arrow through the buffer protocol (pyarrow.py_buffer)."""
@@ -34,6 +35,27 @@ def read_checked_by_kind(
     path: str,
     after_seq: int,
     until_seq: int,
+    expected_seq: int,
+    previous_chain: str,
+    columns: int = 255,
+    typed: dict[str, tuple[int, list[NativeField]]] | None = None,
+    /,
+) -> tuple[
+    int,
+    list[
+        tuple[
+            str | None,
+            int,
+            Memory,
+            list[tuple[Memory | None, int, Memory, Memory]],
+            list[TypedColumn] | None,
+        ]
+    ],
+    tuple[int, int, int, int, str],
+    bool,
+]: ...
+def check_copy(
+    data: Any,
     expected_seq: int,
     previous_chain: str,
     columns: int = 255,

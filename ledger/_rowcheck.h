@@ -59,6 +59,19 @@ static inline int column_is(sqlite3_stmt *st, int col, const char *hex) {
     return stored != NULL && memcmp(stored, hex, HEX_LEN) == 0;
 }
 
+/* The canonical envelope of a row's six texts into ``b``; -2 when out of memory. Shared by the
+ * SQLite rows below and rows handed over in buffers (_carrow.c's check_by_kind). */
+static inline int envelope_of(Buffer *b, const Text *id, const Text *ts, const Text *kind, const Text *run_id,
+                              const Text *block_id, const Text *data) {
+    b->len = 0;
+    if (PUT_LITERAL(b, "{\"block_id\":") || put_string(b, block_id) || PUT_LITERAL(b, ",\"data\":")
+        || put(b, data->p, data->n) || PUT_LITERAL(b, ",\"id\":") || put_string(b, id)
+        || PUT_LITERAL(b, ",\"kind\":") || put_string(b, kind) || PUT_LITERAL(b, ",\"run_id\":")
+        || put_string(b, run_id) || PUT_LITERAL(b, ",\"ts\":") || put_string(b, ts) || PUT_LITERAL(b, "}"))
+        return -2;
+    return 0;
+}
+
 /* The canonical envelope of the current row into ``b``; -1 on a column that cannot hold it. */
 static inline int envelope(Buffer *b, sqlite3_stmt *st) {
     /* Columns: 0 seq, 1 id, 2 ts, 3 kind, 4 run_id, 5 block_id, 6 data, 7 digest, 8 chain. */
@@ -66,13 +79,7 @@ static inline int envelope(Buffer *b, sqlite3_stmt *st) {
     if (text_of(st, 1, 0, &id) || text_of(st, 2, 0, &ts) || text_of(st, 3, 0, &kind)
         || text_of(st, 4, 1, &run_id) || text_of(st, 5, 1, &block_id) || text_of(st, 6, 0, &data))
         return -1;
-    b->len = 0;
-    if (PUT_LITERAL(b, "{\"block_id\":") || put_string(b, &block_id) || PUT_LITERAL(b, ",\"data\":")
-        || put(b, data.p, data.n) || PUT_LITERAL(b, ",\"id\":") || put_string(b, &id)
-        || PUT_LITERAL(b, ",\"kind\":") || put_string(b, &kind) || PUT_LITERAL(b, ",\"run_id\":")
-        || put_string(b, &run_id) || PUT_LITERAL(b, ",\"ts\":") || put_string(b, &ts) || PUT_LITERAL(b, "}"))
-        return -2;
-    return 0;
+    return envelope_of(b, &id, &ts, &kind, &run_id, &block_id, &data);
 }
 
 #endif

@@ -285,15 +285,44 @@ def _native_scan(path: str, after: int, last: int, first: int, previous: str) ->
     """``_cverify.scan`` of seq ``after``+1..``last`` (``first`` expected first, ``previous`` the
     chain to follow) as a :class:`RangeResult`."""
     assert _cverify is not None
-    outcome, bad, found, last_good, chain = _cverify.scan(path, after, last, first, previous)
-    if outcome == _cverify.OK:
+    return _scan_result(_cverify.scan(path, after, last, first, previous), last)
+
+
+def _scan_result(scanned: tuple[int, int, int, int, str], last: int) -> RangeResult:
+    """A native scan's (outcome, bad_seq, found_seq, last_good_seq, last_good_chain) as a
+    :class:`RangeResult` of a range ending at ``last`` (outcomes: 0 ok, 1 deleted, 2 edited,
+    3 relinked, in _cverify.c and _carrow.c alike)."""
+    outcome, bad, found, last_good, chain = scanned
+    if outcome == 0:
         return _missing_tail(RangeResult(last_good, chain), last)
     problem = (
-        _DELETED.format(seq=found, expected=last_good + 1)
-        if outcome == _cverify.DELETED
-        else _NATIVE_PROBLEMS[outcome]
+        _DELETED.format(seq=found, expected=last_good + 1) if outcome == 1 else _NATIVE_PROBLEMS[outcome]
     )
     return RangeResult(last_good, chain, bad, problem)
+
+
+def _source_range(source: Any, first: int, last: int) -> RangeResult:
+    """Check seq ``first..last`` of a row source (ledger/_row_sources.py) as :func:`_native_range`
+    checks an SQLite file's."""
+    if first == 1:
+        return _scan_result(source.scan(_NO_LOWER_BOUND, last, 1, GENESIS), last)
+    stored = source.stored_chains([first - 1])
+    if first - 1 in stored:
+        chain = stored[first - 1]
+        previous = chain if isinstance(chain, str) and len(chain.encode()) == 64 else ""
+        return _scan_result(source.scan(first - 1, last, first, previous), last)
+    # The row before is gone: scan from the next one with no chain to follow.
+    return _scan_result(source.scan(first - 2, last, first, ""), last)
+
+
+def _scan_source(source: Any, last: int, workers: int | None) -> RangeResult:
+    """Every row of a row source, in ranges on two threads (the database's own processes read
+    and aggregate them beside this one's checks)."""
+    count = workers or (1 if last < NATIVE_PARALLEL_THRESHOLD else 2)
+    if count <= 1 or last < 2:
+        return _source_range(source, 1, last)
+    with ThreadPoolExecutor(count) as executor:
+        return merge(list(executor.map(lambda part: _source_range(source, *part), ranges(last, count * 2))))
 
 
 def _scan_native(path: str, last: int, workers: int | None) -> RangeResult:
@@ -328,16 +357,20 @@ def read_heads(ledger: Any) -> Heads:
     return Heads(heads, last, chains_at)
 
 
-def verify_after(path: str, read: Heads, scanned: RangeResult) -> Verification:
-    """The verification of the SQLite file at ``path`` whose seq 1..``scanned.last_seq`` were
-    checked clean from GENESIS as they were read (``scanned``; ``read`` before that check began):
-    the rows after them up to ``read.last`` are checked natively from that chain, then the heads,
-    as :func:`verify_ledger` concludes."""
-    assert _cverify is not None and scanned.bad_seq is None
+def verify_after(source: Any, read: Heads, scanned: RangeResult) -> Verification:
+    """The verification of the ledger whose seq 1..``scanned.last_seq`` were checked clean from
+    GENESIS as they were read (``scanned``; ``read`` before that check began), ``source`` its rows
+    (ledger/_row_sources.py; an SQLite file's path is taken too): the rows after them up to
+    ``read.last`` are checked natively from that chain, then the heads, as :func:`verify_ledger`
+    concludes."""
+    assert scanned.bad_seq is None
     scan = scanned
     if read.last > scanned.last_seq:
         after = scanned.last_seq
-        scan = _native_scan(path, after, read.last, after + 1, scanned.last_chain)
+        if isinstance(source, str):
+            scan = _native_scan(source, after, read.last, after + 1, scanned.last_chain)
+        else:
+            scan = _scan_result(source.scan(after, read.last, after + 1, scanned.last_chain), read.last)
     return conclude(scan, read.heads, read.chains_at, None)
 
 
@@ -351,6 +384,12 @@ def verify_ledger(
     path = native_path(ledger, verifier)
     if path is not None:
         return conclude(_scan_native(path, last, workers), heads, chains_at, expected_head)
+    if (verifier or os.environ.get("KVLEDGER_VERIFIER", "auto")) != "python":
+        from ._row_sources import PostgresRows, row_source
+
+        source = row_source(ledger)
+        if isinstance(source, PostgresRows):
+            return conclude(_scan_source(source, last, workers), heads, chains_at, expected_head)
     count = workers or worker_count(last)
     if count <= 1 or last < 2:
         connection = ledger.database.raw_connection()

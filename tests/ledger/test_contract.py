@@ -705,6 +705,19 @@ class TestPostgreSQL(LedgerContract):
         return pg_url
 
 
+@pytest.mark.postgres
+class TestPostgreSQLPythonVerifier(VerifyContract):
+    """The tampering contract again on PostgreSQL through the Python verifier: the reference for
+    the native check of the rows' binary COPY that TestPostgreSQL goes through."""
+
+    tamper_with = staticmethod(tamper_postgres)
+
+    @pytest.fixture
+    def url(self, pg_url: str, monkeypatch: pytest.MonkeyPatch) -> str:
+        monkeypatch.setenv("KVLEDGER_VERIFIER", "python")
+        return pg_url
+
+
 class TestSQLitePythonSealer(LedgerContract):
     """The whole contract again on SQLite with append sealing and chaining in Python (the reference)."""
 

@@ -20,6 +20,7 @@ import ledger._analytics as analytics_module
 from ledger import Ledger, NewEvent, open_ledger
 from ledger._analytics import checked_source, derive_checked, derive_from_rows
 from ledger._events import GENESIS
+from ledger._row_sources import RowSource
 from ledger._rows import SCHEMA, native_table
 from ledger._snapshot_rows import _carrow
 from ledger._typed import typed, typed_table
@@ -412,25 +413,32 @@ def awkward(sqlite_url: str) -> Ledger:
 
 
 class _Counting:
-    """The native reader, counting the reads its typed parse was sure of and those it was not."""
+    """A row source (ledger/_row_sources.py), counting the reads its typed parse was sure of and
+    those it was not."""
 
-    def __init__(self) -> None:
+    def __init__(self, source: RowSource) -> None:
+        self.source = source
         self.sure = self.unsure = 0
 
-    def __getattr__(self, name: str) -> object:
-        return getattr(_carrow, name)
-
-    def read_checked_by_kind(self, *args: object) -> object:
-        result = _carrow.read_checked_by_kind(*args)
-        if len(args) > 6 and args[6] is not None:
+    def by_kind(
+        self, after: int, until: int, expected: int, previous: str, mask: int, typed: dict[str, Any] | None
+    ) -> tuple[Any, ...]:
+        result = self.source.by_kind(after, until, expected, previous, mask, typed)
+        if typed is not None:
             if result[3]:
                 self.unsure += 1
             else:
                 self.sure += 1
         return result
 
+    def scan(self, after: int, until: int, expected: int, previous: str) -> tuple[int, int, int, int, str]:
+        return self.source.scan(after, until, expected, previous)
 
-def _checked(ledger: Ledger) -> tuple[int, str, list[str]]:
+    def stored_chains(self, seqs: list[int]) -> dict[int, str]:
+        return self.source.stored_chains(seqs)
+
+
+def _checked(ledger: Ledger) -> tuple[int, RowSource, list[str]]:
     """The head seq, the checked read's source and the projections' names."""
     head = ledger.head()
     assert head is not None
@@ -452,10 +460,9 @@ def test_checked_derivation_with_rows_left_to_duckdb(
     expected, types = _tables(plain_con, names), _tables(plain_con, names, "DESCRIBE")
     for chunk in (5, 64, last):
         monkeypatch.setattr(analytics_module, "_CHUNK", chunk)
-        counting = _Counting()
-        monkeypatch.setattr(analytics_module, "_carrow", counting)
+        counting = _Counting(path)
         con = duckdb.connect(":memory:")
-        assert derive_checked(con, path, projections(), last) is not None
+        assert derive_checked(con, counting, projections(), last) is not None
         # Parts parsed natively and parts read again for DuckDB, side by side in one derivation.
         assert counting.unsure > 0 and (counting.sure > 0 or chunk == last)
         assert _tables(con, names) == expected and _tables(con, names, "DESCRIBE") == types

@@ -1,0 +1,180 @@
+"""Where the checked read takes a ledger's rows from: an SQLite file, or PostgreSQL's binary COPY.
+
+A verified report (reports/_source.py) derives its tables from rows that are checked link by
+link as they are read (ledger/_analytics.py ``derive_checked``), and ``ledger verify`` checks
+every row the same way. On SQLite ``ledger/_carrow.c`` steps the file itself. On PostgreSQL,
+through the driver, each row became a tuple of nine Python objects, converted again into
+Arrow and checked in Python. Here a seq range arrives as one ``COPY ... TO STDOUT (FORMAT
+binary)`` stream, gathered into one buffer, and ``_carrow.check_copy`` walks its tuples with
+the same code that checks, splits and parses the SQLite file's rows. The rows' order is the
+order the server sent them in, and the check itself proves it: a seq out of place fails the
+check, and the caller then verifies on the driver path, which names the first bad seq as it
+always did.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ._store import Ledger
+from ._verify import native_path
+
+try:
+    from . import _carrow, _cverify
+except ImportError:  # installed without a C compiler or headers: the driver path serves
+    _carrow = _cverify = None  # type: ignore[assignment]
+
+# (outcome, bad_seq, found_seq, last_good_seq, last_good_chain), as _carrow and _cverify give it.
+Check = tuple[int, int, int, int, str]
+
+TEXT_COLUMNS = ("id", "ts", "kind", "run_id", "block_id", "data", "digest", "chain")
+
+
+class RowSource(Protocol):
+    """A ledger's rows as the native check reads them."""
+
+    def by_kind(
+        self, after: int, until: int, expected: int, previous: str, mask: int, typed: dict[str, Any] | None
+    ) -> tuple[Any, ...]:
+        """Rows ``after < seq <= until`` checked from ``expected`` on ``previous`` and split by kind:
+        what ``_carrow.read_checked_by_kind`` returns."""
+        ...
+
+    def scan(self, after: int, until: int, expected: int, previous: str) -> Check:
+        """Check rows ``after < seq <= until`` only (nothing copied out)."""
+        ...
+
+    def stored_chains(self, seqs: list[int]) -> dict[int, str]:
+        """The chains stored at ``seqs`` (those present)."""
+        ...
+
+
+@dataclass(frozen=True)
+class SqliteRows:
+    """An SQLite file's rows, stepped natively."""
+
+    path: str
+
+    def by_kind(
+        self, after: int, until: int, expected: int, previous: str, mask: int, typed: dict[str, Any] | None
+    ) -> tuple[Any, ...]:
+        assert _carrow is not None
+        if typed is None:
+            return tuple(_carrow.read_checked_by_kind(self.path, after, until, expected, previous, mask))
+        return tuple(_carrow.read_checked_by_kind(self.path, after, until, expected, previous, mask, typed))
+
+    def scan(self, after: int, until: int, expected: int, previous: str) -> Check:
+        assert _cverify is not None
+        return _cverify.scan(self.path, after, until, expected, previous)
+
+    def stored_chains(self, seqs: list[int]) -> dict[int, str]:
+        if not seqs:
+            return {}
+        with contextlib.closing(sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)) as con:
+            marks = ", ".join("?" for _ in seqs)
+            rows = con.execute(f"SELECT seq, chain FROM events WHERE seq IN ({marks})", seqs).fetchall()
+        return {int(seq): str(chain) for seq, chain in rows}
+
+
+# The rows of a range as PostgreSQL's binary COPY: no text formatting on the server, and a few
+# bytes of framing per field for the native check to walk.
+_COPY_SQL = (
+    "COPY (SELECT seq, id, ts, kind, run_id, block_id, data, digest, chain FROM events "
+    "WHERE seq > {after} AND seq <= {until} ORDER BY seq) TO STDOUT (FORMAT binary)"
+)
+
+# Rows fetched at a time by ``scan``.
+_SCAN_ROWS = 125_000
+
+
+class PostgresRows:
+    """A PostgreSQL ledger's rows, a range at a time in binary COPY (see the module's doc)."""
+
+    def __init__(self, ledger: Ledger, scan_rows: int = _SCAN_ROWS) -> None:
+        self.ledger = ledger
+        self.scan_rows = scan_rows  # rows fetched at a time by scan
+
+    def __repr__(self) -> str:
+        return f"PostgresRows({self.ledger.url.render_as_string(hide_password=True)!r})"
+
+    @contextlib.contextmanager
+    def _cursor(self) -> Iterator[Any]:
+        # A connection of the ledger's pool per call: the two readers of a checked read fetch
+        # their ranges side by side.
+        connection = self.ledger.database.raw_connection()
+        try:
+            cursor = connection.driver_connection.cursor()  # type: ignore[union-attr]
+            try:
+                yield cursor
+            finally:
+                cursor.close()
+        finally:
+            connection.rollback()
+            connection.close()
+
+    def fetch(self, after: int, until: int) -> bytearray:
+        """Rows ``after < seq <= until`` in seq order, as PostgreSQL's binary COPY of the nine
+        stored columns."""
+        data = bytearray()
+        with self._cursor() as cursor:
+            # The primary key's index gives the range in seq order: no sort (which a planner
+            # without statistics, on a freshly filled table, chose and spilled to disk).
+            cursor.execute("SET LOCAL enable_bitmapscan = off")
+            cursor.execute("SET LOCAL enable_seqscan = off")
+            with cursor.copy(_COPY_SQL.format(after=int(after), until=int(until))) as copy:
+                # Into one buffer as the rows arrive: a list of a Python object per row kept the
+                # garbage collector walking them, twice the client's time.
+                for chunk in copy:
+                    data += chunk
+        return data
+
+    def by_kind(
+        self, after: int, until: int, expected: int, previous: str, mask: int, typed: dict[str, Any] | None
+    ) -> tuple[Any, ...]:
+        assert _carrow is not None
+        data = self.fetch(after, until)
+        if typed is None:
+            return tuple(_carrow.check_copy(data, expected, previous, mask))
+        return tuple(_carrow.check_copy(data, expected, previous, mask, typed))
+
+    def scan(self, after: int, until: int, expected: int, previous: str) -> Check:
+        assert _carrow is not None
+        # A range at a time, each from where the one before stopped (the first may start far below
+        # ``expected``: no lower bound); rows missing inside one put the next one's first out of
+        # place, and a range's outcome other than OK ends the scan.
+        lower = after
+        while True:
+            stop = min(until, max(lower, expected - 1) + self.scan_rows)
+            check: Check = _carrow.check_copy(self.fetch(lower, stop), expected, previous, 0)[2]
+            if check[0] != _carrow.OK or stop >= until:
+                return check
+            lower, expected, previous = stop, check[3] + 1, check[4]
+
+    def stored_chains(self, seqs: list[int]) -> dict[int, str]:
+        if not seqs:
+            return {}
+        with self._cursor() as cursor:
+            cursor.execute("SELECT seq, chain FROM events WHERE seq = ANY(%s)", (seqs,))
+            rows = cursor.fetchall()
+        return {int(seq): str(chain) for seq, chain in rows}
+
+
+def row_source(ledger: Ledger) -> RowSource | None:
+    """Where the native check reads ``ledger``'s rows, or None for the driver path: the native
+    parts are missing, ``KVLEDGER_READER`` or ``KVLEDGER_VERIFIER`` is ``python``, or the database
+    is neither an SQLite file nor PostgreSQL."""
+    if _carrow is None or _cverify is None or not hasattr(_carrow, "check_copy"):
+        return None
+    if "python" in (os.environ.get("KVLEDGER_READER", "auto"), os.environ.get("KVLEDGER_VERIFIER", "auto")):
+        return None
+    path = native_path(ledger)
+    if path is not None:
+        return SqliteRows(path)
+    if ledger.url.get_backend_name() == "postgresql":
+        return PostgresRows(ledger)
+    return None
