@@ -41,6 +41,7 @@
  * ``data``, PostgreSQL's binary COPY of those nine columns (a PostgreSQL ledger's rows, fetched by
  * ledger/_row_sources.py): every step above reads a row through a Source, an SQLite statement or
  * that data, so rows from either database are checked, split and parsed by the same code.
+ * check_copy_rows(data, expected_seq, previous_chain) is read_checked over such data.
  */
 #define PY_SSIZE_T_CLEAN
 /* OpenSSL's direct SHA256_* calls, as in _cverify.c (EVP costs about 30 ns more per hash). */
@@ -1247,6 +1248,23 @@ done:
     return outcome;
 }
 
+/* As read_rows, over the tuples of COPY data (``src``); where the data is not what it should be,
+ * ``src->error`` says why (the outcome stays READ_OK: a malformed stream is not a verdict). */
+static int read_copy(Source *src, Buffer *seqs, Column *cols, int64_t *rows, Check *check, Fields *fields,
+                     Groups *groups) {
+    if (groups == NULL && columns_start(cols) != READ_OK) return READ_NOMEM;
+    if (copy_start(src) < 0) return READ_OK;
+    int next, outcome;
+    int64_t row = 0;
+    while ((next = copy_next(src)) == 1) {
+        if ((outcome = take_row(src, row, seqs, cols, check, fields, groups)) != READ_OK) return outcome;
+        row++;
+    }
+    if (next == 0 && src->at != src->end) src->error = "data after the trailer";
+    *rows = row;
+    return READ_OK;
+}
+
 /* A buffer handed to Python as it is (no copy): the object owns the memory and frees it when
  * Arrow, which wraps it through the buffer protocol, lets it go. Copying each column into a
  * bytes object cost a memcpy of every byte read and a fresh page fault per 4 KiB. */
@@ -1344,7 +1362,8 @@ static PyObject *columns_list(Column *cols, unsigned mask) {
     return columns;
 }
 
-static PyObject *read_any(const char *path, long long after, long long until, Check *check, Fields *fields) {
+static PyObject *read_any(const char *path, long long after, long long until, Source *buffered, Check *check,
+                          Fields *fields) {
     Buffer seqs = {0};
     Column cols[TEXT_COLUMNS];
     memset(cols, 0, sizeof cols);
@@ -1352,9 +1371,17 @@ static PyObject *read_any(const char *path, long long after, long long until, Ch
     const char *message = NULL;
     int outcome;
     Py_BEGIN_ALLOW_THREADS
-    outcome = read_rows(path, after, until, &seqs, cols, &rows, &message, check, fields, NULL);
+    if (buffered == NULL) {
+        outcome = read_rows(path, after, until, &seqs, cols, &rows, &message, check, fields, NULL);
+    } else {
+        outcome = read_copy(buffered, &seqs, cols, &rows, check, fields, NULL);
+    }
     Py_END_ALLOW_THREADS
     PyObject *result = NULL, *columns = NULL;
+    if (buffered != NULL && buffered->error != NULL && outcome == READ_OK) {
+        PyErr_Format(PyExc_ValueError, "COPY data: %s", buffered->error);
+        goto done;
+    }
     if (raise_read_error(outcome, message)) goto done;
     columns = columns_list(cols, ALL_COLUMNS);
     if (columns == NULL) goto done;
@@ -1379,7 +1406,7 @@ static PyObject *read_range(PyObject *self, PyObject *args) {
     const char *path;
     long long after, until;
     if (!PyArg_ParseTuple(args, "sLL", &path, &after, &until)) return NULL;
-    return read_any(path, after, until, NULL, NULL);
+    return read_any(path, after, until, NULL, NULL, NULL);
 }
 
 static PyObject *read_checked(PyObject *self, PyObject *args) {
@@ -1395,7 +1422,7 @@ static PyObject *read_checked(PyObject *self, PyObject *args) {
     Check check = {.expected = expected, .chain_len = (size_t)chain_len, .outcome = CHECK_OK};
     memcpy(check.chain, chain, (size_t)chain_len);
     Fields fields = {0};
-    PyObject *result = read_any(path, after, until, &check, &fields);
+    PyObject *result = read_any(path, after, until, NULL, &check, &fields);
     free(check.envelope.p);
     fields_free(&fields);
     return result;
@@ -1548,14 +1575,8 @@ static PyObject *checked_by_kind(const char *path, long long after, long long un
     Py_BEGIN_ALLOW_THREADS
     if (buffered == NULL) {
         outcome = read_rows(path, after, until, NULL, NULL, &rows, &message, &check, NULL, &groups);
-    } else if (copy_start(buffered) == 0) {
-        int next;
-        while ((next = copy_next(buffered)) == 1) {
-            if ((outcome = take_row(buffered, rows, NULL, NULL, &check, NULL, &groups)) != READ_OK) break;
-            rows++;
-        }
-        if (outcome == READ_OK && next == 0 && buffered->at != buffered->end)
-            buffered->error = "data after the trailer";
+    } else {
+        outcome = read_copy(buffered, NULL, NULL, &rows, &check, NULL, &groups);
     }
     Py_END_ALLOW_THREADS
     if (buffered != NULL && buffered->error != NULL && outcome == READ_OK) {
@@ -1625,6 +1646,30 @@ static PyObject *check_copy(PyObject *self, PyObject *args) {
     return result;
 }
 
+static PyObject *check_copy_rows(PyObject *self, PyObject *args) {
+    (void)self;
+    const char *chain;
+    Py_ssize_t chain_len;
+    long long expected;
+    PyObject *data;
+    if (!PyArg_ParseTuple(args, "OLs#", &data, &expected, &chain, &chain_len)) return NULL;
+    if (chain_len != HEX_LEN && chain_len != 0) {
+        PyErr_SetString(PyExc_ValueError, "previous chain must be 64 hex characters or empty");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0) return NULL;
+    Source src = {.st = NULL, .at = view.buf, .end = (const unsigned char *)view.buf + view.len};
+    Check check = {.expected = expected, .chain_len = (size_t)chain_len, .outcome = CHECK_OK};
+    memcpy(check.chain, chain, (size_t)chain_len);
+    Fields fields = {0};
+    PyObject *result = read_any(NULL, 0, 0, &src, &check, &fields);
+    free(check.envelope.p);
+    fields_free(&fields);
+    PyBuffer_Release(&view);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"read", read_range, METH_VARARGS,
      "read(path, after_seq, until_seq) -> (rows, seq_bytes, [(validity, nulls, offsets, data)] * 8)"},
@@ -1637,6 +1682,9 @@ static PyMethodDef methods[] = {
      "    -> (rows, [(kind, rows, seq_bytes, columns, typed_columns | None)] in order of first\n"
      "        appearance (the text columns of the mask's bits, 1 << 0 = id ... 1 << 7 = chain),\n"
      "        (outcome, bad_seq, found_seq, last_good_seq, last_good_chain), unsure)"},
+    {"check_copy_rows", check_copy_rows, METH_VARARGS,
+     "check_copy_rows(data, expected_seq, previous_chain)\n"
+     "    -> what read_checked gives, for the rows of ``data`` (PostgreSQL's binary COPY, as check_copy)"},
     {"check_copy", check_copy, METH_VARARGS,
      "check_copy(data, expected_seq, previous_chain, columns=all, typed=None)\n"
      "    -> what read_checked_by_kind gives, for the rows of ``data``, PostgreSQL's binary COPY of\n"

@@ -75,3 +75,12 @@ def check_copy(
     tuple[int, int, int, int, str],
     bool,
 ]: ...
+def check_copy_rows(
+    data: Any, expected_seq: int, previous_chain: str, /
+) -> tuple[
+    int,
+    Memory,
+    list[tuple[Memory | None, int, Memory, Memory]],
+    tuple[int, int, int, int, str],
+    dict[str, dict[str, int]] | None,
+]: ...

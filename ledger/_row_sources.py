@@ -49,6 +49,11 @@ class RowSource(Protocol):
         """Check rows ``after < seq <= until`` only (nothing copied out)."""
         ...
 
+    def rows(self, after: int, until: int, expected: int, previous: str) -> tuple[Any, ...]:
+        """Rows ``after < seq <= until`` checked from ``expected`` on ``previous``, all columns in seq
+        order with their data's fields: what ``_carrow.read_checked`` returns."""
+        ...
+
     def stored_chains(self, seqs: list[int]) -> dict[int, str]:
         """The chains stored at ``seqs`` (those present)."""
         ...
@@ -71,6 +76,10 @@ class SqliteRows:
     def scan(self, after: int, until: int, expected: int, previous: str) -> Check:
         assert _cverify is not None
         return _cverify.scan(self.path, after, until, expected, previous)
+
+    def rows(self, after: int, until: int, expected: int, previous: str) -> tuple[Any, ...]:
+        assert _carrow is not None
+        return tuple(_carrow.read_checked(self.path, after, until, expected, previous))
 
     def stored_chains(self, seqs: list[int]) -> dict[int, str]:
         if not seqs:
@@ -142,6 +151,10 @@ class PostgresRows:
             return tuple(_carrow.check_copy(data, expected, previous, mask))
         return tuple(_carrow.check_copy(data, expected, previous, mask, typed))
 
+    def rows(self, after: int, until: int, expected: int, previous: str) -> tuple[Any, ...]:
+        assert _carrow is not None
+        return tuple(_carrow.check_copy_rows(self.fetch(after, until), expected, previous))
+
     def scan(self, after: int, until: int, expected: int, previous: str) -> Check:
         assert _carrow is not None
         # A range at a time, each from where the one before stopped (the first may start far below
@@ -168,7 +181,7 @@ def row_source(ledger: Ledger) -> RowSource | None:
     """Where the native check reads ``ledger``'s rows, or None for the driver path: the native
     parts are missing, ``KVLEDGER_READER`` or ``KVLEDGER_VERIFIER`` is ``python``, or the database
     is neither an SQLite file nor PostgreSQL."""
-    if _carrow is None or _cverify is None or not hasattr(_carrow, "check_copy"):
+    if _carrow is None or _cverify is None or not hasattr(_carrow, "check_copy_rows"):
         return None
     if "python" in (os.environ.get("KVLEDGER_READER", "auto"), os.environ.get("KVLEDGER_VERIFIER", "auto")):
         return None

@@ -13,9 +13,7 @@ data is not a canonical object with plain keys leaves the typing to DuckDB
 
 from __future__ import annotations
 
-import contextlib
 import re
-import sqlite3
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from types import ModuleType
@@ -23,9 +21,10 @@ from types import ModuleType
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ._rows import SCHEMA, native_reader, native_table
+from ._row_sources import RowSource, SqliteRows, row_source
+from ._rows import SCHEMA, native_table
 from ._store import Ledger
-from ._verify import _DELETED, _EDITED, _RELINKED, RangeResult, native_path
+from ._verify import _DELETED, _EDITED, _RELINKED, RangeResult
 
 _carrow: ModuleType | None
 try:
@@ -46,43 +45,35 @@ class CheckedRows:
     fields: dict[str, dict[str, list[str]]] | None
 
 
-def checked_reader(ledger: Ledger) -> str | None:
-    """The SQLite file whose rows are read and checked in one native pass, or None (the reader or
-    the verifier is not native: rows are read, then checked apart)."""
-    path = native_reader(ledger)
-    # A _carrow built before its source gained read_checked reads, and the verifier checks apart.
-    if path is None or native_path(ledger) is None or not hasattr(_carrow, "read_checked"):
-        return None
-    return path
+def checked_reader(ledger: Ledger) -> RowSource | None:
+    """Where a segment's rows are read and checked in one native pass (an SQLite file, or
+    PostgreSQL's binary COPY: ledger/_row_sources.py), or None (the reader or the verifier is not
+    native: rows are read, then checked apart)."""
+    return row_source(ledger)
 
 
-def _stored_chains(path: str, seqs: list[int]) -> dict[int, str]:
-    if not seqs:
-        return {}
-    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as con:
-        marks = ", ".join("?" for _ in seqs)
-        rows = con.execute(f"SELECT seq, chain FROM events WHERE seq IN ({marks})", seqs).fetchall()
-    return {int(seq): str(chain) for seq, chain in rows}
-
-
-def read_checked(path: str, after: int, until: int, previous: str, threads: int = 2) -> CheckedRows:
-    """Rows ``after < seq <= until`` of the SQLite file at ``path``, each checked against the chain
-    before it (``previous``: the chain at ``after``, proven), as one table in seq order.
+def read_checked(
+    source: RowSource | str, after: int, until: int, previous: str, threads: int = 2
+) -> CheckedRows:
+    """Rows ``after < seq <= until`` of ``source`` (an SQLite file's path is taken too), each
+    checked against the chain before it (``previous``: the chain at ``after``, proven), as one
+    table in seq order.
 
     Threads read parts of the range; a part after the first follows the chain the database
     stores at its first seq minus one, and must start where the part before ended, on that chain.
     """
-    assert _carrow is not None
+    rows = SqliteRows(source) if isinstance(source, str) else source
     parts = max(1, min(threads, (until - after) // _SPLIT))
     step = -(-(until - after) // parts) if until > after else 1
     bounds = [(a, min(a + step, until)) for a in range(after, until, step)] or [(after, until)]
-    chains = _stored_chains(path, [a for a, _ in bounds[1:]])
+    chains = rows.stored_chains([a for a, _ in bounds[1:]])
     starts = [previous, *(chains.get(a, "") for a, _ in bounds[1:])]
+    assert _carrow is not None
     carrow = _carrow
 
     def read(part: int) -> tuple[pa.Table, tuple[int, int, int, int, str], dict[str, dict[str, int]] | None]:
         a, b = bounds[part]
-        count, seqs, columns, check, fields = carrow.read_checked(path, a, b, a + 1, starts[part])
+        count, seqs, columns, check, fields = rows.rows(a, b, a + 1, starts[part])
         return native_table(count, seqs, columns), check, fields
 
     with ThreadPoolExecutor(len(bounds), thread_name_prefix="kvledger-snapshot-read") as pool:

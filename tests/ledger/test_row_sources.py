@@ -5,6 +5,7 @@ verifier, and the native check refuses COPY data that is not the nine stored col
 from __future__ import annotations
 
 import dataclasses
+import io
 import struct
 from collections.abc import Iterator
 from typing import Any
@@ -16,6 +17,7 @@ import pytest
 from ledger import Ledger, NewEvent, open_ledger, read_jsonl, verify
 from ledger._analytics import checked_source, derive_checked, derive_from_rows
 from ledger._events import GENESIS
+from ledger._jsonl import export_jsonl
 from ledger._row_sources import PostgresRows, SqliteRows, row_source
 from ledger._verify import _scan_source, conclude, read_heads, verify_ledger
 from reports._views import projections
@@ -256,3 +258,32 @@ def test_copy_data_is_checked_as_the_file_is(sqlite_url: str) -> None:
     )
     edited = [r if r[0] != 17 else (*r[:6], '{"text":"forged"}', *r[7:]) for r in rows]
     assert _carrow.check_copy(_copy(edited), 1, GENESIS)[2][:2] == (_carrow.EDITED, 17)
+
+
+@pytest.mark.postgres
+def test_snapshot_segments_of_postgres_are_read_checked(pg: Ledger, pg_url: str, sqlite_url: str) -> None:
+    """A segment's rows read from PostgreSQL and checked in the same pass are the SQLite file's
+    rows, with the same fields and check; a row edited on the server is named."""
+    from ledger._snapshot_rows import checked_reader, read_checked
+
+    sqlite = open_ledger(sqlite_url)
+    try:
+        pg.append_many(_events(90))
+        # The same events, ids and digests in both databases.
+        buffer = io.BytesIO()
+        export_jsonl(pg, buffer)
+        sqlite.append_sealed(read_jsonl(iter(buffer.getvalue().splitlines())))
+        source = checked_reader(pg)
+        assert isinstance(source, PostgresRows)
+        for after, threads in ((0, 1), (0, 3), (30, 2)):
+            previous = GENESIS if after == 0 else source.stored_chains([after])[after]
+            got = read_checked(source, after, 90, previous, threads=threads)
+            want = read_checked(sqlite_url.removeprefix("sqlite:///"), after, 90, previous, threads=threads)
+            assert got.table.equals(want.table)
+            assert (got.checked, got.fields) == (want.checked, want.fields)
+            assert got.checked.bad_seq is None and got.checked.last_seq == 90
+    finally:
+        sqlite.close()
+    tamper_postgres(pg_url, ['UPDATE events SET data = \'{"text":"forged"}\' WHERE seq = 61'])
+    found = read_checked(source, 0, 90, GENESIS, threads=2).checked
+    assert (found.bad_seq, found.last_seq) == (61, 60)
