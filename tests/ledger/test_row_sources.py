@@ -287,3 +287,35 @@ def test_snapshot_segments_of_postgres_are_read_checked(pg: Ledger, pg_url: str,
     tamper_postgres(pg_url, ['UPDATE events SET data = \'{"text":"forged"}\' WHERE seq = 61'])
     found = read_checked(source, 0, 90, GENESIS, threads=2).checked
     assert (found.bad_seq, found.last_seq) == (61, 60)
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "COPY (SELECT no_such_column FROM events) TO STDOUT (FORMAT binary)",  # refused at once
+        "COPY (SELECT 1 / (g - 3) FROM generate_series(1, 5) AS g) TO STDOUT (FORMAT binary)",  # midway
+    ],
+)
+def test_a_failed_copy_is_an_error_and_the_connection_goes_on(pg: Ledger, sql: str) -> None:
+    import psycopg
+
+    from ledger._row_sources import _copy_into
+
+    pg.append_many(_events(3))
+    connection = pg.database.raw_connection()
+    try:
+        driver = connection.driver_connection
+        with pytest.raises(psycopg.OperationalError, match="COPY of the ledger's rows failed"):
+            _copy_into(bytearray(), driver, sql)
+        connection.rollback()
+        data = bytearray()
+        _copy_into(
+            data,
+            driver,
+            "COPY (SELECT seq, id, ts, kind, run_id, block_id, data, digest, chain "
+            "FROM events ORDER BY seq) TO STDOUT (FORMAT binary)",
+        )
+        assert bytes(data) == _copy(list(pg.raw_rows()))
+    finally:
+        connection.close()
