@@ -51,15 +51,8 @@ def _env(values: dict[str, str]) -> Iterator[None]:
 def _admin(url: str) -> Any:
     import psycopg
 
-    parsed = make_url(url)
-    return psycopg.connect(
-        host=parsed.host,
-        port=parsed.port,
-        user=parsed.username,
-        password=parsed.password,
-        dbname=parsed.database,
-        autocommit=True,
-    )
+    libpq_url = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    return psycopg.connect(libpq_url, autocommit=True)
 
 
 def _ledger(pg_url: str, label: str, count: int) -> tuple[Ledger, dict[str, float]]:

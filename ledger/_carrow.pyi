@@ -16,20 +16,43 @@ TYPE_NAMES: tuple[str, ...]
 def read(
     path: str, after_seq: int, until_seq: int, /
 ) -> tuple[int, Memory, list[tuple[Memory | None, int, Memory, Memory]]]: ...
-def read_checked(
-    path: str, after_seq: int, until_seq: int, expected_seq: int, previous_chain: str, /
-) -> tuple[
+
+# What read_checked and check_copy_rows give: the rows, their seqs, the text columns, the check and
+# the data's fields (None: DuckDB types them).
+Checked = tuple[
     int,
     Memory,
     list[tuple[Memory | None, int, Memory, Memory]],
     tuple[int, int, int, int, str],
     dict[str, dict[str, int]] | None,
-]: ...
+]
+
+def read_checked(
+    path: str, after_seq: int, until_seq: int, expected_seq: int, previous_chain: str, /
+) -> Checked: ...
 
 # A typed field as the native parse reads it: (name, type code, children of a STRUCT or None).
 NativeField = tuple[str, int, list["NativeField"] | None]
 # One output column of a typed field: (validity | None, nulls, values | None, string data | None).
 TypedColumn = tuple[Memory | None, int, Memory | None, Memory | None]
+
+# What read_checked_by_kind and check_copy give: the rows, each kind's (kind, rows, seqs, text
+# columns, typed columns | None) in order of first appearance, the check, and whether a row of a
+# typed kind was one the parse was not sure of.
+ByKind = tuple[
+    int,
+    list[
+        tuple[
+            str | None,
+            int,
+            Memory,
+            list[tuple[Memory | None, int, Memory, Memory]],
+            list[TypedColumn] | None,
+        ]
+    ],
+    tuple[int, int, int, int, str],
+    bool,
+]
 
 def read_checked_by_kind(
     path: str,
@@ -40,20 +63,7 @@ def read_checked_by_kind(
     columns: int = 255,
     typed: dict[str, tuple[int, list[NativeField]]] | None = None,
     /,
-) -> tuple[
-    int,
-    list[
-        tuple[
-            str | None,
-            int,
-            Memory,
-            list[tuple[Memory | None, int, Memory, Memory]],
-            list[TypedColumn] | None,
-        ]
-    ],
-    tuple[int, int, int, int, str],
-    bool,
-]: ...
+) -> ByKind: ...
 def check_copy(
     data: Any,
     expected_seq: int,
@@ -61,26 +71,5 @@ def check_copy(
     columns: int = 255,
     typed: dict[str, tuple[int, list[NativeField]]] | None = None,
     /,
-) -> tuple[
-    int,
-    list[
-        tuple[
-            str | None,
-            int,
-            Memory,
-            list[tuple[Memory | None, int, Memory, Memory]],
-            list[TypedColumn] | None,
-        ]
-    ],
-    tuple[int, int, int, int, str],
-    bool,
-]: ...
-def check_copy_rows(
-    data: Any, expected_seq: int, previous_chain: str, /
-) -> tuple[
-    int,
-    Memory,
-    list[tuple[Memory | None, int, Memory, Memory]],
-    tuple[int, int, int, int, str],
-    dict[str, dict[str, int]] | None,
-]: ...
+) -> ByKind: ...
+def check_copy_rows(data: Any, expected_seq: int, previous_chain: str, /) -> Checked: ...

@@ -204,7 +204,7 @@ class PostgresRows:
 def row_source(ledger: Ledger) -> RowSource | None:
     """Where the native check reads ``ledger``'s rows, or None for the driver path: the native
     parts are missing, ``KVLEDGER_READER`` or ``KVLEDGER_VERIFIER`` is ``python``, or the database
-    is neither an SQLite file nor PostgreSQL."""
+    is neither an SQLite file nor PostgreSQL through psycopg 3."""
     if _carrow is None or _cverify is None or not hasattr(_carrow, "check_copy_rows"):
         return None
     if "python" in (os.environ.get("KVLEDGER_READER", "auto"), os.environ.get("KVLEDGER_VERIFIER", "auto")):
@@ -212,6 +212,6 @@ def row_source(ledger: Ledger) -> RowSource | None:
     path = native_path(ledger)
     if path is not None:
         return SqliteRows(path)
-    if ledger.url.get_backend_name() == "postgresql":
-        return PostgresRows(ledger)
+    if ledger.url.get_backend_name() == "postgresql" and ledger.url.get_driver_name() == "psycopg":
+        return PostgresRows(ledger)  # libpq's COPY stream through psycopg 3 (the default driver)
     return None
