@@ -28,7 +28,7 @@ from ledger import Ledger, open_ledger, verify
 from reports import audit, derive_report, open_source, to_json
 
 from ._common import cpu_seconds, emit, timed
-from .report import SIZES, envelopes, fill, generator_version
+from .report import SIZES, _peak_rss_mb, _reset_peak_rss, envelopes, fill, generator_version
 
 DEFAULT_PG_URL = os.environ.get("KVLEDGER_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 DRIVER = {"KVLEDGER_READER": "python", "KVLEDGER_VERIFIER": "python"}
@@ -96,9 +96,10 @@ def _verify(ledger: Ledger, events: int) -> tuple[float, float]:
     return t[0], cpu_seconds(children=True) - cpu0
 
 
-def _report(ledger: Ledger, root: Path) -> tuple[float, float, bool]:
-    """``ledger attest``'s work: the verified report and the audit (wall, CPU seconds), and whether
-    its tables came from the rows checked as they were read."""
+def _report(ledger: Ledger, root: Path) -> tuple[float, float, bool, float]:
+    """``ledger attest``'s work: the verified report and the audit (wall, CPU seconds), whether
+    its tables came from the rows checked as they were read, and the peak resident MB."""
+    _reset_peak_rss()
     cpu0 = cpu_seconds(children=True)
     with timed() as t:
         source = open_source(ledger, root, verify=True)
@@ -110,7 +111,7 @@ def _report(ledger: Ledger, root: Path) -> tuple[float, float, bool]:
         finally:
             source.close()
     assert not [f for f in findings if f.severity == "blocking"], findings[:3]
-    return t[0], cpu_seconds(children=True) - cpu0, checked
+    return t[0], cpu_seconds(children=True) - cpu0, checked, _peak_rss_mb()
 
 
 def measure(pg_url: str, label: str, repeat: int) -> dict[str, Any]:
@@ -126,7 +127,7 @@ def measure(pg_url: str, label: str, repeat: int) -> dict[str, Any]:
                     snapshot_s, snapshot_cpu, root = _snapshot(ledger)
                     roots.append(root)
                     verify_s, verify_cpu = _verify(ledger, events)
-                    report_s, report_cpu, checked = _report(ledger, root)
+                    report_s, report_cpu, checked, peak_rss_mb = _report(ledger, root)
                 assert checked == (path == "copy"), (path, checked)
                 runs[path].append(
                     {
@@ -136,6 +137,7 @@ def measure(pg_url: str, label: str, repeat: int) -> dict[str, Any]:
                         "verify_cpu_s": verify_cpu,
                         "report_s": report_s,
                         "report_cpu_s": report_cpu,
+                        "report_peak_rss_mb": peak_rss_mb,
                     }
                 )
     finally:
@@ -153,7 +155,8 @@ def measure(pg_url: str, label: str, repeat: int) -> dict[str, Any]:
         f"({driver['verify_s'] / copy['verify_s']:.2f}x)\n"
         f"  report + audit {copy['report_s']:.2f} s against {driver['report_s']:.2f} s "
         f"({driver['report_s'] / copy['report_s']:.2f}x; CPU of this process {copy['report_cpu_s']:.2f} "
-        f"against {driver['report_cpu_s']:.2f} s)\n"
+        f"against {driver['report_cpu_s']:.2f} s; peak RSS {copy['report_peak_rss_mb']:.0f} against "
+        f"{driver['report_peak_rss_mb']:.0f} MB)\n"
         f"  load {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
         + "".join(f"; not counted: {k.removesuffix('_s')} {v:.1f} s" for k, v in setup.items()),
         flush=True,
