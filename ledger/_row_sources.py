@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import sqlite3
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -101,6 +102,15 @@ _COPY_SQL = (
 _SCAN_ROWS = 125_000
 
 
+def _wait(pgconn: Any) -> None:
+    """Until libpq's next result is in: waiting on the socket, which releases the GIL (libpq's own
+    blocking calls, through psycopg's wrappers, hold it: a reader blocked on the server stalled
+    every other thread of the process)."""
+    while pgconn.is_busy():
+        select.select([pgconn.socket], [], [])
+        pgconn.consume_input()
+
+
 def _copy_into(data: bytearray, connection: Any, sql: str) -> None:
     """The rows of ``sql`` (a ``COPY ... TO STDOUT``) appended to ``data``, through libpq directly:
     psycopg's ``Copy`` iterator costs about a third more CPU per row, and a list of a Python object
@@ -109,24 +119,36 @@ def _copy_into(data: bytearray, connection: Any, sql: str) -> None:
 
     pgconn = connection.pgconn
     pgconn.send_query(sql.encode())
+    _wait(pgconn)
     result = pgconn.get_result()
     if result is None or result.status != pq.ExecStatus.COPY_OUT:
         message = "no result" if result is None else result.get_error_message()
-        while pgconn.get_result() is not None:
-            pass
+        _drain(pgconn)
         raise OperationalError(f"COPY of the ledger's rows failed: {message}")
     while True:
-        size, chunk = pgconn.get_copy_data(0)
-        if size <= 0:
+        size, chunk = pgconn.get_copy_data(1)  # without blocking: 0 while nothing has arrived
+        if size > 0:
+            data += chunk
+        elif size == 0:
+            select.select([pgconn.socket], [], [])
+            pgconn.consume_input()
+        else:
             break
-        data += chunk
     failed = size == -2
+    _wait(pgconn)
     final = pgconn.get_result()
-    while pgconn.get_result() is not None:
-        pass
+    _drain(pgconn)
     if failed or final is None or final.status != pq.ExecStatus.COMMAND_OK:
         message = pgconn.get_error_message() if final is None else final.get_error_message()
         raise OperationalError(f"COPY of the ledger's rows failed: {message}")
+
+
+def _drain(pgconn: Any) -> None:
+    """The results left of the query, read and dropped, so the connection can take the next."""
+    while True:
+        _wait(pgconn)
+        if pgconn.get_result() is None:
+            return
 
 
 class PostgresRows:

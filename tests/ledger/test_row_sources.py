@@ -319,3 +319,30 @@ def test_a_failed_copy_is_an_error_and_the_connection_goes_on(pg: Ledger, sql: s
         assert bytes(data) == _copy(list(pg.raw_rows()))
     finally:
         connection.close()
+
+
+@pytest.mark.postgres
+def test_a_read_waiting_on_the_server_lets_other_threads_run(pg: Ledger) -> None:
+    """The COPY is read without blocking in libpq (whose blocking calls keep the GIL): while the
+    server takes two seconds, this thread keeps running."""
+    import threading
+    import time
+
+    from ledger._row_sources import _copy_into
+
+    connection = pg.database.raw_connection()
+    data = bytearray()
+    slow = "COPY (SELECT pg_sleep(2), 1) TO STDOUT (FORMAT binary)"
+    reader = threading.Thread(target=_copy_into, args=(data, connection.driver_connection, slow))
+    try:
+        last = time.perf_counter()
+        longest = 0.0
+        reader.start()
+        while reader.is_alive():
+            now = time.perf_counter()
+            longest, last = max(longest, now - last), now
+        reader.join()
+    finally:
+        connection.close()
+    assert data.startswith(b"PGCOPY\n\xff\r\n\x00")
+    assert longest < 1.0, f"this thread stalled {longest:.2f} s while the read waited on the server"
