@@ -83,16 +83,14 @@ class Source:
                 # Beside the derivation, the two pinned all of DuckDB's memory between them (its
                 # statements fail whole, so nothing of theirs is left): built again, alone.
                 self.rederived_beside = False
-        self._rederivation = Future()
-        self._rederivation.set_result(_build_audit_views(self.con))
+        self._rederivation = _settled(lambda: _build_audit_views(self.con))
         return self._rederivation.result()
 
     def verification(self) -> Verification:
         """The ledger's full chain verification, run once per source (started at open when
         asked: it then runs beside the views, off the GIL on SQLite)."""
         if self._verification is None:
-            self._verification = Future()
-            self._verification.set_result(ledger_api.verify(self.ledger))
+            self._verification = _settled(lambda: ledger_api.verify(self.ledger))
         return self._verification.result()
 
     @property
@@ -134,6 +132,18 @@ class Source:
         started: list[Future[Any]] = [f for f in (self._verification, self._rederivation) if f is not None]
         wait(started)
         self.analytics.close()
+
+
+def _settled(work: Callable[[], T]) -> Future[T]:
+    """``work()`` run here, as a finished future: its result, or the error it raised (raised
+    again by ``result()``). A future left without either would keep :meth:`Source.close`, which
+    waits for every future, waiting for ever."""
+    future: Future[T] = Future()
+    try:
+        future.set_result(work())
+    except Exception as error:
+        future.set_exception(error)
+    return future
 
 
 def _verify_in_background(ledger: Ledger) -> Future[Verification]:
@@ -237,8 +247,8 @@ def open_source(
     con = analytics.connection()
     if checked_path is not None and heads_read is not None:
         if analytics.checked is not None:
-            started = Future()
-            started.set_result(verify_after(checked_path, heads_read, analytics.checked))
+            checked = analytics.checked
+            started = _settled(lambda: verify_after(checked_path, heads_read, checked))
         else:
             # A check failed (or nothing to read): the tables came from the rows as the database
             # holds them, and the ledger is verified apart, which names the first bad seq.

@@ -106,3 +106,31 @@ def test_room_beside_is_half_of_duckdbs_memory_with_nothing_on_disk(tmp_path: Pa
         assert room_beside(con)
     finally:
         con.close()
+
+
+@pytest.mark.parametrize("first", ["none", "out-of-memory-beside"])
+def test_rederivations_that_fail_raise_and_the_source_still_closes(
+    ledger_path: Path, tmp_path: Path, first: str
+) -> None:
+    """A build that fails (here: a table the re-derivations read is gone), alone or again after
+    running out of memory beside the derivation, raises its error, and closing the source, which
+    waits for what it started, returns: no future is left without a result."""
+    import threading
+
+    src = open_source(f"sqlite:///{ledger_path}", tmp_path / "c", verify=True, rederive_beside=False)
+    try:
+        if first == "out-of-memory-beside":
+            failed: Future[float] = Future()
+            failed.set_exception(duckdb.OutOfMemoryException("failed to pin block"))
+            src._rederivation = failed
+        src.con.execute("DROP TABLE kv_requests")
+        with pytest.raises(duckdb.CatalogException):
+            src.rederive()
+        with pytest.raises(duckdb.CatalogException):
+            src.rederive()  # once per source: the same error, not a second build
+    finally:
+        closing = threading.Thread(target=src.close, daemon=True)
+        closing.start()
+        closing.join(60)
+        src.ledger.close()
+    assert not closing.is_alive(), "Source.close waited for a future that will never finish"
