@@ -23,6 +23,7 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ._errors import QueryError
 from ._events import GENESIS
@@ -168,6 +169,34 @@ def check_read_only(statement: str) -> None:
             check_read_only(inner.group(1))
 
 
+@dataclass(frozen=True)
+class RunScope:
+    """Which rows a reader about some runs derives its tables from: rows of ``kinds`` only where
+    their run is one of ``runs`` (or they have none); rows of other kinds all. Every row is still
+    read and checked; only the copies and parses of the rows left out are spared, so a run's
+    report on a ledger of many runs costs its verification and the run's own rows."""
+
+    kinds: frozenset[str]
+    runs: frozenset[str]
+
+    def kept(self, table: pa.Table, kind: str | None = None) -> pa.ChunkedArray:
+        """Which rows of ``table`` it keeps: ``table`` holds rows of ``kind``, or, where that is
+        None, of the kinds its ``kind`` column names; it has their ``run_id`` column."""
+        run_id = table.column("run_id")
+        runs = pa.array(sorted(self.runs), pa.string())
+        kept = pc.or_kleene(pc.is_null(run_id), pc.is_in(run_id, value_set=runs))
+        if kind is None:
+            kinds = pa.array(sorted(self.kinds), pa.string())
+            kept = pc.or_kleene(kept, pc.invert(pc.is_in(table.column("kind"), value_set=kinds)))
+        return kept
+
+    def keeps(self, table: pa.Table, kind: str | None = None) -> pa.Table:
+        """The rows of ``table`` that it keeps (see :meth:`kept`)."""
+        if kind is not None and kind not in self.kinds:
+            return table
+        return table.filter(self.kept(table, kind))
+
+
 @dataclass
 class Derived:
     """Projections derived from the database's rows: how many rows, up to which, at what cost."""
@@ -184,16 +213,23 @@ class Derived:
 
 
 def derive_from_rows(
-    con: duckdb.DuckDBPyConnection, ledger: Ledger, projections: Mapping[str, str], until_seq: int
+    con: duckdb.DuckDBPyConnection,
+    ledger: Ledger,
+    projections: Mapping[str, str],
+    until_seq: int,
+    scope: RunScope | None = None,
 ) -> Derived:
     """Create each projection (name → SQL over ``events``) as a table of ``con``, derived from
-    the database's rows 1..``until_seq``, read natively in chunks (ledger/_rows.py) while the
-    previous chunk is parsed, so memory holds one chunk of raw rows at a time."""
+    the database's rows 1..``until_seq`` (those ``scope`` keeps), read natively in chunks
+    (ledger/_rows.py) while the previous chunk is parsed, so memory holds one chunk of raw rows
+    at a time."""
     derived = Derived()
     started = time.perf_counter()
     bounds = [(a, min(a + _CHUNK, until_seq)) for a in range(0, until_seq, _CHUNK)]
     kinds = {name: single_kind(sql) for name, sql in projections.items()}
     read_by_kind = columns_read([sql for name, sql in projections.items() if kinds[name] is not None])
+    if scope is not None and "run_id" not in read_by_kind:
+        read_by_kind = [*read_by_kind, "run_id"]  # what the scope keeps is told by it
     with ThreadPoolExecutor(1, thread_name_prefix="kvledger-read-rows") as reader:
         pending = reader.submit(_timed_read, ledger, *bounds[0]) if bounds else None
         for index, (after, stop) in enumerate(bounds or [(0, 0)]):
@@ -213,6 +249,9 @@ def derive_from_rows(
                 derived.head_seq = int(table.column("seq")[-1].as_py())
                 derived.head_chain = str(table.column("chain")[-1].as_py())
             parts = by_kind(table, read_by_kind)
+            if scope is not None:
+                parts = {kind: scope.keeps(rows, kind) for kind, rows in parts.items()}
+                table = scope.keeps(table)
             empty = empty_table(table.schema)
             if all(kinds.values()):
                 table = empty  # the chunk's raw rows go now: only its kinds' copies are read
@@ -249,7 +288,11 @@ def checked_source(ledger: Ledger, projections: Mapping[str, str]) -> RowSource 
 
 
 def derive_checked(
-    con: duckdb.DuckDBPyConnection, source: RowSource, projections: Mapping[str, str], until_seq: int
+    con: duckdb.DuckDBPyConnection,
+    source: RowSource,
+    projections: Mapping[str, str],
+    until_seq: int,
+    scope: RunScope | None = None,
 ) -> tuple[Derived, RangeResult] | None:
     """:func:`derive_from_rows` over rows that are verified as they are read: each chunk's rows are
     checked link by link from GENESIS (digest recomputed from the envelope, chain followed, seq in
@@ -263,8 +306,8 @@ def derive_checked(
     chunk's check fails or ``until_seq`` is 0: the caller then derives from the rows as the
     database holds them and verifies apart, which names the first bad seq as it always did."""
     assert _carrow is not None
-    if until_seq <= 0:
-        return None
+    if until_seq <= 0 or (scope is not None and not hasattr(_carrow, "SCOPES")):
+        return None  # (a build older than scopes: the rows are derived apart, and kept in Python)
     carrow = _carrow
     derived = Derived()
     started = time.perf_counter()
@@ -285,6 +328,8 @@ def derive_checked(
         )
 
     mask = mask_of(list(projections.values()))
+    if scope is not None:
+        mask |= 1 << text.index("run_id")  # what the scope keeps is told by it
     empty = empty_table(schema_of(mask))
     # A kind's first projection of typed fields is parsed natively as its rows are read
     # (ledger/_typed.py): its rows' data is then copied only where another projection reads it.
@@ -315,18 +360,22 @@ def derive_checked(
     def start_of(after: int) -> str:
         return GENESIS if after == 0 else stored.get(after, "")
 
+    # The scope's rows are kept by the native read itself: the others are checked, never copied.
+    kept = None if scope is None else (tuple(sorted(scope.kinds)), tuple(sorted(scope.runs)))
+
     def read(after: int, stop: int) -> tuple[Any, float]:
         began = time.perf_counter()
         # The first part has no lower bound: a row slipped in below seq 1 fails its check.
         lower = _NO_LOWER_BOUND if after == 0 else after
         if not native_typed:
             # Also what a build older than the typed fields takes and gives.
-            rows, groups, check = source.by_kind(lower, stop, after + 1, start_of(after), mask, None)[:3]
+            read = source.by_kind(lower, stop, after + 1, start_of(after), mask, None, kept)
+            rows, groups, check = read[:3]
             return (rows, [(*group[:4], None) for group in groups], check, False), time.perf_counter() - began
-        result = source.by_kind(lower, stop, after + 1, start_of(after), mask, native_typed)
+        result = source.by_kind(lower, stop, after + 1, start_of(after), mask, native_typed, kept)
         if result[3]:
             # A row the native parse was not sure of: the part again, its data for DuckDB to parse.
-            result = source.by_kind(lower, stop, after + 1, start_of(after), mask, None)
+            result = source.by_kind(lower, stop, after + 1, start_of(after), mask, None, kept)
         return result, time.perf_counter() - began
 
     # Typed projections whose Arrow tables are held (not copied into DuckDB), their pieces in seq
@@ -475,8 +524,10 @@ class Analytics:
         projections: Mapping[str, str] | None = None,
         up_to_seq: int | None = None,
         from_rows: bool = False,
+        scope: RunScope | None = None,
     ) -> None:
         self.ledger = ledger
+        self.scope = scope
         self.snapshot = Snapshot.for_ledger(ledger, snapshot_root)
         self.projections = dict(projections or {})
         self.up_to_seq = up_to_seq
@@ -508,18 +559,30 @@ class Analytics:
                 # nothing it holds reaches a number.
                 until = self.snapshot.proof.head_seq
                 source = checked_source(self.ledger, self.projections)
-                done = None if source is None else derive_checked(con, source, self.projections, until)
+                scope = self.scope
+                done = None if source is None else derive_checked(con, source, self.projections, until, scope)
                 if done is not None:
                     self.derived, self.checked = done
                 else:
-                    self.derived = derive_from_rows(con, self.ledger, self.projections, until)
+                    self.derived = derive_from_rows(con, self.ledger, self.projections, until, self.scope)
             self._con = connect(segments, self.snapshot.fields(), con)
             for name, sql in self.projections.items() if not self.from_rows else ():
-                self._con.execute(
-                    f"CREATE VIEW {_quote(name)} AS "
-                    + (_read_parquet(self.snapshot.projection_files(sql)) if segments else sql)
-                )
+                served = _read_parquet(self.snapshot.projection_files(sql)) if segments else sql
+                self._con.execute(f"CREATE VIEW {_quote(name)} AS {self._scoped(served, sql)}")
         return self._con
+
+    def _scoped(self, served: str, sql: str) -> str:
+        """``served`` (a projection's rows) with only the rows the scope keeps, where the projection
+        is of a scoped kind and has the run's column (the others are joined to those by seq)."""
+        kind = single_kind(sql)
+        if self.scope is None or kind is None or kind not in self.scope.kinds:
+            return served
+        assert self._con is not None
+        columns = {row[0] for row in self._con.execute(f"DESCRIBE {served}").fetchall()}
+        if "run_id" not in columns:
+            return served
+        runs = ", ".join("'" + run.replace("'", "''") + "'" for run in sorted(self.scope.runs))
+        return f"SELECT * FROM ({served}) WHERE run_id IS NULL OR run_id IN ({runs})"
 
     def cursor(self) -> duckdb.DuckDBPyConnection:
         """Another connection to the same in-memory database (for work on another thread), with

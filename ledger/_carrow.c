@@ -36,6 +36,9 @@
  * its typed columns (else None), and the result ends with True where a row of a listed kind was
  * one the parse is not sure of (its kind's typed columns are then dropped: read the range again
  * without ``typed`` and let DuckDB parse it).
+ * ``scope``, (kinds, runs), keeps the rows of those kinds only where their run_id is null or one of
+ * ``runs``: every row is checked, the others are neither copied nor parsed (a run's report on a
+ * ledger of many runs).
  *
  * check_copy(data, expected_seq, previous_chain[, columns, typed]) -> the same, for the rows of
  * ``data``, PostgreSQL's binary COPY of those nine columns (a PostgreSQL ledger's rows, fetched by
@@ -1070,6 +1073,13 @@ static int extract_row(const Spec *spec, Out *outs, const Source *src) {
 
 /* ---- Rows grouped by kind (read_checked_by_kind). ---- */
 
+/* Rows of ``kinds`` kept only where their run_id is one of ``runs`` (or null): a report about a few
+ * runs of a large ledger checks every row but copies and parses only those runs' (``scope``). */
+typedef struct {
+    Py_ssize_t nkinds, nruns;
+    Text *kinds, *runs; /* borrowed from the str objects of the tuple parsed (alive for the call) */
+} Scope;
+
 /* One kind's rows, in seq order: its own seq buffer and text columns. */
 typedef struct {
     unsigned char *kind; /* NULL for a row whose kind is null */
@@ -1081,6 +1091,7 @@ typedef struct {
     const Spec *spec;   /* its typed fields, or NULL */
     Out *outs;          /* their columns */
     int unsure;         /* a row the typed parse was not sure of: its columns are dropped */
+    int scoped;         /* a kind of the scope: only its runs' rows are kept */
 } Group;
 
 typedef struct {
@@ -1088,6 +1099,7 @@ typedef struct {
     size_t used, cap, last; /* last: the group of the row before (kinds come in runs) */
     const Specs *specs;     /* each kind's typed fields (none where NULL) */
     unsigned mask;          /* the text columns copied for a kind without typed fields */
+    const Scope *scope;     /* the rows kept (all where NULL) */
 } Groups;
 
 static void groups_free(Groups *g) {
@@ -1153,6 +1165,8 @@ static Group *group_of(Groups *g, const Source *src) {
     }
     x->kind_len = n;
     x->mask = g->mask;
+    for (Py_ssize_t k = 0; !is_null && g->scope != NULL && k < g->scope->nkinds; k++)
+        x->scoped |= g->scope->kinds[k].n == n && memcmp(g->scope->kinds[k].p, kind, n) == 0;
     g->last = g->used++;
     if (columns_start(x->cols) != READ_OK) return NULL;
     for (size_t s = 0; !is_null && g->specs != NULL && s < g->specs->used; s++) {
@@ -1173,6 +1187,26 @@ static Group *group_of(Groups *g, const Source *src) {
     return x;
 }
 
+/* Whether the current row's run_id (null, or one of the scope's runs) keeps it. */
+static int in_scope(const Scope *scope, const Source *src) {
+    const unsigned char *run;
+    size_t n;
+    if (src->st != NULL) {
+        if (sqlite3_column_type(src->st, 4) == SQLITE_NULL) return 1;
+        run = sqlite3_column_text(src->st, 4);
+        n = (size_t)sqlite3_column_bytes(src->st, 4);
+    } else {
+        Text t;
+        buffered_text(src, 4, &t);
+        if (t.is_null) return 1;
+        run = t.p;
+        n = t.n;
+    }
+    for (Py_ssize_t r = 0; r < scope->nruns; r++)
+        if (scope->runs[r].n == n && (n == 0 || memcmp(scope->runs[r].p, run, n) == 0)) return 1;
+    return 0;
+}
+
 /* One row into seqs and cols, or, where groups is given, into its kind's group; checked first
  * where check is given (reading a column as text may convert it, and the check needs its type). */
 static int take_row(const Source *src, int64_t row, Buffer *seqs, Column *cols, Check *check, Fields *fields,
@@ -1182,6 +1216,7 @@ static int take_row(const Source *src, int64_t row, Buffer *seqs, Column *cols, 
     if (groups != NULL) {
         Group *group = group_of(groups, src);
         if (group == NULL) return READ_NOMEM;
+        if (group->scoped && !in_scope(groups->scope, src)) return READ_OK; /* checked, not kept */
         if ((outcome = add_row(&group->seqs, group->cols, src, group->rows, group->mask)) != READ_OK) return outcome;
         if (group->spec != NULL && !group->unsure) {
             int typed = extract_row(group->spec, group->outs, src);
@@ -1533,6 +1568,45 @@ static int specs_parse(PyObject *typed, Specs *specs) {
     return 0;
 }
 
+/* ``scope``, (kinds, runs) as two tuples of str, or None; the texts are borrowed from them. */
+static int scope_parse(PyObject *arg, Scope *scope) {
+    if (arg == NULL || arg == Py_None) return 0;
+    PyObject *kinds, *runs;
+    if (!PyTuple_Check(arg) || !PyArg_ParseTuple(arg, "O!O!", &PyTuple_Type, &kinds, &PyTuple_Type, &runs)) {
+        PyErr_SetString(PyExc_TypeError, "scope: (kinds, runs), two tuples of str");
+        return -1;
+    }
+    PyObject *lists[2] = {kinds, runs};
+    Text **texts[2] = {&scope->kinds, &scope->runs};
+    Py_ssize_t *counts[2] = {&scope->nkinds, &scope->nruns};
+    for (int l = 0; l < 2; l++) {
+        Py_ssize_t count = PyTuple_GET_SIZE(lists[l]);
+        *texts[l] = calloc((size_t)count + 1, sizeof(Text));
+        if (*texts[l] == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        for (Py_ssize_t i = 0; i < count; i++) {
+            PyObject *item = PyTuple_GET_ITEM(lists[l], i);
+            Py_ssize_t n;
+            const char *text = PyUnicode_Check(item) ? PyUnicode_AsUTF8AndSize(item, &n) : NULL;
+            if (text == NULL) {
+                if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "scope: kinds and runs are str");
+                return -1;
+            }
+            (*texts[l])[i] = (Text){(const unsigned char *)text, (size_t)n, 0};
+            *counts[l] = i + 1;
+        }
+    }
+    return 0;
+}
+
+static void scope_free(Scope *scope) {
+    free(scope->kinds);
+    free(scope->runs);
+    memset(scope, 0, sizeof *scope);
+}
+
 /* A typed group's columns as [(validity | None, nulls, values | None, data | None)] in pre-order. */
 static PyObject *outs_list(Group *x) {
     PyObject *list = PyList_New(x->spec->nouts);
@@ -1557,7 +1631,7 @@ static PyObject *outs_list(Group *x) {
  * where ``buffered`` is given, over the rows of its COPY data. */
 static PyObject *checked_by_kind(const char *path, long long after, long long until, Source *buffered,
                                  long long expected, const char *chain, Py_ssize_t chain_len, unsigned int mask,
-                                 PyObject *typed) {
+                                 PyObject *typed, PyObject *scope_arg) {
     if (chain_len != HEX_LEN && chain_len != 0) {
         PyErr_SetString(PyExc_ValueError, "previous chain must be 64 hex characters or empty");
         return NULL;
@@ -1566,12 +1640,14 @@ static PyObject *checked_by_kind(const char *path, long long after, long long un
     Check check = {.expected = expected, .chain_len = (size_t)chain_len, .outcome = CHECK_OK};
     memcpy(check.chain, chain, (size_t)chain_len);
     Specs specs = {0};
+    Scope scope = {0};
     Groups groups = {.specs = &specs, .mask = mask};
     int64_t rows = 0;
     const char *message = NULL;
     int outcome = READ_OK, unsure = 0;
     PyObject *result = NULL, *list = NULL;
-    if (specs_parse(typed, &specs) < 0) goto done;
+    if (specs_parse(typed, &specs) < 0 || scope_parse(scope_arg, &scope) < 0) goto done;
+    if (scope_arg != NULL && scope_arg != Py_None) groups.scope = &scope;
     Py_BEGIN_ALLOW_THREADS
     if (buffered == NULL) {
         outcome = read_rows(path, after, until, NULL, NULL, &rows, &message, &check, NULL, &groups);
@@ -1614,6 +1690,7 @@ done:
     Py_XDECREF(list);
     groups_free(&groups);
     specs_free(&specs);
+    scope_free(&scope);
     free(check.envelope.p);
     return result;
 }
@@ -1624,10 +1701,11 @@ static PyObject *read_checked_by_kind(PyObject *self, PyObject *args) {
     Py_ssize_t chain_len;
     long long after, until, expected;
     unsigned int mask = ALL_COLUMNS;
-    PyObject *typed = NULL;
-    if (!PyArg_ParseTuple(args, "sLLLs#|IO", &path, &after, &until, &expected, &chain, &chain_len, &mask, &typed))
+    PyObject *typed = NULL, *scope = NULL;
+    if (!PyArg_ParseTuple(args, "sLLLs#|IOO", &path, &after, &until, &expected, &chain, &chain_len, &mask, &typed,
+                          &scope))
         return NULL;
-    return checked_by_kind(path, after, until, NULL, expected, chain, chain_len, mask, typed);
+    return checked_by_kind(path, after, until, NULL, expected, chain, chain_len, mask, typed, scope);
 }
 
 static PyObject *check_copy(PyObject *self, PyObject *args) {
@@ -1636,12 +1714,13 @@ static PyObject *check_copy(PyObject *self, PyObject *args) {
     Py_ssize_t chain_len;
     long long expected;
     unsigned int mask = ALL_COLUMNS;
-    PyObject *data, *typed = NULL;
-    if (!PyArg_ParseTuple(args, "OLs#|IO", &data, &expected, &chain, &chain_len, &mask, &typed)) return NULL;
+    PyObject *data, *typed = NULL, *scope = NULL;
+    if (!PyArg_ParseTuple(args, "OLs#|IOO", &data, &expected, &chain, &chain_len, &mask, &typed, &scope))
+        return NULL;
     Py_buffer view;
     if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0) return NULL;
     Source src = {.st = NULL, .at = view.buf, .end = (const unsigned char *)view.buf + view.len};
-    PyObject *result = checked_by_kind(NULL, 0, 0, &src, expected, chain, chain_len, mask, typed);
+    PyObject *result = checked_by_kind(NULL, 0, 0, &src, expected, chain, chain_len, mask, typed, scope);
     PyBuffer_Release(&view);
     return result;
 }
@@ -1678,15 +1757,17 @@ static PyMethodDef methods[] = {
      "    -> (rows, seq_bytes, columns, (outcome, bad_seq, found_seq, last_good_seq, last_good_chain),\n"
      "        {kind: {key: type mask}} | None)"},
     {"read_checked_by_kind", read_checked_by_kind, METH_VARARGS,
-     "read_checked_by_kind(path, after_seq, until_seq, expected_seq, previous_chain, columns=all, typed=None)\n"
+     "read_checked_by_kind(path, after_seq, until_seq, expected_seq, previous_chain, columns=all, typed=None,\n"
+     "                     scope=None)\n"
      "    -> (rows, [(kind, rows, seq_bytes, columns, typed_columns | None)] in order of first\n"
      "        appearance (the text columns of the mask's bits, 1 << 0 = id ... 1 << 7 = chain),\n"
-     "        (outcome, bad_seq, found_seq, last_good_seq, last_good_chain), unsure)"},
+     "        (outcome, bad_seq, found_seq, last_good_seq, last_good_chain), unsure);\n"
+     "    scope=(kinds, runs): rows of those kinds kept only where their run_id is null or one of runs"},
     {"check_copy_rows", check_copy_rows, METH_VARARGS,
      "check_copy_rows(data, expected_seq, previous_chain)\n"
      "    -> what read_checked gives, for the rows of ``data`` (PostgreSQL's binary COPY, as check_copy)"},
     {"check_copy", check_copy, METH_VARARGS,
-     "check_copy(data, expected_seq, previous_chain, columns=all, typed=None)\n"
+     "check_copy(data, expected_seq, previous_chain, columns=all, typed=None, scope=None)\n"
      "    -> what read_checked_by_kind gives, for the rows of ``data``, PostgreSQL's binary COPY of\n"
      "       (seq, id, ts, kind, run_id, block_id, data, digest, chain), instead of an SQLite file's"},
     {NULL, NULL, 0, NULL},
@@ -1723,6 +1804,8 @@ PyMODINIT_FUNC PyInit__carrow(void) {
         Py_DECREF(field_types);
         goto fail;
     }
+    /* read_checked_by_kind and check_copy take a scope (a build before them did not). */
+    if (PyModule_AddIntConstant(m, "SCOPES", 1) < 0) goto fail;
     if (PyModule_AddIntConstant(m, "OK", CHECK_OK) || PyModule_AddIntConstant(m, "DELETED", CHECK_DELETED)
         || PyModule_AddIntConstant(m, "EDITED", CHECK_EDITED)
         || PyModule_AddIntConstant(m, "RELINKED", CHECK_RELINKED))

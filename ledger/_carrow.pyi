@@ -5,6 +5,7 @@ class Memory:
     """Bytes read natively, lent to Arrow through the buffer protocol (pyarrow.py_buffer)."""
 
 OK: int
+SCOPES: int
 DELETED: int
 EDITED: int
 RELINKED: int
@@ -62,6 +63,7 @@ def read_checked_by_kind(
     previous_chain: str,
     columns: int = 255,
     typed: dict[str, tuple[int, list[NativeField]]] | None = None,
+    scope: tuple[tuple[str, ...], tuple[str, ...]] | None = None,
     /,
 ) -> ByKind: ...
 def check_copy(
@@ -70,6 +72,7 @@ def check_copy(
     previous_chain: str,
     columns: int = 255,
     typed: dict[str, tuple[int, list[NativeField]]] | None = None,
+    scope: tuple[tuple[str, ...], tuple[str, ...]] | None = None,
     /,
 ) -> ByKind: ...
 def check_copy_rows(data: Any, expected_seq: int, previous_chain: str, /) -> Checked: ...

@@ -32,6 +32,8 @@ except ImportError:  # installed without a C compiler or headers: the driver pat
 
 # (outcome, bad_seq, found_seq, last_good_seq, last_good_chain), as _carrow and _cverify give it.
 Check = tuple[int, int, int, int, str]
+# (kinds, runs): rows of those kinds kept only where their run is one of runs, or none.
+Scope = tuple[tuple[str, ...], tuple[str, ...]]
 
 TEXT_COLUMNS = ("id", "ts", "kind", "run_id", "block_id", "data", "digest", "chain")
 
@@ -40,10 +42,17 @@ class RowSource(Protocol):
     """A ledger's rows as the native check reads them."""
 
     def by_kind(
-        self, after: int, until: int, expected: int, previous: str, mask: int, typed: dict[str, Any] | None
+        self,
+        after: int,
+        until: int,
+        expected: int,
+        previous: str,
+        mask: int,
+        typed: dict[str, Any] | None,
+        scope: Scope | None = None,
     ) -> tuple[Any, ...]:
-        """Rows ``after < seq <= until`` checked from ``expected`` on ``previous`` and split by kind:
-        what ``_carrow.read_checked_by_kind`` returns."""
+        """Rows ``after < seq <= until`` checked from ``expected`` on ``previous`` and split by kind
+        (of ``scope``'s kinds, only its runs' rows): what ``_carrow.read_checked_by_kind`` returns."""
         ...
 
     def scan(self, after: int, until: int, expected: int, previous: str) -> Check:
@@ -67,12 +76,19 @@ class SqliteRows:
     path: str
 
     def by_kind(
-        self, after: int, until: int, expected: int, previous: str, mask: int, typed: dict[str, Any] | None
+        self,
+        after: int,
+        until: int,
+        expected: int,
+        previous: str,
+        mask: int,
+        typed: dict[str, Any] | None,
+        scope: Scope | None = None,
     ) -> tuple[Any, ...]:
         assert _carrow is not None
-        if typed is None:
-            return tuple(_carrow.read_checked_by_kind(self.path, after, until, expected, previous, mask))
-        return tuple(_carrow.read_checked_by_kind(self.path, after, until, expected, previous, mask, typed))
+        # Only the arguments given: a build older than typed fields takes six.
+        extra = (typed, scope) if scope is not None else (typed,) if typed is not None else ()
+        return tuple(_carrow.read_checked_by_kind(self.path, after, until, expected, previous, mask, *extra))
 
     def scan(self, after: int, until: int, expected: int, previous: str) -> Check:
         assert _cverify is not None
@@ -189,13 +205,17 @@ class PostgresRows:
         return data
 
     def by_kind(
-        self, after: int, until: int, expected: int, previous: str, mask: int, typed: dict[str, Any] | None
+        self,
+        after: int,
+        until: int,
+        expected: int,
+        previous: str,
+        mask: int,
+        typed: dict[str, Any] | None,
+        scope: Scope | None = None,
     ) -> tuple[Any, ...]:
         assert _carrow is not None
-        data = self.fetch(after, until)
-        if typed is None:
-            return tuple(_carrow.check_copy(data, expected, previous, mask))
-        return tuple(_carrow.check_copy(data, expected, previous, mask, typed))
+        return tuple(_carrow.check_copy(self.fetch(after, until), expected, previous, mask, typed, scope))
 
     def rows(self, after: int, until: int, expected: int, previous: str) -> tuple[Any, ...]:
         assert _carrow is not None

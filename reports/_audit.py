@@ -1070,6 +1070,7 @@ def _downgrade(f: Finding, blocks: set[str], runs: set[str]) -> Finding:
 
 def audit(src: Source, run: str | None = None) -> list[Finding]:
     """Every finding, sorted deterministically (blocking first)."""
+    src.require(run)
     blocks, runs = _acknowledged(src)
     found = [_downgrade(f, blocks, runs) for check in CHECKS for f in check(src, run)]
     return sorted(found, key=Finding.sort_key)

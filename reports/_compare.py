@@ -78,6 +78,7 @@ def _mean(values: list[float]) -> float:
 
 def compare(src: Source, run_a: str, run_b: str) -> dict[str, Any]:
     """The comparison as a JSON-able dict (same head, same bytes)."""
+    src.require(run_a, run_b)
     tables: dict[str, list[dict[str, Any]]] = {}
     for name, (derive, dims) in _TABLES.items():
         cells: dict[tuple[Any, ...], dict[str, dict[str, Any]]] = defaultdict(dict)

@@ -401,6 +401,7 @@ def _no_cycle_collection() -> Iterator[None]:
 def derive_report(src: Source, run: str | None = None, pool_replays: bool = False) -> dict[str, Any]:
     """The whole report as a JSON-able dict (no rendering time, sorted when dumped). With
     ``pool_replays``, ``tables.ttft_series`` adds Table 3 over each run and its replays pooled."""
+    src.require(run)
     with _no_cycle_collection():
         report = _derive_report(src, run)
         if pool_replays:

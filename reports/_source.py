@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,13 +40,57 @@ import duckdb
 
 import ledger as ledger_api
 from ledger import Analytics, Head, Ledger, Verification, open_ledger
-from ledger._analytics import checked_source
+from ledger._analytics import RunScope, checked_source
 from ledger._snapshot import Mismatch, Proof
 from ledger._verify import read_heads, verify_after
 
 from ._views import create_audit_views, create_views, projections, release_extractions
 
 T = TypeVar("T")
+
+# The kinds a report about some runs reads for those runs alone (and rows without a run): a
+# request, its response, hit record, assertions and scrapes, and the sessions and windows that
+# group them, nearly every row of a ledger. Every other kind (runs, blocks, launches, plans,
+# probes, checkpoints, fixtures, certificates) is read ledger-wide, as it is few rows and what
+# a run's checks look up across runs (a probe covering its config, a fixture it was sent).
+SCOPED_KINDS = frozenset(
+    {
+        "request.sent",
+        "response.received",
+        "hits.observed",
+        "assertion.evaluated",
+        "metrics.scraped",
+        "session.finished",
+        "window.finished",
+    }
+)
+
+
+def run_scope(ledger: Ledger, runs: Collection[str], until_seq: int | None = None) -> RunScope:
+    """What a report and audit of ``runs`` derive from: the observations of those runs, of every
+    run linked to one of them by replay (either way, and on: ``--pool-replays`` pools a run with
+    its replays as one series), and of every validation run (the service regression of the
+    configs a run measures); see :data:`SCOPED_KINDS`. Read from the runs' start events, which
+    the derivation then checks with every other row."""
+    started = {
+        event.run_id: event.data
+        for event in ledger.events(kind="run.started", until_seq=until_seq)
+        if event.run_id is not None
+    }
+    linked: dict[str, set[str]] = {}
+    for run, data in started.items():
+        original = data.get("replay_of")
+        if isinstance(original, str):
+            linked.setdefault(run, set()).add(original)
+            linked.setdefault(original, set()).add(run)
+    scope, todo = set(), list(runs)
+    while todo:
+        run = todo.pop()
+        if run not in scope:
+            scope.add(run)
+            todo.extend(linked.get(run, ()))
+    scope.update(run for run, data in started.items() if data.get("experiment") == "validation")
+    return RunScope(SCOPED_KINDS, frozenset(scope))
 
 
 @dataclass
@@ -64,6 +108,18 @@ class Source:
     # Whether the audit's re-derivations were built beside the derivation (started at open, and
     # not built again alone after running out of memory there).
     rederived_beside: bool = False
+    # The runs whose observations the tables hold (open_source's ``runs``), or None for all.
+    scope: RunScope | None = None
+
+    def require(self, *runs: str | None) -> None:
+        """Refuse to derive about ``runs`` (None: the whole ledger) from tables that hold only
+        other runs' observations: the figures would be silently short."""
+        if self.scope is None:
+            return
+        missing = [run for run in runs if run is None or run not in self.scope.runs]
+        if missing:
+            what = "the whole ledger" if None in missing else "run " + ", ".join(map(str, missing))
+            raise ValueError(f"this source was opened for runs {sorted(self.scope.runs)}, not for {what}")
 
     def once(self, key: str, build: Callable[[], T]) -> T:
         """``build()``, run once per source and key: for what several checks derive from the same
@@ -215,6 +271,7 @@ def open_source(
     until_seq: int | None = None,
     verify: bool = False,
     rederive_beside: bool | None = None,
+    runs: Collection[str] | None = None,
 ) -> Source:
     """Open a ledger for reading and prepare the report views.
 
@@ -224,7 +281,8 @@ def open_source(
     the audit's re-derivations beside whatever the caller does next (the audit and
     ``ledger attest`` ask for it). ``rederive_beside``: build those beside the derivation (True)
     or when the audit first asks, after it (False); by default beside where DuckDB's memory
-    leaves room for both (:func:`room_beside`).
+    leaves room for both (:func:`room_beside`). ``runs``: derive the observations of those runs
+    only (:func:`run_scope`), for a report or audit of them; every row is still verified.
     """
     ledger = open_ledger(url_or_ledger, create=False) if isinstance(url_or_ledger, str) else url_or_ledger
     started, verified_from, heads_read = None, None, None
@@ -243,7 +301,10 @@ def open_source(
             heads_read = read_heads(ledger)
     # Verified sources derive their tables from the database's rows, never from the cache's
     # projection files: those are proven only against digests kept beside them.
-    analytics = Analytics(ledger, snapshot_root, views, up_to_seq=verified_from, from_rows=verify)
+    scope = None if runs is None else run_scope(ledger, runs, until_seq)
+    analytics = Analytics(
+        ledger, snapshot_root, views, up_to_seq=verified_from, from_rows=verify, scope=scope
+    )
     con = analytics.connection()
     if checked_path is not None and heads_read is not None:
         if analytics.checked is not None:
@@ -275,4 +336,5 @@ def open_source(
         _verification=started,
         _rederivation=rederivation,
         rederived_beside=rederivation is not None,
+        scope=scope,
     )

@@ -21,7 +21,10 @@ from ._source import Source, open_source
 
 
 def _open(db_url: str, run_id: str | None, verify: bool = False) -> Source:
-    src = open_source(open_ledger(db_url, create=False), verify=verify)
+    # A run's report derives that run's observations (and its replays' and the validation runs'),
+    # not every run's: on a ledger of many runs it costs the verification and the run's own rows.
+    runs = None if run_id is None else [run_id]
+    src = open_source(open_ledger(db_url, create=False), verify=verify, runs=runs)
     # A run of the ledger's own, or another tool's imported results (a run of its own too).
     known = "SELECT run_id FROM kv_runs UNION ALL SELECT run_id FROM kv_imports"
     if run_id is not None and not src.scalar(
@@ -270,7 +273,8 @@ def attest_command(
         return
     if run_id is None or out_path is None:
         raise click.UsageError("give --run RUN_ID and --out FILE (or --verify FILE)")
-    src = open_source(open_ledger(db_url, create=False), verify=True)  # the audit in the predicate checks it
+    # The audit in the predicate checks the chain; the tables hold the run's observations.
+    src = open_source(open_ledger(db_url, create=False), verify=True, runs=[run_id])
     try:
         if not src.scalar("SELECT count(*) FROM kv_runs WHERE run_id = $r", {"r": run_id}):
             raise click.BadParameter(f"no run {run_id!r} in the ledger", param_hint="--run")
@@ -330,7 +334,7 @@ def compare_command(run_a: str, run_b: str, as_json: bool, db_url: str) -> None:
     """
     from ._compare import compare, compare_markdown
 
-    src = _open(db_url, None)
+    src = open_source(open_ledger(db_url, create=False), runs=[run_a, run_b])
     try:
         for run in (run_a, run_b):
             if not src.scalar("SELECT count(*) FROM kv_runs WHERE run_id = $r", {"r": run}):

@@ -421,9 +421,16 @@ class _Counting:
         self.sure = self.unsure = 0
 
     def by_kind(
-        self, after: int, until: int, expected: int, previous: str, mask: int, typed: dict[str, Any] | None
+        self,
+        after: int,
+        until: int,
+        expected: int,
+        previous: str,
+        mask: int,
+        typed: dict[str, Any] | None,
+        scope: Any = None,
     ) -> tuple[Any, ...]:
-        result = self.source.by_kind(after, until, expected, previous, mask, typed)
+        result = self.source.by_kind(after, until, expected, previous, mask, typed, scope)
         if typed is not None:
             if result[3]:
                 self.unsure += 1

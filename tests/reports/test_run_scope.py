@@ -1,0 +1,288 @@
+"""A run's report and audit derive that run's observations only, and say exactly what the whole
+ledger's derivation says about it.
+
+A team ledger holds many studies; ``ledger report --run R``, ``ledger audit --run R`` and
+``ledger attest --run R`` derive the requests, responses, hit records, assertions, scrapes,
+sessions and windows of R, of the runs linked to R by replay and of the validation runs
+(reports/_source.py ``run_scope``), while every row of the ledger is still read and its chain
+checked. The ledger here mixes sim runs (validation, a clean screening, its replay, a screening
+with a planted namespace leak), a committed GPU study (replays and validation runs of their own),
+GPU probe records and another tool's imported result file. For every run, the scoped report and
+audit equal the whole ledger's, on the native checked read, the snapshot's projections, the
+driver path and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import lzma
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from click.testing import CliRunner
+
+from ledger import Ledger, open_ledger
+from ledger._cli import cli
+from ledger._jsonl import read_jsonl
+from reports import derive_report, open_source, to_json
+from reports._audit import audit_json
+from reports._source import SCOPED_KINDS, run_scope
+from tests.ledger._helpers import tamper_sqlite
+from tests.reports._sim_shape import FAST, SMALL, VALIDATION
+
+pytestmark = pytest.mark.slow
+
+DATA = Path(__file__).parent.parent / "data"
+
+
+def _invoke(*args: str) -> Any:
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+def _run(url: str, experiment: str, *params: str) -> str:
+    """``ledger run`` on the sim into ``url``; the new run's id."""
+    before = _runs(url)
+    result = _invoke("run", experiment, "--db", url, "--target", "sim", *FAST, *params)
+    assert result.exit_code in (0, 1), result.output  # 1: the run itself found a failure
+    (run,) = set(_runs(url)) - set(before)
+    return run
+
+
+def _runs(url: str) -> list[str]:
+    path = url.removeprefix("sqlite:///")
+    if not Path(path).exists():
+        return []
+    with sqlite3.connect(path) as con:
+        rows = con.execute("SELECT run_id FROM events WHERE kind = 'run.started' ORDER BY seq").fetchall()
+    return [str(r[0]) for r in rows]
+
+
+def _append_export(url: str, path: Path) -> None:
+    """A committed export (JSON Lines, ``.xz`` or plain) appended as another study of the ledger."""
+    opener: Any = lzma.open if path.suffix == ".xz" else open
+    with opener(path, "rb") as lines:
+        led = open_ledger(url)
+        try:
+            led.append_sealed(read_jsonl(iter(lines.read().splitlines())))
+        finally:
+            led.close()
+
+
+class Team:
+    """The shared ledger: its URL, the sim runs by role, and every run it holds."""
+
+    def __init__(self, folder: Path) -> None:
+        self.url = f"sqlite:///{folder / 'team.db'}"
+        self.validation = _run(self.url, "validation", *VALIDATION)
+        self.screening = _run(self.url, "screening", *SMALL)
+        result = _invoke("replay", self.screening, "--db", self.url, "--target", "sim", "--no-progress")
+        assert result.exit_code in (0, 1), result.output
+        (self.replay,) = set(_runs(self.url)) - {self.validation, self.screening}
+        self.leaky = _run(self.url, "screening", *SMALL, "--param", "fault=namespace-leak")
+        _append_export(self.url, DATA / "gpu-pooled" / "ledger.jsonl.xz")
+        _append_export(self.url, DATA / "probes" / "pinned_alloc.jsonl")
+        bench = str(DATA / "imports" / "vllm-bench.json")
+        result = _invoke("import", "--from", "vllm-bench", bench, "--db", self.url)
+        assert result.exit_code == 0, result.output
+        self.runs = _runs(self.url)
+        with sqlite3.connect(self.url.removeprefix("sqlite:///")) as con:
+            self.imported = [
+                str(r[0]) for r in con.execute("SELECT run_id FROM events WHERE kind = 'import.recorded'")
+            ]
+
+
+@pytest.fixture(scope="module")
+def team(tmp_path_factory: pytest.TempPathFactory) -> Team:
+    return Team(tmp_path_factory.mktemp("team"))
+
+
+@pytest.fixture
+def ledger(team: Team) -> Iterator[Ledger]:
+    led = open_ledger(team.url, create=False)
+    yield led
+    led.close()
+
+
+def _derived(led: Ledger, root: Path, run: str, scoped: bool, verify: bool) -> tuple[str, bytes]:
+    """The report and the audit of ``run`` (JSON), from a source of that run only or of all."""
+    src = open_source(led, root, verify=verify, runs=[run] if scoped else None)
+    try:
+        return to_json(derive_report(src, run, pool_replays=True)), orjson.dumps(
+            audit_json(src, run), option=orjson.OPT_SORT_KEYS
+        )
+    finally:
+        src.close()
+
+
+def test_the_team_ledger_mixes_what_a_scope_must_get_right(team: Team, ledger: Ledger) -> None:
+    """Several studies, replays both ways, validation runs of two origins, probes and an import."""
+    started = {e.run_id: e.data for e in ledger.events(kind="run.started")}
+    assert len(started) >= 12
+    assert sum(d.get("experiment") == "validation" for d in started.values()) >= 3
+    assert sum(isinstance(d.get("replay_of"), str) for d in started.values()) >= 4
+    assert started[team.replay]["replay_of"] == team.screening
+    assert any(str(d.get("experiment", "")).startswith("probe.") for d in started.values())
+    assert team.imported
+
+
+@pytest.mark.parametrize("verify", [True, False], ids=["verified", "snapshot"])
+def test_every_run_scoped_says_what_the_whole_ledger_says(
+    team: Team, ledger: Ledger, tmp_path: Path, verify: bool
+) -> None:
+    whole = open_source(ledger, tmp_path, verify=verify)
+    try:
+        expected = {
+            run: (
+                to_json(derive_report(whole, run, pool_replays=True)),
+                orjson.dumps(audit_json(whole, run), option=orjson.OPT_SORT_KEYS),
+            )
+            for run in [*team.runs, *team.imported]
+        }
+    finally:
+        whole.close()
+    differ = [
+        run for run, derived in expected.items() if _derived(ledger, tmp_path, run, True, verify) != derived
+    ]
+    assert differ == []
+    # Not vacuous: the leaky screening's audit blocks, the clean one's report has paired rows.
+    assert b"namespace-leak" in expected[team.leaky][1]
+    assert '"matched"' in expected[team.screening][0] or '"pairs"' in expected[team.screening][0]
+
+
+def test_the_scope_holds_the_run_its_replays_and_the_validation_runs(team: Team, ledger: Ledger) -> None:
+    scope = run_scope(ledger, [team.replay])
+    started = {e.run_id: e.data for e in ledger.events(kind="run.started")}
+    validations = {r for r, d in started.items() if d.get("experiment") == "validation"}
+    assert scope.kinds == SCOPED_KINDS
+    assert scope.runs == {team.replay, team.screening} | validations
+    assert team.leaky not in scope.runs
+    # The replay family is followed on: a run replayed twice, from any of them, is one family.
+    pooled = {r for r, d in started.items() if isinstance(d.get("replay_of"), str) and r != team.replay}
+    assert pooled
+    for run in pooled:
+        scoped = run_scope(ledger, [started[run]["replay_of"]]).runs
+        assert run in scoped and team.screening not in scoped
+
+
+def test_a_scoped_source_holds_only_its_runs_observations(team: Team, ledger: Ledger, tmp_path: Path) -> None:
+    """The rows left out are left out of the tables (not merely filtered by the report)."""
+    counts = {}
+    for scoped in (False, True):
+        src = open_source(ledger, tmp_path, verify=True, runs=[team.screening] if scoped else None)
+        try:
+            counts[scoped] = dict(
+                src.tuples("SELECT run_id, count(*) FROM kv_requests GROUP BY run_id ORDER BY run_id")
+            )
+            assert src.analytics.checked is not None  # the native checked read, not the driver path
+        finally:
+            src.close()
+    assert team.leaky in counts[False]
+    assert set(counts[True]) <= set(run_scope(ledger, [team.screening]).runs)
+    assert counts[True][team.screening] == counts[False][team.screening]
+    assert counts[True][team.replay] == counts[False][team.replay]
+
+
+def test_a_scoped_source_refuses_to_derive_about_other_runs(
+    team: Team, ledger: Ledger, tmp_path: Path
+) -> None:
+    src = open_source(ledger, tmp_path, runs=[team.screening])
+    try:
+        with pytest.raises(ValueError, match="not for run " + team.leaky):
+            derive_report(src, team.leaky)
+        with pytest.raises(ValueError, match="not for the whole ledger"):
+            audit_json(src, None)
+    finally:
+        src.close()
+
+
+def test_a_row_of_another_run_edited_still_blocks_the_runs_audit(team: Team, tmp_path: Path) -> None:
+    """The scope spares copies, not checks: the chain is verified over every row."""
+    path = tmp_path / "edited.db"
+    with sqlite3.connect(team.url.removeprefix("sqlite:///")) as source, sqlite3.connect(path) as copy:
+        source.backup(copy)
+    with sqlite3.connect(path) as con:
+        (seq,) = con.execute(
+            "SELECT max(seq) FROM events WHERE kind = 'response.received' AND run_id = ?", (team.leaky,)
+        ).fetchone()
+    tamper_sqlite(
+        f"sqlite:///{path}",
+        [f"UPDATE events SET data = replace(data, '\"status\":200', '\"status\":201') WHERE seq = {seq}"],
+    )
+    result = _invoke("audit", "--run", team.screening, "--publish", "--db", f"sqlite:///{path}")
+    assert result.exit_code == 1, result.output
+    assert "chain-broken" in result.output and str(seq) in result.output
+
+
+def test_the_cli_reports_a_run_as_the_whole_ledger_derives_it(
+    team: Team, ledger: Ledger, tmp_path: Path
+) -> None:
+    scoped = _invoke("report", "--run", team.screening, "--json", "--db", team.url)
+    assert scoped.exit_code == 0, scoped.output
+    whole = open_source(ledger, tmp_path)
+    try:
+        assert scoped.output.strip() == to_json(derive_report(whole, team.screening)).strip()
+    finally:
+        whole.close()
+    audited = _invoke("audit", "--run", team.screening, "--json", "--db", team.url)
+    assert audited.exit_code == 0, audited.output
+    compared = _invoke("compare", team.screening, team.replay, "--json", "--db", team.url)
+    assert compared.exit_code == 0, compared.output
+    assert team.screening in compared.output and team.replay in compared.output
+
+
+def test_the_driver_path_keeps_the_same_rows(
+    team: Team, ledger: Ledger, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without the native reader (``KVLEDGER_READER=python``), the scope is kept in Python."""
+    expected = {run: _derived(ledger, tmp_path, run, False, True) for run in (team.screening, team.leaky)}
+    monkeypatch.setenv("KVLEDGER_READER", "python")
+    for run, derived in expected.items():
+        src = open_source(ledger, tmp_path, verify=True, runs=[run])
+        try:
+            assert src.analytics.checked is None  # derived apart from the check, on the driver path
+            assert (
+                to_json(derive_report(src, run, pool_replays=True)),
+                orjson.dumps(audit_json(src, run), option=orjson.OPT_SORT_KEYS),
+            ) == derived
+        finally:
+            src.close()
+
+
+def test_postgresql_scoped_says_what_sqlite_says(
+    team: Team, ledger: Ledger, pg_url: str, tmp_path: Path
+) -> None:
+    """The same events in PostgreSQL, read as binary COPY with the scope kept natively."""
+    pg = open_ledger(pg_url)
+    try:
+        pg.append_sealed(read_jsonl(iter(_export_lines(ledger))))
+        for run in (team.screening, team.leaky):
+            src = open_source(pg, tmp_path / "pg", verify=True, runs=[run])
+            try:
+                assert src.analytics.checked is not None
+                got = (
+                    to_json(derive_report(src, run, pool_replays=True)),
+                    orjson.dumps(audit_json(src, run), option=orjson.OPT_SORT_KEYS),
+                )
+            finally:
+                src.close()
+            want = _derived(ledger, tmp_path / "sqlite", run, False, True)
+            # The head differs (another database, sealed again): compare the derived tables.
+            assert _without_head(got) == _without_head(want)
+    finally:
+        pg.close()
+
+
+def _export_lines(led: Ledger) -> list[bytes]:
+    keys = ("id", "ts", "kind", "run_id", "block_id", "data")
+    return [orjson.dumps({k: getattr(e, k) for k in keys}) for e in led.events()]
+
+
+def _without_head(derived: tuple[str, bytes]) -> tuple[Any, Any]:
+    report, audited = orjson.loads(derived[0]), orjson.loads(derived[1])
+    for doc in (report, audited):
+        doc.pop("head", None)
+    report.get("ledger", {}).pop("head", None)
+    return report, audited
