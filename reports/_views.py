@@ -1007,11 +1007,19 @@ def release_extractions(con: duckdb.DuckDBPyConnection, held: Collection[str] = 
 _AUDIT_VIEWS_NOT_MATERIALISED = ("kv_scrape_deltas", "kv_rederived_shown")
 
 
-def create_audit_views(con: duckdb.DuckDBPyConnection) -> None:
+def create_audit_views(con: duckdb.DuckDBPyConnection, skip_built: bool = False) -> None:
     """Materialise the audit's re-derivations (after :func:`create_views`, on the same bound);
     ``kv_rederived_shown`` stays a view, formatted only for the rows the audit reports, and so does
-    ``kv_scrape_deltas``, which only ``kv_hits_rederived`` reads (once, as it is materialised)."""
+    ``kv_scrape_deltas``, which only ``kv_hits_rederived`` reads (once, as it is materialised).
+    ``skip_built``: keep those a build cut off by an error had made (each is made whole or not
+    at all)."""
+    built: set[str] = set()
+    if skip_built:
+        names = "SELECT table_name FROM duckdb_tables() UNION ALL SELECT view_name FROM duckdb_views()"
+        built = {str(row[0]) for row in con.execute(names).fetchall()}
     for name, sql in AUDIT_VIEWS:
+        if name in built:
+            continue
         kind = "VIEW" if name in _AUDIT_VIEWS_NOT_MATERIALISED else "TABLE"
         con.execute(f"CREATE OR REPLACE {kind} {name} AS {sql.strip()}")
 

@@ -298,9 +298,15 @@ def _verify_statement(path: Path, pubkey_path: Path | None, report_dir: Path | N
         doc = json.loads(path.read_text(encoding="utf-8"))
         statement, problems = open_envelope(doc, pubkey_path.read_bytes() if pubkey_path else None)
         head = statement["predicate"]["ledger"]["head"]
+        run = statement["predicate"]["scope"]["run"]
     except (ValueError, KeyError, TypeError) as exc:
         raise click.BadParameter(f"not a readable statement: {exc}", param_hint="--verify") from exc
-    src = open_source(open_ledger(db_url, create=False), until_seq=head["seq"] if head else None, verify=True)
+    src = open_source(
+        open_ledger(db_url, create=False),
+        until_seq=head["seq"] if head else None,
+        verify=True,
+        runs=[run] if isinstance(run, str) else None,
+    )
     try:
         problems += check_statement(statement, src, report_dir)
     finally:

@@ -134,3 +134,44 @@ def test_rederivations_that_fail_raise_and_the_source_still_closes(
         closing.join(60)
         src.ledger.close()
     assert not closing.is_alive(), "Source.close waited for a future that will never finish"
+
+
+def test_a_build_alone_that_runs_out_of_memory_is_built_again_on_one_thread(
+    ledger_path: Path, tmp_path: Path
+) -> None:
+    """DuckDB's joins pin blocks per thread (never moved to disk): on a 10M-event ledger
+    ``kv_rederived`` ran out of the 1 GB limit on two threads with nothing beside it. Here the
+    same, small: under 64 MB, eight threads run out and one does not."""
+    url = f"sqlite:///{ledger_path}"
+    expected = open_source(url, tmp_path / "e", verify=True, rederive_beside=False)
+    src = open_source(url, tmp_path / "s", verify=True, rederive_beside=False)
+    try:
+        want = _report_and_findings(expected)
+        src.con.execute("SET memory_limit = '64MB'")
+        src.con.execute("SET threads = 8")
+        assert src.rederive() >= 0.0
+        assert src.scalar("SELECT current_setting('threads')") == 8  # as it was, once built
+        assert src.scalar("SELECT count(*) FROM kv_rederived") == expected.scalar(
+            "SELECT count(*) FROM kv_rederived"
+        )
+        src.con.execute("SET memory_limit = '1GB'")
+        assert _report_and_findings(src) == want
+    finally:
+        for source in (expected, src):
+            source.close()
+            source.ledger.close()
+
+
+def test_eight_threads_under_64_mb_do_run_out(ledger_path: Path, tmp_path: Path) -> None:
+    """What the test above builds again on one thread does fail on eight (not vacuous)."""
+    from reports._views import create_audit_views
+
+    src = open_source(f"sqlite:///{ledger_path}", tmp_path / "s", verify=True, rederive_beside=False)
+    try:
+        src.con.execute("SET memory_limit = '64MB'")
+        src.con.execute("SET threads = 8")
+        with pytest.raises(duckdb.OutOfMemoryException):
+            create_audit_views(src.con)
+    finally:
+        src.close()
+        src.ledger.close()
