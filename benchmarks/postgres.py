@@ -8,7 +8,9 @@ named by the generator's version and kept between runs. Each pair is measured on
 other in this process, the native path first, then the driver path (``KVLEDGER_READER`` and
 ``KVLEDGER_VERIFIER`` set to ``python``, as a build without the native parts would run): the
 peer of each figure is the path it replaces. CPU seconds are this process's (and its verify
-workers'); the server's own processes are not counted in them, the wall clock is.
+workers'); the server's own processes are not counted in them, the wall clock is. Each pair
+also times one run's report + audit (the ledger's last run: its observations derived, every row
+verified), what ``ledger attest --run`` costs on a team's ledger.
 """
 
 from __future__ import annotations
@@ -114,11 +116,27 @@ def _report(ledger: Ledger, root: Path) -> tuple[float, float, bool, float]:
     return t[0], cpu_seconds(children=True) - cpu0, checked, _peak_rss_mb()
 
 
+def _run_report(ledger: Ledger, root: Path, run: str) -> tuple[float, float]:
+    """``ledger attest --run RUN``'s work: that run's observations derived, every row verified."""
+    cpu0 = cpu_seconds(children=True)
+    with timed() as t:
+        source = open_source(ledger, root, verify=True, runs=[run])
+        try:
+            to_json(derive_report(source, run))
+            source.rederive()
+            findings = audit(source, run)
+        finally:
+            source.close()
+    assert not [f for f in findings if f.severity == "blocking"], findings[:3]
+    return t[0], cpu_seconds(children=True) - cpu0
+
+
 def measure(pg_url: str, label: str, repeat: int) -> dict[str, Any]:
     ledger, setup = _ledger(pg_url, label, SIZES[label])
     head = ledger.head()
     events = head.seq if head else 0
     runs: dict[str, list[dict[str, Any]]] = {"copy": [], "driver": []}
+    last_run = [e.run_id for e in ledger.events(kind="run.started") if e.run_id is not None][-1]
     roots: list[Path] = []
     try:
         for _ in range(repeat):
@@ -128,6 +146,7 @@ def measure(pg_url: str, label: str, repeat: int) -> dict[str, Any]:
                     roots.append(root)
                     verify_s, verify_cpu = _verify(ledger, events)
                     report_s, report_cpu, checked, peak_rss_mb = _report(ledger, root)
+                    run_report_s, run_report_cpu = _run_report(ledger, root, last_run)
                 assert checked == (path == "copy"), (path, checked)
                 runs[path].append(
                     {
@@ -138,6 +157,8 @@ def measure(pg_url: str, label: str, repeat: int) -> dict[str, Any]:
                         "report_s": report_s,
                         "report_cpu_s": report_cpu,
                         "report_peak_rss_mb": peak_rss_mb,
+                        "run_report_s": run_report_s,
+                        "run_report_cpu_s": run_report_cpu,
                     }
                 )
     finally:
@@ -157,6 +178,8 @@ def measure(pg_url: str, label: str, repeat: int) -> dict[str, Any]:
         f"({driver['report_s'] / copy['report_s']:.2f}x; CPU of this process {copy['report_cpu_s']:.2f} "
         f"against {driver['report_cpu_s']:.2f} s; peak RSS {copy['report_peak_rss_mb']:.0f} against "
         f"{driver['report_peak_rss_mb']:.0f} MB)\n"
+        f"  one run's report + audit (its observations, every row verified) {copy['run_report_s']:.2f} s "
+        f"against {driver['run_report_s']:.2f} s ({driver['run_report_s'] / copy['run_report_s']:.2f}x)\n"
         f"  load {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
         + "".join(f"; not counted: {k.removesuffix('_s')} {v:.1f} s" for k, v in setup.items()),
         flush=True,
@@ -169,6 +192,9 @@ def measure(pg_url: str, label: str, repeat: int) -> dict[str, Any]:
         "verify_events_per_s": round(events / copy["verify_s"]),
         "verify_ratio_to_driver": round(driver["verify_s"] / copy["verify_s"], 3),
         "report_ratio_to_driver": round(driver["report_s"] / copy["report_s"], 3),
+        "run_report_seconds": round(copy["run_report_s"], 3),
+        "run_report_ratio_to_whole": round(copy["report_s"] / copy["run_report_s"], 3),
+        "run_report_ratio_to_driver": round(driver["run_report_s"] / copy["run_report_s"], 3),
         **{k: round(v, 1) for k, v in setup.items()},
     }
 
@@ -194,6 +220,8 @@ def main() -> None:
         figures[f"snapshot_ratio_to_driver_{label}"] = result["snapshot_ratio_to_driver"]
         figures[f"verify_events_per_s_{label}"] = result["verify_events_per_s"]
         figures[f"verify_ratio_to_driver_{label}"] = result["verify_ratio_to_driver"]
+        figures[f"run_report_seconds_{label}"] = result["run_report_seconds"]
+        figures[f"run_report_ratio_to_whole_{label}"] = result["run_report_ratio_to_whole"]
     figures["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
     emit(figures)
 
