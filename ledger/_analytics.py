@@ -369,8 +369,8 @@ def derive_checked(
         lower = _NO_LOWER_BOUND if after == 0 else after
         if not native_typed:
             # Also what a build older than the typed fields takes and gives.
-            read = source.by_kind(lower, stop, after + 1, start_of(after), mask, None, kept)
-            rows, groups, check = read[:3]
+            got = source.by_kind(lower, stop, after + 1, start_of(after), mask, None, kept)
+            rows, groups, check = got[:3]
             return (rows, [(*group[:4], None) for group in groups], check, False), time.perf_counter() - began
         result = source.by_kind(lower, stop, after + 1, start_of(after), mask, native_typed, kept)
         if result[3]:

@@ -52,7 +52,9 @@ T = TypeVar("T")
 # request, its response, hit record, assertions and scrapes, and the sessions and windows that
 # group them, nearly every row of a ledger. Every other kind (runs, blocks, launches, plans,
 # probes, checkpoints, fixtures, certificates) is read ledger-wide, as it is few rows and what
-# a run's checks look up across runs (a probe covering its config, a fixture it was sent).
+# a run's checks look up across runs (a probe covering its config, a fixture it was sent). A view or
+# check that reads one of these kinds across runs must widen run_scope: tests/reports/
+# test_run_scope.py derives every run of a mixed ledger both ways and fails on any difference.
 SCOPED_KINDS = frozenset(
     {
         "request.sent",
