@@ -329,6 +329,10 @@ class Snapshot:
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
+    def unbuilt(self) -> bool:
+        """Whether nothing of this snapshot has ever been written (no folder, or an empty one)."""
+        return not self.directory.is_dir() or not any(self.directory.iterdir())
+
     def segments(self) -> list[Path]:
         """The segment files the last refresh proved (in seq order)."""
         return [s.path for s in self._segments]

@@ -178,10 +178,13 @@ class Ledger:
 
     # -- read -------------------------------------------------------------------
 
-    def head(self) -> Head | None:
-        """The last event's seq and chain, or None for an empty ledger."""
+    def head(self, at_or_before: int | None = None) -> Head | None:
+        """The last event's seq and chain (the last at or before seq ``at_or_before``), or None
+        where there is none."""
+        bound = "" if at_or_before is None else f"WHERE seq <= {int(at_or_before)} "
+        sql = f"SELECT seq, chain FROM events {bound}ORDER BY seq DESC LIMIT 1"
         with self.database.connect() as conn:
-            row = conn.exec_driver_sql("SELECT seq, chain FROM events ORDER BY seq DESC LIMIT 1").first()
+            row = conn.exec_driver_sql(sql).first()
         return Head(int(row[0]), row[1]) if row else None
 
     def count(self) -> int:

@@ -341,6 +341,10 @@ def open_source(
     derived = analytics.derived
     if derived is not None and until_seq is None:
         head = Head(derived.head_seq, derived.head_chain) if derived.head_chain is not None else None
+    elif derived is not None and until_seq is not None:
+        # Tables from the database's rows: the head as of ``until_seq`` is the database's own row,
+        # which the derivation read (the cache may not hold it: such a reader never builds one).
+        head = ledger.head(at_or_before=min(until_seq, derived.head_seq))
     else:
         bound = "" if until_seq is None else f"WHERE seq <= {int(until_seq)}"
         row = con.execute(f"SELECT seq, chain FROM events {bound} ORDER BY seq DESC LIMIT 1").fetchone()

@@ -286,3 +286,31 @@ def _without_head(derived: tuple[str, bytes]) -> tuple[Any, Any]:
         doc.pop("head", None)
     report.get("ledger", {}).pop("head", None)
     return report, audited
+
+
+def test_a_verified_reader_builds_no_cache_where_none_was_built(
+    team: Team, ledger: Ledger, tmp_path: Path
+) -> None:
+    """Its tables come from the database's rows: a cache never built stays unbuilt (a plain
+    reader builds it), and the report and audit are the same as over a cache that is there."""
+    cold = tmp_path / "cold"
+    got = _derived(ledger, cold, team.screening, True, True)
+    assert not any(cold.rglob("*.parquet"))
+    warm = tmp_path / "warm"
+    open_source(ledger, warm).close()
+    assert any(warm.rglob("*.parquet"))
+    assert _derived(ledger, warm, team.screening, True, True) == got
+
+
+def test_an_attestation_verifies_at_its_head_after_the_ledger_grew(team: Team, tmp_path: Path) -> None:
+    """Made and checked with no cache built: the attested head is read from the database's rows."""
+    path = tmp_path / "grown.db"
+    with sqlite3.connect(team.url.removeprefix("sqlite:///")) as source, sqlite3.connect(path) as copy:
+        source.backup(copy)
+    url = f"sqlite:///{path}"
+    made = _invoke("attest", "--run", team.screening, "--out", str(tmp_path / "s.json"), "--db", url)
+    assert made.exit_code == 0, made.output
+    _run(url, "screening", *SMALL)  # the ledger grows past the attested head
+    checked = _invoke("attest", "--verify", str(tmp_path / "s.json"), "--db", url)
+    assert checked.exit_code == 0, checked.output
+    assert "statement matches the ledger" in checked.output
