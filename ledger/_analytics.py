@@ -179,22 +179,18 @@ class RunScope:
     kinds: frozenset[str]
     runs: frozenset[str]
 
-    def kept(self, table: pa.Table, kind: str | None = None) -> pa.ChunkedArray:
-        """Which rows of ``table`` it keeps: ``table`` holds rows of ``kind``, or, where that is
+    def keeps(self, table: pa.Table, kind: str | None = None) -> pa.Table:
+        """The rows of ``table`` that it keeps: ``table`` holds rows of ``kind``, or, where that is
         None, of the kinds its ``kind`` column names; it has their ``run_id`` column."""
+        if kind is not None and kind not in self.kinds:
+            return table
         run_id = table.column("run_id")
         runs = pa.array(sorted(self.runs), pa.string())
         kept = pc.or_kleene(pc.is_null(run_id), pc.is_in(run_id, value_set=runs))
         if kind is None:
             kinds = pa.array(sorted(self.kinds), pa.string())
             kept = pc.or_kleene(kept, pc.invert(pc.is_in(table.column("kind"), value_set=kinds)))
-        return kept
-
-    def keeps(self, table: pa.Table, kind: str | None = None) -> pa.Table:
-        """The rows of ``table`` that it keeps (see :meth:`kept`)."""
-        if kind is not None and kind not in self.kinds:
-            return table
-        return table.filter(self.kept(table, kind))
+        return table.filter(kept)
 
 
 @dataclass
@@ -251,10 +247,11 @@ def derive_from_rows(
             parts = by_kind(table, read_by_kind)
             if scope is not None:
                 parts = {kind: scope.keeps(rows, kind) for kind, rows in parts.items()}
-                table = scope.keeps(table)
             empty = empty_table(table.schema)
             if all(kinds.values()):
                 table = empty  # the chunk's raw rows go now: only its kinds' copies are read
+            elif scope is not None:
+                table = scope.keeps(table)  # a projection of several kinds reads the whole chunk
             for name, sql in projections.items():
                 # Each projection reads its own kind's rows only (its WHERE still applies): a scan
                 # of every row's kind per projection cost more than most projections' parse.

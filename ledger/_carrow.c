@@ -111,6 +111,18 @@ static inline long long source_seq(const Source *s) {
 /* A buffered row's text column ``col`` (1 id ... 8 chain, as in the SQLite statement). */
 static inline void buffered_text(const Source *s, int col, Text *t) { *t = s->texts[col - 1]; }
 
+/* The current row's text column ``col`` from either source; ``p`` is NULL for a column that is
+ * not null only where SQLite ran out of memory converting it. */
+static inline void source_text(const Source *s, int col, Text *t) {
+    if (s->st == NULL) {
+        buffered_text(s, col, t);
+        return;
+    }
+    t->is_null = sqlite3_column_type(s->st, col) == SQLITE_NULL;
+    t->p = t->is_null ? NULL : sqlite3_column_text(s->st, col);
+    t->n = t->is_null ? 0 : (size_t)sqlite3_column_bytes(s->st, col);
+}
+
 static inline uint32_t be32(const unsigned char *p) {
     return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | (uint32_t)p[3];
 }
@@ -466,7 +478,6 @@ static int scan_fields(Fields *f, const unsigned char *kind, size_t kind_len, co
 static int add_row(Buffer *seqs, Column *cols, const Source *src, int64_t row, unsigned mask) {
     if (reserve(seqs, 8) < 0) return READ_NOMEM;
     int64_t seq = source_seq(src);
-    sqlite3_stmt *st = src->st;
     memcpy(seqs->p + seqs->len, &seq, 8);
     seqs->len += 8;
     for (int c = 0; c < TEXT_COLUMNS; c++) {
@@ -476,14 +487,13 @@ static int add_row(Buffer *seqs, Column *cols, const Source *src, int64_t row, u
             if (reserve(&col->validity, 1) < 0) return READ_NOMEM;
             col->validity.p[col->validity.len++] = 0;
         }
-        size_t n = 0;
-        Text buffered = {NULL, 0, 0};
-        if (st == NULL) buffered_text(src, c + 1, &buffered);
-        if (st != NULL ? sqlite3_column_type(st, c + 1) == SQLITE_NULL : buffered.is_null) {
+        Text value;
+        source_text(src, c + 1, &value);
+        if (value.is_null) {
             col->nulls++;
         } else {
-            const unsigned char *text = st != NULL ? sqlite3_column_text(st, c + 1) : buffered.p;
-            n = st != NULL ? (size_t)sqlite3_column_bytes(st, c + 1) : buffered.n;
+            const unsigned char *text = value.p;
+            size_t n = value.n;
             if (text == NULL && n) return READ_NOMEM;
             if (col->data.len + n > INT32_MAX) return READ_TOO_LARGE;
             if (reserve(&col->data, n) < 0) return READ_NOMEM;
@@ -1126,20 +1136,11 @@ static int columns_start(Column *cols) {
 
 /* The group of the current row's kind, made on its first row; NULL when out of memory. */
 static Group *group_of(Groups *g, const Source *src) {
-    int is_null;
-    const unsigned char *kind;
-    size_t n;
-    if (src->st != NULL) {
-        is_null = sqlite3_column_type(src->st, 3) == SQLITE_NULL;
-        kind = is_null ? NULL : sqlite3_column_text(src->st, 3);
-        n = is_null ? 0 : (size_t)sqlite3_column_bytes(src->st, 3);
-    } else {
-        Text t;
-        buffered_text(src, 3, &t);
-        is_null = t.is_null;
-        n = t.n;
-        kind = is_null ? NULL : (n ? t.p : (const unsigned char *)"");
-    }
+    Text t;
+    source_text(src, 3, &t);
+    int is_null = t.is_null;
+    const unsigned char *kind = t.p;
+    size_t n = t.n;
     if (!is_null && kind == NULL) return NULL;
     for (size_t k = 0; k < g->used; k++) {
         size_t i = (g->last + k) % g->used;
@@ -1189,21 +1190,11 @@ static Group *group_of(Groups *g, const Source *src) {
 
 /* Whether the current row's run_id (null, or one of the scope's runs) keeps it. */
 static int in_scope(const Scope *scope, const Source *src) {
-    const unsigned char *run;
-    size_t n;
-    if (src->st != NULL) {
-        if (sqlite3_column_type(src->st, 4) == SQLITE_NULL) return 1;
-        run = sqlite3_column_text(src->st, 4);
-        n = (size_t)sqlite3_column_bytes(src->st, 4);
-    } else {
-        Text t;
-        buffered_text(src, 4, &t);
-        if (t.is_null) return 1;
-        run = t.p;
-        n = t.n;
-    }
+    Text run;
+    source_text(src, 4, &run);
+    if (run.is_null) return 1;
     for (Py_ssize_t r = 0; r < scope->nruns; r++)
-        if (scope->runs[r].n == n && (n == 0 || memcmp(scope->runs[r].p, run, n) == 0)) return 1;
+        if (scope->runs[r].n == run.n && (run.n == 0 || memcmp(scope->runs[r].p, run.p, run.n) == 0)) return 1;
     return 0;
 }
 

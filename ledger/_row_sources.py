@@ -118,13 +118,18 @@ _COPY_SQL = (
 _SCAN_ROWS = 125_000
 
 
+def _read_input(pgconn: Any) -> None:
+    """What the server has sent next, once it is there: waiting on the socket, which releases the
+    GIL (libpq's own blocking calls, through psycopg's wrappers, hold it: a reader blocked on the
+    server stalled every other thread of the process)."""
+    select.select([pgconn.socket], [], [])
+    pgconn.consume_input()
+
+
 def _wait(pgconn: Any) -> None:
-    """Until libpq's next result is in: waiting on the socket, which releases the GIL (libpq's own
-    blocking calls, through psycopg's wrappers, hold it: a reader blocked on the server stalled
-    every other thread of the process)."""
+    """Until libpq's next result is in (:func:`_read_input` until then)."""
     while pgconn.is_busy():
-        select.select([pgconn.socket], [], [])
-        pgconn.consume_input()
+        _read_input(pgconn)
 
 
 def _copy_into(data: bytearray, connection: Any, sql: str) -> None:
@@ -146,8 +151,7 @@ def _copy_into(data: bytearray, connection: Any, sql: str) -> None:
         if size > 0:
             data += chunk
         elif size == 0:
-            select.select([pgconn.socket], [], [])
-            pgconn.consume_input()
+            _read_input(pgconn)
         else:
             break
     failed = size == -2

@@ -74,8 +74,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ._events import GENESIS
+from ._row_sources import row_source
 from ._rows import SCHEMA, read_rows, rows_to_table
-from ._snapshot_rows import by_kind, checked_reader, columns_read, read_checked, single_kind
+from ._snapshot_rows import by_kind, columns_read, read_checked, single_kind
 from ._store import Ledger
 from ._verify import RangeResult, _native_range, native_path, scan_rows
 
@@ -606,7 +607,9 @@ class Snapshot:
         start = kept[-1].last if kept else 0
         previous = kept[-1].chain if kept else GENESIS
         written = []
-        reader = checked_reader(ledger)
+        # Where a segment's rows are read and checked in one native pass (an SQLite file, or
+        # PostgreSQL's binary COPY), else None: rows are read, then checked apart.
+        reader = row_source(ledger)
         native = native_path(ledger) if reader is None else None
 
         def read(start: int, previous: str) -> tuple[pa.Table, RangeResult, Any, float]:

@@ -21,9 +21,8 @@ from types import ModuleType
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ._row_sources import RowSource, SqliteRows, row_source
+from ._row_sources import RowSource, SqliteRows
 from ._rows import SCHEMA, native_table
-from ._store import Ledger
 from ._verify import _DELETED, _EDITED, _RELINKED, RangeResult
 
 _carrow: ModuleType | None
@@ -43,13 +42,6 @@ class CheckedRows:
     table: pa.Table
     checked: RangeResult
     fields: dict[str, dict[str, list[str]]] | None
-
-
-def checked_reader(ledger: Ledger) -> RowSource | None:
-    """Where a segment's rows are read and checked in one native pass (an SQLite file, or
-    PostgreSQL's binary COPY: ledger/_row_sources.py), or None (the reader or the verifier is not
-    native: rows are read, then checked apart)."""
-    return row_source(ledger)
 
 
 def read_checked(

@@ -264,7 +264,7 @@ def test_copy_data_is_checked_as_the_file_is(sqlite_url: str) -> None:
 def test_snapshot_segments_of_postgres_are_read_checked(pg: Ledger, pg_url: str, sqlite_url: str) -> None:
     """A segment's rows read from PostgreSQL and checked in the same pass are the SQLite file's
     rows, with the same fields and check; a row edited on the server is named."""
-    from ledger._snapshot_rows import checked_reader, read_checked
+    from ledger._snapshot_rows import read_checked
 
     sqlite = open_ledger(sqlite_url)
     try:
@@ -273,7 +273,7 @@ def test_snapshot_segments_of_postgres_are_read_checked(pg: Ledger, pg_url: str,
         buffer = io.BytesIO()
         export_jsonl(pg, buffer)
         sqlite.append_sealed(read_jsonl(iter(buffer.getvalue().splitlines())))
-        source = checked_reader(pg)
+        source = row_source(pg)
         assert isinstance(source, PostgresRows)
         for after, threads in ((0, 1), (0, 3), (30, 2)):
             previous = GENESIS if after == 0 else source.stored_chains([after])[after]

@@ -21,9 +21,10 @@ import ledger._analytics as analytics_module
 from ledger import Analytics, Ledger, NewEvent, open_ledger, query, read_jsonl, verify
 from ledger._analytics import Derived, checked_source, derive_checked, derive_from_rows, empty_table
 from ledger._events import GENESIS, Head
+from ledger._row_sources import row_source
 from ledger._rows import SCHEMA, native_reader, read_rows, rows_to_table
 from ledger._snapshot import Snapshot, _seqs_follow, table_fields
-from ledger._snapshot_rows import checked_reader, read_checked, single_kind
+from ledger._snapshot_rows import read_checked, single_kind
 from ledger._verify import RangeResult, read_heads, verify_after
 from reports import audit, open_source
 from reports._views import projections
@@ -240,7 +241,7 @@ def test_rows_missing_from_the_database_are_a_broken_chain_for_a_verified_source
 
 
 def _typed_natively(table: object, ledger: Ledger) -> dict[str, dict[str, list[str]]] | None:
-    path = checked_reader(ledger)
+    path = row_source(ledger)
     assert path is not None, "the native reader and verifier are built at install (setup.py)"
     head = ledger.head()
     assert head is not None
@@ -310,7 +311,7 @@ def test_rows_read_in_parts_are_checked_across_the_seams(
     """Threads read parts of a range, each following the chain stored before it: a clean ledger
     reads as one proven range equal to the driver's rows; an edit in any part names its seq."""
     monkeypatch.setattr("ledger._snapshot_rows._SPLIT", 10)
-    path = checked_reader(synthetic)
+    path = row_source(synthetic)
     head = synthetic.head()
     assert path is not None and head is not None
     by_driver = rows_to_table(list(synthetic.raw_rows()))
