@@ -45,6 +45,12 @@
  * ledger/_row_sources.py): every step above reads a row through a Source, an SQLite statement or
  * that data, so rows from either database are checked, split and parsed by the same code.
  * check_copy_rows(data, expected_seq, previous_chain) is read_checked over such data.
+ *
+ * copy_out(get_copy_data, free_mem, conn) -> (data, status): the rows of a COPY ... TO STDOUT that
+ * ``conn`` (a PGconn *) has begun, by libpq's PQgetCopyData and PQfreemem at those addresses (the
+ * libpq that made the connection: ledger/_row_sources.py finds them), one row after another with
+ * the GIL released, into one buffer; status is PQgetCopyData's last (-1 done, -2 failed). A loop
+ * in Python took a call and an append per row, holding the GIL the other reader needs.
  */
 #define PY_SSIZE_T_CLEAN
 /* OpenSSL's direct SHA256_* calls, as in _cverify.c (EVP costs about 30 ns more per hash). */
@@ -1716,6 +1722,44 @@ static PyObject *check_copy(PyObject *self, PyObject *args) {
     return result;
 }
 
+typedef int (*GetCopyData)(void *conn, char **row, int async);
+typedef void (*FreeMem)(void *p);
+
+static PyObject *copy_out(PyObject *self, PyObject *args) {
+    (void)self;
+    unsigned long long get_at, free_at, conn_at;
+    if (!PyArg_ParseTuple(args, "KKK", &get_at, &free_at, &conn_at)) return NULL;
+    if (get_at == 0 || free_at == 0 || conn_at == 0) {
+        PyErr_SetString(PyExc_ValueError, "copy_out needs PQgetCopyData, PQfreemem and a connection");
+        return NULL;
+    }
+    GetCopyData get_copy_data = (GetCopyData)(uintptr_t)get_at;
+    FreeMem free_mem = (FreeMem)(uintptr_t)free_at;
+    void *conn = (void *)(uintptr_t)conn_at;
+    Buffer data = {0};
+    int status = -2, no_memory = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (;;) {
+        char *row = NULL;
+        status = get_copy_data(conn, &row, 0); /* blocking: 0 (nothing yet) is never returned */
+        if (status <= 0) break;
+        no_memory = put(&data, row, (size_t)status) < 0;
+        free_mem(row);
+        if (no_memory) break;
+    }
+    Py_END_ALLOW_THREADS
+    if (no_memory) {
+        free(data.p);
+        return PyErr_NoMemory();
+    }
+    PyObject *memory = as_memory(&data);
+    if (memory == NULL) {
+        free(data.p);
+        return NULL;
+    }
+    return Py_BuildValue("(Ni)", memory, status);
+}
+
 static PyObject *check_copy_rows(PyObject *self, PyObject *args) {
     (void)self;
     const char *chain;
@@ -1757,6 +1801,9 @@ static PyMethodDef methods[] = {
     {"check_copy_rows", check_copy_rows, METH_VARARGS,
      "check_copy_rows(data, expected_seq, previous_chain)\n"
      "    -> what read_checked gives, for the rows of ``data`` (PostgreSQL's binary COPY, as check_copy)"},
+    {"copy_out", copy_out, METH_VARARGS,
+     "copy_out(get_copy_data, free_mem, conn) -> (data, status): a begun COPY TO STDOUT's rows, by that\n"
+     "    libpq's PQgetCopyData (blocking, GIL released) and PQfreemem; status -1 done, -2 failed"},
     {"check_copy", check_copy, METH_VARARGS,
      "check_copy(data, expected_seq, previous_chain, columns=all, typed=None, scope=None)\n"
      "    -> what read_checked_by_kind gives, for the rows of ``data``, PostgreSQL's binary COPY of\n"

@@ -15,6 +15,7 @@ always did.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import select
 import sqlite3
@@ -132,10 +133,46 @@ def _wait(pgconn: Any) -> None:
         _read_input(pgconn)
 
 
-def _copy_into(data: bytearray, connection: Any, sql: str) -> None:
-    """The rows of ``sql`` (a ``COPY ... TO STDOUT``) appended to ``data``, through libpq directly:
+@functools.cache
+def _libpq_copy() -> tuple[int, int] | None:
+    """The addresses of PQgetCopyData and PQfreemem in the libpq psycopg's connections run on, for
+    ``_carrow.copy_out``, or None (then the rows are gathered by a loop in Python). The library
+    is the one already in this process (never another copy: a connection is the libpq's that made
+    it), found as psycopg's ctypes binding or as the one libpq mapped, and its version must be the
+    one psycopg reports. Looked for once per process."""
+    found: tuple[int, int] | None = None
+    try:
+        import ctypes
+
+        from psycopg import pq
+
+        if pq.__impl__ == "python":
+            from psycopg.pq import _pq_ctypes
+
+            library: Any = _pq_ctypes.pq  # type: ignore[attr-defined]
+        else:
+            with open("/proc/self/maps") as maps:  # (no /proc: OSError, the loop in Python)
+                paths = {fields[-1] for fields in map(str.split, maps) if len(fields) >= 6}
+            mapped = sorted(p for p in paths if os.path.basename(p).startswith("libpq"))
+            if len(mapped) != 1:
+                raise OSError(f"not one libpq mapped: {mapped}")
+            library = ctypes.CDLL(mapped[0], mode=os.RTLD_NOLOAD | os.RTLD_NOW)
+        if library.PQlibVersion() == pq.version() and hasattr(_carrow, "copy_out"):
+            get_copy_data = ctypes.cast(library.PQgetCopyData, ctypes.c_void_p).value
+            free_mem = ctypes.cast(library.PQfreemem, ctypes.c_void_p).value
+            if get_copy_data and free_mem:
+                found = (get_copy_data, free_mem)
+    except (ImportError, OSError, AttributeError):
+        found = None
+    return found
+
+
+def _copy_rows(connection: Any, sql: str, native: bool = True) -> Any:
+    """The rows of ``sql`` (a ``COPY ... TO STDOUT``) as one buffer, through libpq directly:
     psycopg's ``Copy`` iterator costs about a third more CPU per row, and a list of a Python object
-    per row kept the garbage collector walking them (twice the client's time)."""
+    per row kept the garbage collector walking them (twice the client's time). The rows are
+    gathered natively where the libpq is found (``_carrow.copy_out``: no Python call per row, the
+    GIL left to the other reader), else (or where ``native`` is false) by a loop here."""
     from psycopg import OperationalError, pq
 
     pgconn = connection.pgconn
@@ -146,14 +183,20 @@ def _copy_into(data: bytearray, connection: Any, sql: str) -> None:
         message = "no result" if result is None else result.get_error_message()
         _drain(pgconn)
         raise OperationalError(f"COPY of the ledger's rows failed: {message}")
-    while True:
-        size, chunk = pgconn.get_copy_data(1)  # without blocking: 0 while nothing has arrived
-        if size > 0:
-            data += chunk
-        elif size == 0:
-            _read_input(pgconn)
-        else:
-            break
+    libpq = _libpq_copy() if native else None
+    data: Any
+    if libpq is not None:
+        data, size = _carrow.copy_out(*libpq, pgconn.pgconn_ptr)
+    else:
+        data = bytearray()
+        while True:
+            size, chunk = pgconn.get_copy_data(1)  # without blocking: 0 while nothing has arrived
+            if size > 0:
+                data += chunk
+            elif size == 0:
+                _read_input(pgconn)
+            else:
+                break
     failed = size == -2
     _wait(pgconn)
     final = pgconn.get_result()
@@ -161,6 +204,7 @@ def _copy_into(data: bytearray, connection: Any, sql: str) -> None:
     if failed or final is None or final.status != pq.ExecStatus.COMMAND_OK:
         message = pgconn.get_error_message() if final is None else final.get_error_message()
         raise OperationalError(f"COPY of the ledger's rows failed: {message}")
+    return data
 
 
 def _drain(pgconn: Any) -> None:
@@ -174,9 +218,10 @@ def _drain(pgconn: Any) -> None:
 class PostgresRows:
     """A PostgreSQL ledger's rows, a range at a time in binary COPY (see the module's doc)."""
 
-    def __init__(self, ledger: Ledger, scan_rows: int = _SCAN_ROWS) -> None:
+    def __init__(self, ledger: Ledger, scan_rows: int = _SCAN_ROWS, native_copy: bool = True) -> None:
         self.ledger = ledger
         self.scan_rows = scan_rows  # rows fetched at a time by scan
+        self.native_copy = native_copy  # the COPY's rows gathered by _carrow.copy_out where it can
 
     def __repr__(self) -> str:
         return f"PostgresRows({self.ledger.url.render_as_string(hide_password=True)!r})"
@@ -196,17 +241,16 @@ class PostgresRows:
             connection.rollback()
             connection.close()
 
-    def fetch(self, after: int, until: int) -> bytearray:
+    def fetch(self, after: int, until: int) -> Any:
         """Rows ``after < seq <= until`` in seq order, as PostgreSQL's binary COPY of the nine
-        stored columns."""
-        data = bytearray()
+        stored columns (a bytes-like buffer)."""
         with self._cursor() as cursor:
             # The primary key's index gives the range in seq order: no sort (which a planner
             # without statistics, on a freshly filled table, chose and spilled to disk).
             cursor.execute("SET LOCAL enable_bitmapscan = off")
             cursor.execute("SET LOCAL enable_seqscan = off")
-            _copy_into(data, cursor.connection, _COPY_SQL.format(after=int(after), until=int(until)))
-        return data
+            sql = _COPY_SQL.format(after=int(after), until=int(until))
+            return _copy_rows(cursor.connection, sql, self.native_copy)
 
     def by_kind(
         self,

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import os
 import struct
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -88,14 +90,43 @@ def _copy(rows: list[tuple[Any, ...]], trailer: bool = True) -> bytes:
 
 
 @pytest.mark.postgres
-def test_copy_rows_are_the_stored_rows(pg: Ledger) -> None:
+@pytest.mark.parametrize("native_copy", [True, False], ids=["native-loop", "python-loop"])
+def test_copy_rows_are_the_stored_rows(pg: Ledger, native_copy: bool) -> None:
     """The server's binary COPY of a range is those rows, every byte, NULLs where stored, in seq
-    order, as this test writes the format from the driver's rows."""
+    order, as this test writes the format from the driver's rows: gathered by libpq's calls in
+    C (``_carrow.copy_out``) or by the loop in Python."""
     pg.append_many(_events(60))
+    rows = PostgresRows(pg, native_copy=native_copy)
     stored = list(pg.raw_rows(after_seq=10, until_seq=50))
     assert len(stored) == 40
-    assert bytes(PostgresRows(pg).fetch(10, 50)) == _copy(stored)
-    assert bytes(PostgresRows(pg).fetch(60, 90)) == _copy([])
+    assert bytes(rows.fetch(10, 50)) == _copy(stored)
+    assert bytes(rows.fetch(60, 90)) == _copy([])
+    assert rows.scan(0, 60, 1, GENESIS)[0] == _carrow.OK
+
+
+@pytest.mark.postgres
+@pytest.mark.skipif(sys.platform != "linux", reason="the libpq is found through /proc/self/maps")
+def test_the_native_loop_runs_on_the_libpq_of_the_connection(pg: Ledger) -> None:
+    """Where psycopg runs on one libpq (its own wheel's here), the COPY's rows are gathered in C by
+    that library's own PQgetCopyData and PQfreemem: both addresses lie in the one libpq mapped."""
+    from ledger._row_sources import _libpq_copy
+
+    pg.append_many(_events(1))  # a connection made: psycopg's libpq is loaded
+    found = _libpq_copy()
+    assert found is not None
+
+    def owner(address: int) -> str:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                fields = line.split()
+                low, high = (int(x, 16) for x in fields[0].split("-"))
+                if low <= address < high and len(fields) >= 6:
+                    return fields[-1]
+        return ""
+
+    owners = {owner(address) for address in found}
+    assert len(owners) == 1
+    assert os.path.basename(owners.pop()).startswith("libpq")
 
 
 # Each tampering scenario on PostgreSQL (as a superuser bypassing the triggers would), placed on
@@ -297,24 +328,24 @@ def test_snapshot_segments_of_postgres_are_read_checked(pg: Ledger, pg_url: str,
         "COPY (SELECT 1 / (g - 3) FROM generate_series(1, 5) AS g) TO STDOUT (FORMAT binary)",  # midway
     ],
 )
-def test_a_failed_copy_is_an_error_and_the_connection_goes_on(pg: Ledger, sql: str) -> None:
+@pytest.mark.parametrize("native", [True, False], ids=["native-loop", "python-loop"])
+def test_a_failed_copy_is_an_error_and_the_connection_goes_on(pg: Ledger, sql: str, native: bool) -> None:
     import psycopg
 
-    from ledger._row_sources import _copy_into
+    from ledger._row_sources import _copy_rows
 
     pg.append_many(_events(3))
     connection = pg.database.raw_connection()
     try:
         driver = connection.driver_connection
         with pytest.raises(psycopg.OperationalError, match="COPY of the ledger's rows failed"):
-            _copy_into(bytearray(), driver, sql)
+            _copy_rows(driver, sql, native)
         connection.rollback()
-        data = bytearray()
-        _copy_into(
-            data,
+        data = _copy_rows(
             driver,
             "COPY (SELECT seq, id, ts, kind, run_id, block_id, data, digest, chain "
             "FROM events ORDER BY seq) TO STDOUT (FORMAT binary)",
+            native,
         )
         assert bytes(data) == _copy(list(pg.raw_rows()))
     finally:
@@ -328,12 +359,13 @@ def test_a_read_waiting_on_the_server_lets_other_threads_run(pg: Ledger) -> None
     import threading
     import time
 
-    from ledger._row_sources import _copy_into
+    from ledger._row_sources import _copy_rows
 
     connection = pg.database.raw_connection()
-    data = bytearray()
+    data: list[bytes] = []
     slow = "COPY (SELECT pg_sleep(2), 1) TO STDOUT (FORMAT binary)"
-    reader = threading.Thread(target=_copy_into, args=(data, connection.driver_connection, slow))
+    driver = connection.driver_connection
+    reader = threading.Thread(target=lambda: data.append(bytes(_copy_rows(driver, slow))))
     try:
         last = time.perf_counter()
         longest = 0.0
@@ -344,5 +376,5 @@ def test_a_read_waiting_on_the_server_lets_other_threads_run(pg: Ledger) -> None
         reader.join()
     finally:
         connection.close()
-    assert data.startswith(b"PGCOPY\n\xff\r\n\x00")
+    assert data[0].startswith(b"PGCOPY\n\xff\r\n\x00")
     assert longest < 1.0, f"this thread stalled {longest:.2f} s while the read waited on the server"
