@@ -58,3 +58,14 @@ def json_option(fn: F) -> F:
 def run_option(fn: F) -> F:
     """``--run RUN_ID``: restrict to one run."""
     return click.option("--run", "run_id", metavar="RUN_ID", default=None, help="Only this run.")(fn)
+
+
+def runs_option(fn: F) -> F:
+    """``--run RUN_ID``, repeatable: restrict to these runs (none given: the whole ledger)."""
+    return click.option(
+        "--run",
+        "run_ids",
+        metavar="RUN_ID",
+        multiple=True,
+        help="Only this run; repeat for several (the ledger is verified once for all of them).",
+    )(fn)

@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from ._audit import SEVERITY, Finding, audit, audit_json
+from ._audit import SEVERITY, Finding, audit, audit_json, audit_runs
 from ._derive import derive_report
 from ._needle import needle_figures
 from ._render import to_json, to_markdown
@@ -19,6 +19,7 @@ __all__ = [
     "Source",
     "audit",
     "audit_json",
+    "audit_runs",
     "derive_report",
     "needle_figures",
     "open_source",

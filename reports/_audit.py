@@ -1097,3 +1097,22 @@ def grouped(findings: list[dict[str, Any]], examples: int = EXAMPLES) -> list[di
 def audit_json(src: Source, run: str | None = None) -> dict[str, Any]:
     """The ``ledger audit --json`` object."""
     return {"findings": [f.as_dict() for f in audit(src, run)], "head": src.head.chain if src.head else None}
+
+
+def audit_runs(src: Source, runs: list[str]) -> list[Finding]:
+    """The findings of each run's audit (:func:`audit`), from one source, as one list: a finding
+    that several runs' audits give alike (one about the ledger, such as ``chain-broken``) once,
+    sorted as :func:`audit` sorts. No runs: the whole ledger's audit."""
+    if not runs:
+        return audit(src)
+    found = dict.fromkeys(f for run in runs for f in audit(src, run))
+    return sorted(found, key=Finding.sort_key)
+
+
+def audit_runs_json(src: Source, runs: list[str]) -> dict[str, Any]:
+    """The ``ledger audit --json`` object of :func:`audit_runs` (that of :func:`audit_json` for
+    none or one run)."""
+    return {
+        "findings": [f.as_dict() for f in audit_runs(src, runs)],
+        "head": src.head.chain if src.head else None,
+    }

@@ -11,27 +11,31 @@ from typing import Any
 import click
 
 from ledger import open_ledger
-from ledger.cli_options import db_option, json_option, run_option
+from ledger.cli_options import db_option, json_option, run_option, runs_option
 
 from . import _render
 from ._attest import build_statement, check_statement, open_envelope, report_files, sign
-from ._audit import BLOCKING, EXAMPLES, audit_json, grouped
+from ._audit import BLOCKING, EXAMPLES, audit_json, audit_runs_json, grouped
 from ._derive import derive_report
 from ._source import Source, open_source
 
 
 def _open(db_url: str, run_id: str | None, verify: bool = False) -> Source:
+    return _open_runs(db_url, () if run_id is None else (run_id,), verify)
+
+
+def _open_runs(db_url: str, run_ids: tuple[str, ...], verify: bool = False) -> Source:
     # A run's report derives that run's observations (and its replays' and the validation runs'),
     # not every run's: on a ledger of many runs it costs the verification and the run's own rows.
-    runs = None if run_id is None else [run_id]
+    # Several runs share one source: one verification, their observations derived together.
+    runs = list(dict.fromkeys(run_ids)) or None
     src = open_source(open_ledger(db_url, create=False), verify=verify, runs=runs)
     # A run of the ledger's own, or another tool's imported results (a run of its own too).
     known = "SELECT run_id FROM kv_runs UNION ALL SELECT run_id FROM kv_imports"
-    if run_id is not None and not src.scalar(
-        f"SELECT count(*) FROM ({known}) WHERE run_id = $r", {"r": run_id}
-    ):
-        src.close()
-        raise click.BadParameter(f"no run {run_id!r} in the ledger", param_hint="--run")
+    for run_id in runs or ():
+        if not src.scalar(f"SELECT count(*) FROM ({known}) WHERE run_id = $r", {"r": run_id}):
+            src.close()
+            raise click.BadParameter(f"no run {run_id!r} in the ledger", param_hint="--run")
     return src
 
 
@@ -103,24 +107,27 @@ def report_command(
 
 
 @click.command("audit")
-@run_option
+@runs_option
 @click.option("--publish", is_flag=True, help="Exit 1 if any finding is blocking (the publishing gate).")
 @json_option
 @db_option
-def audit_command(run_id: str | None, publish: bool, as_json: bool, db_url: str) -> None:
+def audit_command(run_ids: tuple[str, ...], publish: bool, as_json: bool, db_url: str) -> None:
     """Audit the ledger: chain, pairing, exclusions, assertions, provenance, validation.
 
     Prints every finding (code, severity, run, block, target, detail);
     severities are documented in reports/AUDIT.md. With --publish, exit 1 on
-    any blocking finding.
+    any blocking finding. --run audits one run; repeated, several runs, with
+    the ledger verified once for all of them (each run's findings are those
+    its own audit gives, and a finding about the whole ledger is listed once).
 
     Example:
 
         ledger audit --publish --json
+        ledger audit --run 0193...a --run 0193...b --publish
     """
-    src = _open(db_url, run_id, verify=True)  # the chain is checked while the views are built
+    src = _open_runs(db_url, run_ids, verify=True)  # the chain is checked while the views are built
     try:
-        result = audit_json(src, run_id)
+        result = audit_runs_json(src, list(dict.fromkeys(run_ids)))
     finally:
         src.close()
     findings = result["findings"]

@@ -314,3 +314,59 @@ def test_an_attestation_verifies_at_its_head_after_the_ledger_grew(team: Team, t
     checked = _invoke("attest", "--verify", str(tmp_path / "s.json"), "--db", url)
     assert checked.exit_code == 0, checked.output
     assert "statement matches the ledger" in checked.output
+
+
+def _findings(*args: str) -> tuple[list[dict[str, Any]], str | None]:
+    """``ledger audit ARGS --json``: its findings and head."""
+    result = _invoke("audit", *args, "--json")
+    assert result.exit_code == 0, result.output
+    out = orjson.loads(result.output)
+    return out["findings"], out["head"]
+
+
+def _runs_args(*runs: str) -> list[str]:
+    return [arg for run in runs for arg in ("--run", run)]
+
+
+def _key(finding: dict[str, Any]) -> bytes:
+    return orjson.dumps(finding, option=orjson.OPT_SORT_KEYS)
+
+
+def test_several_runs_audited_at_once_say_what_each_runs_audit_says(team: Team) -> None:
+    """``ledger audit --run A --run B``: one source, one verification, and each run's findings as
+    its own audit gives them, a finding about the ledger listed once; --publish blocks on any."""
+    chosen = [team.leaky, team.screening, team.validation, team.imported[0]]
+    each = {run: _findings("--run", run, "--db", team.url) for run in chosen}
+    together, head = _findings(*_runs_args(*chosen), "--db", team.url)
+    assert head == each[team.screening][1]
+    expected = {_key(f) for run in chosen for f in each[run][0]}
+    assert sorted(map(_key, together)) == sorted(expected)
+    assert len(together) == len(expected)
+    # The planted leak blocks the leaky run's audit, so the audit of the four blocks too.
+    assert any(f["code"] == "namespace-leak" and f["run_id"] == team.leaky for f in together)
+    published = _invoke("audit", *_runs_args(*chosen), "--publish", "--db", team.url)
+    assert published.exit_code == 1, published.output
+    clean = _invoke("audit", *_runs_args(team.screening, team.replay), "--publish", "--db", team.url)
+    assert clean.exit_code == 0, clean.output
+    # The same run twice is audited once.
+    twice, _ = _findings(*_runs_args(team.screening, team.screening), "--db", team.url)
+    assert twice == each[team.screening][0]
+
+
+def test_a_ledger_edit_is_one_finding_for_several_runs(team: Team, tmp_path: Path) -> None:
+    """A finding about the ledger (the chain) is listed once, not once per run audited."""
+    path = tmp_path / "edited.db"
+    with sqlite3.connect(team.url.removeprefix("sqlite:///")) as source, sqlite3.connect(path) as copy:
+        source.backup(copy)
+    with sqlite3.connect(path) as con:
+        (seq,) = con.execute("SELECT max(seq) FROM events WHERE kind = 'response.received'").fetchone()
+    tamper_sqlite(f"sqlite:///{path}", [f"UPDATE events SET data = data || ' ' WHERE seq = {seq}"])
+    findings, _ = _findings(*_runs_args(team.screening, team.replay), "--db", f"sqlite:///{path}")
+    broken = [f for f in findings if f["code"] == "chain-broken"]
+    assert len(broken) == 1 and str(seq) in broken[0]["detail"], broken
+
+
+def test_an_unknown_run_among_several_is_named(team: Team) -> None:
+    result = CliRunner().invoke(cli, ["audit", *_runs_args(team.screening, "no-such-run"), "--db", team.url])
+    assert result.exit_code == 2
+    assert "no run 'no-such-run' in the ledger" in result.output
