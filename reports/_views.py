@@ -362,30 +362,35 @@ SELECT b.run_id, b.block_id, 'declared' AS source, d.reason, d.seq
 FROM kv_declared d JOIN kv_blocks b
   ON (d.scope = 'block' AND b.block_id = d.target) OR (d.scope = 'run' AND b.run_id = d.target)""",
     ),
-    # Measured requests of performance blocks, with whether their block (or they) are excluded.
-    # Probes (the isolation certificate's and divergence triage's requests) are never measured.
-    # The ordinal numbers a key's repeats in seq order; keys are nearly always unique, so the window
-    # runs over the rows of repeated keys only (narrow), not over every row and all its columns; they
-    # are found by grouping one hash of the twelve key columns, and the wide rows are copied once.
+    # The ordinal of each measured request whose key repeats (the key's repeats numbered in seq
+    # order; every other request's is 1, see kv_measured). Keys are nearly always unique, so the
+    # window runs over the rows of repeated keys only (narrow), found by grouping one hash of the
+    # twelve key columns: every repeated key's rows, and maybe a few unique keys' (a hash
+    # collision), which the window numbers 1 as it partitions by the key itself.
     (
-        "kv_measured",
+        "kv_measured_ordinals",
         """
 WITH k AS (SELECT seq, hash(run_id, pair, arm, workload, step, nominal_tokens, max_tokens, placement, chain,
                            session, "window", turn) AS key_hash
-           FROM kv_requests WHERE arm IS NOT NULL AND NOT warmup AND probe IS NULL),
-     -- Rows whose key's hash repeats: every repeated key's rows, and maybe a few unique keys' (a
-     -- hash collision), which the window below numbers 1 as it partitions by the key itself.
-     repeats AS (
+           FROM kv_requests WHERE arm IS NOT NULL AND NOT warmup AND probe IS NULL)
 SELECT seq, row_number() OVER (PARTITION BY run_id, pair, arm, workload, step, nominal_tokens, max_tokens,
                                placement, chain, session, "window", turn ORDER BY seq) AS ordinal
 FROM kv_requests
 WHERE seq IN (SELECT seq FROM k
-              WHERE key_hash IN (SELECT key_hash FROM k GROUP BY key_hash HAVING count(*) > 1)))
+              WHERE key_hash IN (SELECT key_hash FROM k GROUP BY key_hash HAVING count(*) > 1))""",
+    ),
+    # Measured requests of performance blocks, with whether their block (or they) are excluded.
+    # Probes (the isolation certificate's and divergence triage's requests) are never measured.
+    # Not materialised (see create_views): a copy of nearly every row of kv_requests, each reader
+    # of which reads a few of its columns.
+    (
+        "kv_measured",
+        """
 SELECT r.*,
        r.block_id IN (SELECT block_id FROM kv_excluded_blocks)
        OR r.request_id IN (SELECT target FROM kv_declared WHERE scope = 'request') AS excluded,
        coalesce(o.ordinal, 1) AS ordinal
-FROM kv_requests r LEFT JOIN repeats o ON o.seq = r.seq
+FROM kv_requests r LEFT JOIN kv_measured_ordinals o ON o.seq = r.seq
 WHERE r.arm IS NOT NULL AND NOT r.warmup AND r.probe IS NULL""",
     ),
     # ON matched to OFF: same run, block pair, workload, step, size, output length (max_tokens),
@@ -966,6 +971,11 @@ FROM kv_rederived""",
 ORDERED_METHODS = ("wait_then_fallback", "memcpy_async_current_stream", "same_stream_tensor_copy")
 
 
+# Views left as views: each a filtered copy of a table already materialised, whose readers each
+# read a few of its columns (a copy of kv_requests' rows cost its build and its memory).
+VIEWS_NOT_MATERIALISED = {"kv_measured"}
+
+
 def create_views(con: duckdb.DuckDBPyConnection, until_seq: int | None = None) -> None:
     """Materialise every view as a table on ``con`` (an in-memory DuckDB; the ledger is untouched).
 
@@ -979,7 +989,8 @@ def create_views(con: duckdb.DuckDBPyConnection, until_seq: int | None = None) -
     for name in EXTRACTIONS:
         con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM {_source_name(name)}{bound}")
     for name, sql in VIEWS:
-        con.execute(f"CREATE OR REPLACE TABLE {name} AS {sql.strip()}")
+        kind = "VIEW" if name in VIEWS_NOT_MATERIALISED else "TABLE"
+        con.execute(f"CREATE OR REPLACE {kind} {name} AS {sql.strip()}")
 
 
 def release_extractions(con: duckdb.DuckDBPyConnection, held: Collection[str] = ()) -> list[str]:
@@ -991,7 +1002,10 @@ def release_extractions(con: duckdb.DuckDBPyConnection, held: Collection[str] = 
     files are views and stay too. ``held``: projections served as Arrow tables registered on
     ``con``; those dropped are the caller's to release. The names dropped (their ``kv_x_`` views
     go with them)."""
-    audit_sql = " ".join(sql for _, sql in AUDIT_VIEWS)
+    # What is read after this: the re-derivations, and the views left as views.
+    audit_sql = " ".join(
+        [*(sql for _, sql in AUDIT_VIEWS), *(sql for name, sql in VIEWS if name in VIEWS_NOT_MATERIALISED)]
+    )
     tables = {row[0] for row in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
     dropped = []
     for name in EXTRACTIONS:
