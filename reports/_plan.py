@@ -14,10 +14,11 @@ are never measured and depend on what the run finds, so no plan counts them.
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from functools import cached_property
 from typing import Any
+
+import orjson
 
 from ._stats import MIN_PAIRS_FOR_TEST
 
@@ -29,11 +30,16 @@ Deviation = tuple[str | None, str, str]
 
 
 def _load(value: Any) -> Any:
-    return json.loads(value) if isinstance(value, str) else value
+    return orjson.loads(value) if isinstance(value, str) else value
 
 
 def run_plans(src: Any, run: str | None) -> list[dict[str, Any]]:
-    """Runs with blocks in scope, each with its registered plans (seq order) and first request."""
+    """Runs with blocks in scope, each with its registered plans (seq order) and first request:
+    read once per source and run (two checks read them; neither changes them)."""
+    return list(src.once(f"run_plans:{run}", lambda: _run_plans(src, run)))
+
+
+def _run_plans(src: Any, run: str | None) -> list[dict[str, Any]]:
     runs = src.rows(
         f"""SELECT r.run_id, r.experiment, r.seed, r.registers_plan, r.finish_status,
                    (SELECT min(q.seq) FROM kv_requests q WHERE q.run_id = r.run_id) AS first_request_seq
