@@ -33,7 +33,8 @@ from ._rows import SCHEMA, native_table, read_rows, rows_to_table
 from ._snapshot import Proof, Snapshot, _seqs_follow, key_path, sql_literal
 from ._snapshot_rows import _carrow, by_kind, columns_read, single_kind
 from ._store import Ledger
-from ._typed import Typed, typed_table
+from ._typed import Entries, Typed, entries_table, typed_table
+from ._typed import entries as entries_of
 from ._typed import typed as typed_fields
 from ._verify import _NO_LOWER_BOUND, RangeResult
 
@@ -339,14 +340,26 @@ def derive_checked(
                 break
     if not hasattr(carrow, "FIELD_TYPES"):
         typed = {}  # a build older than the typed fields: DuckDB parses every projection
-    native_typed: dict[str, tuple[int, list[Any]]] = {}
+    # A kind's projection of an object field's entries (ledger/_typed.py entries_sql) is filled in
+    # the same pass, beside its typed fields: its JSON is not copied for DuckDB to parse.
+    unnested: dict[str, tuple[str, Entries]] = {}
+    for kind, names in kinds.items():
+        for name in names:
+            spec_of_entries = entries_of(projections[name])
+            if spec_of_entries is not None and kind in typed and hasattr(carrow, "ENTRIES"):
+                unnested[kind] = (name, spec_of_entries)
+                break
+    native_typed: dict[str, tuple[Any, ...]] = {}
     for kind, (name, spec) in typed.items():
-        others = [projections[n] for n in kinds[kind] if n != name]
+        natively = {name, unnested[kind][0]} if kind in unnested else {name}
+        others = [projections[n] for n in kinds[kind] if n not in natively]
         # run_id and block_id for the typed table; what the kind's other projections read, if any.
         kind_mask = mask_of(["SELECT run_id, block_id", *others]) & ~(
             0 if others else 1 << text.index("kind")
         )
         native_typed[kind] = (kind_mask, spec.fields)
+        if kind in unnested:
+            native_typed[kind] += (unnested[kind][1].native(),)
     schemas: dict[int, pa.Schema] = {}
 
     # Each chunk is read in two parts side by side; a part after the first starts on the chain the
@@ -368,7 +381,10 @@ def derive_checked(
             # Also what a build older than the typed fields takes and gives.
             got = source.by_kind(lower, stop, after + 1, start_of(after), mask, None, kept)
             rows, groups, check = got[:3]
-            return (rows, [(*group[:4], None) for group in groups], check, False), time.perf_counter() - began
+            return (
+                (rows, [(*group[:4], None, None) for group in groups], check, False),
+                time.perf_counter() - began,
+            )
         result = source.by_kind(lower, stop, after + 1, start_of(after), mask, native_typed, kept)
         if result[3]:
             # A row the native parse was not sure of: the part again, its data for DuckDB to parse.
@@ -378,7 +394,7 @@ def derive_checked(
     # Typed projections whose Arrow tables are held (not copied into DuckDB), their pieces in seq
     # order; one whose types differ from DuckDB's table, or with a part DuckDB parses, is copied.
     holding: dict[str, list[pa.Table]] = (
-        {name: [] for name, _ in typed.values()} if until_seq <= _HELD_ROWS_MAX else {}
+        {name: [] for name, _ in [*typed.values(), *unnested.values()]} if until_seq <= _HELD_ROWS_MAX else {}
     )
     # The schema of each held projection's first piece: DuckDB's types, checked once; a piece
     # of another schema is copied, and with it what was held.
@@ -396,8 +412,9 @@ def derive_checked(
             restore.callback(con.execute, f"SET threads = {int(threads[0])}")
         pending = [reader.submit(read, *part) for part in parts[0]]
         for index, (_, stop) in enumerate(bounds):
-            # Each kind's pieces in seq order: its rows' columns, and its typed fields' table or None.
-            pieces: dict[str, list[tuple[pa.Table, pa.Table | None]]] = {}
+            # Each kind's pieces in seq order: its rows' columns, its typed fields' table or None, and
+            # its entries' table or None.
+            pieces: dict[str, list[tuple[pa.Table, pa.Table | None, pa.Table | None]]] = {}
             slowest = 0.0
             for (after, until), future in zip(parts[index], pending, strict=True):
                 (_, groups, check, _), took = future.result()
@@ -407,12 +424,15 @@ def derive_checked(
                     failed = True
                     break
                 chain = last_chain
-                for kind, count, seqs, columns, fields in groups:
+                for kind, count, seqs, columns, fields, *rest in groups:
                     group_mask = mask if fields is None else native_typed[kind][0]
                     schema = schemas.get(group_mask) or schemas.setdefault(group_mask, schema_of(group_mask))
                     rows = native_table(count, seqs, columns, schema)
                     parsed = None if fields is None else typed_table(typed[kind][1], rows, fields)
-                    pieces.setdefault(kind, []).append((rows, parsed))
+                    unnest = rest[0] if rest and fields is not None else None
+                    pieces.setdefault(kind, []).append(
+                        (rows, parsed, None if unnest is None else entries_table(unnest))
+                    )
                 del groups
             if failed:
                 break
@@ -420,7 +440,7 @@ def derive_checked(
             if index + 1 < len(bounds):
                 pending = [reader.submit(read, *part) for part in parts[index + 1]]
             derived.head_seq, derived.head_chain = stop, chain
-            derived.rows += sum(rows.num_rows for p in pieces.values() for rows, _ in p)
+            derived.rows += sum(piece[0].num_rows for p in pieces.values() for piece in p)
             for kind, names in kinds.items():
                 if index and kind not in pieces:
                     continue  # nothing of its kind in this chunk
@@ -431,25 +451,29 @@ def derive_checked(
                     con.unregister("events")
                 kind_pieces = pieces.get(kind, [])
                 parsed_name = typed[kind][0] if kind in typed else None
-                if kind_pieces and all(parsed is not None for _, parsed in kind_pieces):
-                    # One table of the chunk's typed rows, and one of its columns for the others.
+                entries_name = unnested[kind][0] if kind in unnested else None
+                if kind_pieces and all(parsed is not None for _, parsed, _ in kind_pieces):
+                    # One table of the chunk's typed rows, one of its entries, and one of its columns
+                    # for the others.
                     whole = [
-                        pa.concat_tables(p) if len(p) > 1 else p[0] for p in zip(*kind_pieces, strict=True)
+                        None if p[0] is None else pa.concat_tables(p) if len(p) > 1 else p[0]
+                        for p in zip(*kind_pieces, strict=True)
                     ]
-                    kind_pieces = [(whole[0], whole[1])]
-                for rows, parsed in kind_pieces:
+                    kind_pieces = [(whole[0], whole[1], whole[2])]
+                for rows, parsed, unnest in kind_pieces:
                     for name in names:
-                        if name == parsed_name and parsed is not None:
+                        native = parsed if name == parsed_name else unnest if name == entries_name else None
+                        if native is not None:
                             first = held_schemas.get(name)
                             if name in holding and (
-                                parsed.schema.equals(first) if first else _same_types(con, name, parsed)
+                                native.schema.equals(first) if first else _same_types(con, name, native)
                             ):
-                                held_schemas[name] = parsed.schema
-                                holding[name].append(parsed)
+                                held_schemas[name] = native.schema
+                                holding[name].append(native)
                                 continue
-                            _copy_pieces(con, name, [*holding.pop(name, ()), parsed])
+                            _copy_pieces(con, name, [*holding.pop(name, ()), native])
                             continue
-                        if name == parsed_name:
+                        if name in (parsed_name, entries_name):
                             # A part left to DuckDB: what was held goes first, in seq order.
                             _copy_pieces(con, name, holding.pop(name, ()))
                         con.register("events", rows)

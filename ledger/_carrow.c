@@ -579,10 +579,28 @@ typedef struct {
     int64_t nulls, rows;
 } Out;
 
+/* The entries of one object field of the data, each kept where its key is one of ``names`` or
+ * starts with one followed by '{' (a Prometheus sample's name and labels): one row per entry kept,
+ * (seq, the name's label, the key past the name, the value as DOUBLE). What DuckDB gives for
+ * ledger/_typed.py's entries_sql, where this parse is sure: a value kept that is not a number
+ * or null, a key it cannot unescape, or a field value that is neither an object nor null is
+ * DuckDB's. */
+typedef struct {
+    char *field;
+    size_t field_len;
+    int nnames;
+    char **names, **labels;
+    size_t *name_lens, *label_lens;
+} Entries;
+
+enum { E_SEQ = 0, E_LABEL = 1, E_SERIES = 2, E_VALUE = 3, E_OUTS = 4 };
+static const int ENTRY_TYPES[E_OUTS] = {F_BIGINT, F_VARCHAR, F_VARCHAR, F_DOUBLE};
+
 typedef struct {
     char *kind;
     size_t kind_len;
     unsigned mask; /* the text columns copied for this kind */
+    Entries *entries; /* an object field's entries to unnest, or NULL */
     Field *fields;
     int *order; /* the fields by their names' bytes */
     int nfields, nouts;
@@ -603,8 +621,23 @@ static void fields_release(Field *f, int n) {
     free(f);
 }
 
+static void entries_free(Entries *e) {
+    if (e == NULL) return;
+    for (int i = 0; i < e->nnames; i++) {
+        free(e->names[i]);
+        free(e->labels[i]);
+    }
+    free(e->names);
+    free(e->labels);
+    free(e->name_lens);
+    free(e->label_lens);
+    free(e->field);
+    free(e);
+}
+
 static void specs_free(Specs *s) {
     for (size_t i = 0; i < s->used; i++) {
+        entries_free(s->items[i].entries);
         free(s->items[i].kind);
         free(s->items[i].order);
         fields_release(s->items[i].fields, s->items[i].nfields);
@@ -928,6 +961,33 @@ static int fast_double(const unsigned char *p, const unsigned char *end, double 
     return 1;
 }
 
+/* A number as DOUBLE (correctly rounded, as yyjson and strtod both round), or UNSURE: past 18
+ * digits, -0, not finite, or a float whose text is too long to read here. */
+static const unsigned char *parse_double(const unsigned char *p, const unsigned char *end, double *d) {
+    if (*p != '-' && !IS_DIGIT(*p)) return UNSURE;
+    int kind;
+    long long value;
+    const unsigned char *after = json_number(p, end, &kind, &value);
+    if (FAILED(after)) return after;
+    if (kind == N_INT) {
+        *d = (double)value;
+    } else if (fast_double(p, after, d)) {
+        /* exact operands, one correctly rounded division: strtod's double */
+    } else {
+        size_t n = (size_t)(after - p);
+        if (kind != N_REAL || n >= NUMBER_MAX) return UNSURE;
+        char text[NUMBER_MAX];
+        memcpy(text, p, n);
+        text[n] = 0;
+        char *stop;
+        errno = 0;
+        *d = strtod(text, &stop);
+        if (errno != 0 || stop != text + n || !isfinite(*d) || (*d == 0 && strpbrk(text, "123456789")))
+            return UNSURE;
+    }
+    return after;
+}
+
 /* One field's value into its column. */
 static const unsigned char *extract_value(const unsigned char *p, const unsigned char *end, const Field *f, Out *outs,
                                           int depth) {
@@ -964,28 +1024,9 @@ static const unsigned char *extract_value(const unsigned char *p, const unsigned
             return out_slot(o, 1) < 0 || out_fixed(o, &v) < 0 ? NOMEM : p;
         }
         case F_DOUBLE: {
-            if (*p != '-' && !IS_DIGIT(*p)) return UNSURE;
-            int kind;
-            long long value;
-            const unsigned char *after = json_number(p, end, &kind, &value);
-            if (FAILED(after)) return after;
             double d;
-            if (kind == N_INT) {
-                d = (double)value;
-            } else if (fast_double(p, after, &d)) {
-                /* exact operands, one correctly rounded division: strtod's double */
-            } else {
-                size_t n = (size_t)(after - p);
-                if (kind != N_REAL || n >= NUMBER_MAX) return UNSURE;
-                char text[NUMBER_MAX];
-                memcpy(text, p, n);
-                text[n] = 0;
-                char *stop;
-                errno = 0;
-                d = strtod(text, &stop);
-                if (errno != 0 || stop != text + n || !isfinite(d) || (d == 0 && strpbrk(text, "123456789")))
-                    return UNSURE;
-            }
+            const unsigned char *after = parse_double(p, end, &d);
+            if (FAILED(after)) return after;
             return out_slot(o, 1) < 0 || out_fixed(o, &d) < 0 ? NOMEM : after;
         }
         case F_BOOLEAN: {
@@ -1066,25 +1107,113 @@ static const unsigned char *extract_object(const unsigned char *p, const unsigne
 
 /* One row's data into its kind's columns: READ_OK, READ_NOMEM, or EXTRACT_UNSURE. */
 #define EXTRACT_UNSURE (-1)
+static int row_data(const Source *src, const unsigned char **data, size_t *n) {
+    if (src->st != NULL) {
+        if (sqlite3_column_type(src->st, 6) != SQLITE_TEXT) return EXTRACT_UNSURE;
+        *data = sqlite3_column_text(src->st, 6);
+        *n = (size_t)sqlite3_column_bytes(src->st, 6);
+        if (*data == NULL) return READ_NOMEM;
+    } else {
+        Text t;
+        buffered_text(src, 6, &t);
+        if (t.is_null) return EXTRACT_UNSURE;
+        *data = t.n ? t.p : (const unsigned char *)"";
+        *n = t.n;
+    }
+    return READ_OK;
+}
+
 static int extract_row(const Spec *spec, Out *outs, const Source *src) {
     const unsigned char *p;
     size_t n;
-    if (src->st != NULL) {
-        if (sqlite3_column_type(src->st, 6) != SQLITE_TEXT) return EXTRACT_UNSURE;
-        p = sqlite3_column_text(src->st, 6);
-        n = (size_t)sqlite3_column_bytes(src->st, 6);
-        if (p == NULL) return READ_NOMEM;
-    } else {
-        Text data;
-        buffered_text(src, 6, &data);
-        if (data.is_null) return EXTRACT_UNSURE;
-        p = data.n ? data.p : (const unsigned char *)"";
-        n = data.n;
-    }
+    int got = row_data(src, &p, &n);
+    if (got != READ_OK) return got;
     const unsigned char *after = extract_object(p, p + n, spec->fields, spec->order, spec->nfields, outs, 0);
     if (after == NOMEM) return READ_NOMEM;
     if (after == UNSURE || after != p + n) return EXTRACT_UNSURE;
     return READ_OK;
+}
+
+#define PARSED(p) ((p) == NOMEM ? READ_NOMEM : EXTRACT_UNSURE)
+
+/* One object's entries (at ``p``, the field's value) into ``outs``: READ_OK, READ_NOMEM or
+ * EXTRACT_UNSURE. ``key`` holds each key unescaped. */
+static int entries_of(const Entries *e, Out *outs, Buffer *key, int64_t seq, const unsigned char *p,
+                      const unsigned char *end) {
+    if (p >= end) return EXTRACT_UNSURE;
+    if (*p == 'n') return (size_t)(end - p) >= 4 && memcmp(p, "null", 4) == 0 ? READ_OK : EXTRACT_UNSURE;
+    if (*p != '{') return EXTRACT_UNSURE;
+    p++;
+    if (p < end && *p == '}') return READ_OK;
+    for (;;) {
+        if (p >= end || *p != '"') return EXTRACT_UNSURE;
+        key->len = 0;
+        p = json_string(p, end, key, S_TEXT);
+        if (FAILED(p)) return PARSED(p);
+        if (p >= end || *p != ':') return EXTRACT_UNSURE;
+        p++;
+        int found = -1;
+        for (int i = 0; i < e->nnames && found < 0; i++) {
+            size_t m = e->name_lens[i];
+            if (key->len >= m && memcmp(key->p, e->names[i], m) == 0 && (key->len == m || key->p[m] == '{'))
+                found = i;
+        }
+        if (found < 0) {
+            p = json_value(p, end, NULL, 1);
+            if (FAILED(p)) return PARSED(p);
+        } else {
+            double value = 0;
+            int valid = 1;
+            if (p < end && *p == 'n') {
+                if ((size_t)(end - p) < 4 || memcmp(p, "null", 4) != 0) return EXTRACT_UNSURE;
+                p += 4;
+                valid = 0;
+            } else {
+                p = parse_double(p, end, &value);
+                if (FAILED(p)) return PARSED(p);
+            }
+            size_t m = e->name_lens[found];
+            if (out_slot(&outs[E_SEQ], 1) < 0 || out_fixed(&outs[E_SEQ], &seq) < 0 || out_slot(&outs[E_LABEL], 1) < 0
+                || put(&outs[E_LABEL].data, e->labels[found], e->label_lens[found]) < 0
+                || out_offset(&outs[E_LABEL]) < 0 || out_slot(&outs[E_SERIES], 1) < 0
+                || put(&outs[E_SERIES].data, key->p + m, key->len - m) < 0 || out_offset(&outs[E_SERIES]) < 0
+                || out_slot(&outs[E_VALUE], valid) < 0 || out_fixed(&outs[E_VALUE], &value) < 0)
+                return READ_NOMEM;
+        }
+        if (p >= end) return EXTRACT_UNSURE;
+        if (*p == '}') return READ_OK;
+        if (*p++ != ',') return EXTRACT_UNSURE;
+    }
+}
+
+/* The entries of one row's field ``e->field`` (a top-level key; none where it is missing). Run after
+ * extract_row passed the row: its top-level keys are plain, unique and in order. */
+static int extract_entries(const Entries *e, Out *outs, Buffer *key, const Source *src) {
+    const unsigned char *p;
+    size_t n;
+    int got = row_data(src, &p, &n);
+    if (got != READ_OK) return got;
+    const unsigned char *end = p + n;
+    int64_t seq = source_seq(src);
+    if (p >= end || *p != '{') return EXTRACT_UNSURE;
+    p++;
+    if (p < end && *p == '}') return READ_OK;
+    for (;;) {
+        if (p >= end || *p != '"') return EXTRACT_UNSURE;
+        const unsigned char *name = p + 1, *after = plain_run(name, end);
+        if (after >= end || *after != '"') return EXTRACT_UNSURE;
+        size_t name_len = (size_t)(after - name);
+        p = after + 1;
+        if (p >= end || *p != ':') return EXTRACT_UNSURE;
+        p++;
+        if (name_len == e->field_len && memcmp(name, e->field, name_len) == 0)
+            return entries_of(e, outs, key, seq, p, end);
+        p = json_value(p, end, NULL, 0);
+        if (FAILED(p)) return PARSED(p);
+        if (p >= end) return EXTRACT_UNSURE;
+        if (*p == '}') return READ_OK;
+        if (*p++ != ',') return EXTRACT_UNSURE;
+    }
 }
 
 /* ---- Rows grouped by kind (read_checked_by_kind). ---- */
@@ -1106,6 +1235,8 @@ typedef struct {
     unsigned mask;      /* the text columns copied */
     const Spec *spec;   /* its typed fields, or NULL */
     Out *outs;          /* their columns */
+    Out *eouts;         /* its spec's entries' columns (E_OUTS), or NULL */
+    Buffer key;         /* an entry's key, unescaped */
     int unsure;         /* a row the typed parse was not sure of: its columns are dropped */
     int scoped;         /* a kind of the scope: only its runs' rows are kept */
 } Group;
@@ -1125,6 +1256,8 @@ static void groups_free(Groups *g) {
         free(x->seqs.p);
         columns_free(x->cols);
         outs_free(x->outs, x->spec ? x->spec->nouts : 0);
+        outs_free(x->eouts, x->eouts ? E_OUTS : 0);
+        free(x->key.p);
     }
     free(g->items);
     memset(g, 0, sizeof *g);
@@ -1189,6 +1322,15 @@ static Group *group_of(Groups *g, const Source *src) {
             if ((spec->types[i] == F_VARCHAR || spec->types[i] == F_JSON) && put(&x->outs[i].values, &zero, 4) < 0)
                 return NULL;
         }
+        if (spec->entries != NULL) {
+            x->eouts = calloc(E_OUTS, sizeof(Out));
+            if (x->eouts == NULL) return NULL;
+            for (int i = 0; i < E_OUTS; i++) {
+                x->eouts[i].type = ENTRY_TYPES[i];
+                int32_t zero = 0;
+                if (ENTRY_TYPES[i] == F_VARCHAR && put(&x->eouts[i].values, &zero, 4) < 0) return NULL;
+            }
+        }
         break;
     }
     return x;
@@ -1217,6 +1359,8 @@ static int take_row(const Source *src, int64_t row, Buffer *seqs, Column *cols, 
         if ((outcome = add_row(&group->seqs, group->cols, src, group->rows, group->mask)) != READ_OK) return outcome;
         if (group->spec != NULL && !group->unsure) {
             int typed = extract_row(group->spec, group->outs, src);
+            if (typed == READ_OK && group->eouts != NULL)
+                typed = extract_entries(group->spec->entries, group->eouts, &group->key, src);
             if (typed == READ_NOMEM) return READ_NOMEM;
             group->unsure = typed != READ_OK;
         }
@@ -1523,7 +1667,63 @@ static int fields_parse(PyObject *list, Field **fields, int *nfields, int *next,
     return 0;
 }
 
-/* {kind: (columns, fields)} as specs. */
+static char *copy_text(const char *text, Py_ssize_t n) {
+    char *out = malloc((size_t)n + 1);
+    if (out == NULL) return NULL;
+    memcpy(out, text, (size_t)n);
+    out[n] = 0;
+    return out;
+}
+
+/* (field, ((name, label), ...)) as Entries. */
+static int entries_parse(PyObject *arg, Entries **out) {
+    const char *field;
+    Py_ssize_t field_len;
+    PyObject *names;
+    if (!PyArg_ParseTuple(arg, "s#O!", &field, &field_len, &PyTuple_Type, &names)) return -1;
+    Py_ssize_t count = PyTuple_GET_SIZE(names);
+    if (count < 1 || count > MAX_FIELDS) {
+        PyErr_SetString(PyExc_ValueError, "entries: 1 to 64 (name, label) pairs");
+        return -1;
+    }
+    Entries *e = calloc(1, sizeof(Entries));
+    if (e == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    *out = e;
+    e->field = copy_text(field, field_len);
+    e->field_len = (size_t)field_len;
+    e->names = calloc((size_t)count, sizeof(char *));
+    e->labels = calloc((size_t)count, sizeof(char *));
+    e->name_lens = calloc((size_t)count, sizeof(size_t));
+    e->label_lens = calloc((size_t)count, sizeof(size_t));
+    if (e->field == NULL || e->names == NULL || e->labels == NULL || e->name_lens == NULL || e->label_lens == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        const char *name, *label;
+        Py_ssize_t name_len, label_len;
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(names, i), "s#s#", &name, &name_len, &label, &label_len)) return -1;
+        if (name_len == 0) {
+            PyErr_SetString(PyExc_ValueError, "entries: an empty name");
+            return -1;
+        }
+        e->names[i] = copy_text(name, name_len);
+        e->labels[i] = copy_text(label, label_len);
+        e->nnames = (int)i + 1;
+        if (e->names[i] == NULL || e->labels[i] == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        e->name_lens[i] = (size_t)name_len;
+        e->label_lens[i] = (size_t)label_len;
+    }
+    return 0;
+}
+
+/* {kind: (columns, fields[, entries])} as specs. */
 static int specs_parse(PyObject *typed, Specs *specs) {
     if (typed == NULL || typed == Py_None) return 0;
     if (!PyDict_Check(typed)) {
@@ -1547,7 +1747,9 @@ static int specs_parse(PyObject *typed, Specs *specs) {
             return -1;
         }
         kind = PyUnicode_AsUTF8AndSize(key, &kind_len);
-        if (kind == NULL || !PyArg_ParseTuple(value, "IO", &s->mask, &fields)) return -1;
+        PyObject *entries = Py_None;
+        if (kind == NULL || !PyArg_ParseTuple(value, "IO|O", &s->mask, &fields, &entries)) return -1;
+        if (entries != Py_None && entries_parse(entries, &s->entries) < 0) return -1;
         s->mask &= ALL_COLUMNS;
         s->kind = malloc((size_t)kind_len + 1);
         if (s->kind == NULL) {
@@ -1605,11 +1807,11 @@ static void scope_free(Scope *scope) {
 }
 
 /* A typed group's columns as [(validity | None, nulls, values | None, data | None)] in pre-order. */
-static PyObject *outs_list(Group *x) {
-    PyObject *list = PyList_New(x->spec->nouts);
+static PyObject *outs_list(Out *outs, int nouts) {
+    PyObject *list = PyList_New(nouts);
     if (list == NULL) return NULL;
-    for (int i = 0; i < x->spec->nouts; i++) {
-        Out *o = &x->outs[i];
+    for (int i = 0; i < nouts; i++) {
+        Out *o = &outs[i];
         int text = o->type == F_VARCHAR || o->type == F_JSON;
         PyObject *validity = o->nulls ? as_memory(&o->validity) : (Py_INCREF(Py_None), Py_None);
         PyObject *values = o->type == F_STRUCT ? (Py_INCREF(Py_None), Py_None) : as_memory(&o->values);
@@ -1668,14 +1870,19 @@ static PyObject *checked_by_kind(const char *path, long long after, long long un
         PyObject *columns = kind == NULL ? NULL : columns_list(x->cols, x->mask);
         PyObject *fields = columns == NULL                    ? NULL
                            : x->spec == NULL || x->unsure ? (Py_INCREF(Py_None), Py_None)
-                                                              : outs_list(x);
-        PyObject *item = fields == NULL ? NULL
-                                        : Py_BuildValue("(NLNNN)", kind, (long long)x->rows, as_memory(&x->seqs),
-                                                        columns, fields);
+                                                              : outs_list(x->outs, x->spec->nouts);
+        PyObject *entries = fields == NULL                     ? NULL
+                            : x->eouts == NULL || x->unsure ? (Py_INCREF(Py_None), Py_None)
+                                                             : Py_BuildValue("(LN)", (long long)x->eouts[E_SEQ].rows,
+                                                                             outs_list(x->eouts, E_OUTS));
+        PyObject *item = entries == NULL ? NULL
+                                         : Py_BuildValue("(NLNNNN)", kind, (long long)x->rows, as_memory(&x->seqs),
+                                                         columns, fields, entries);
         if (item == NULL) {
-            if (fields == NULL) {
+            if (entries == NULL) {
                 Py_XDECREF(kind);
                 Py_XDECREF(columns);
+                Py_XDECREF(fields);
             }
             goto done;
         }
@@ -1794,8 +2001,9 @@ static PyMethodDef methods[] = {
     {"read_checked_by_kind", read_checked_by_kind, METH_VARARGS,
      "read_checked_by_kind(path, after_seq, until_seq, expected_seq, previous_chain, columns=all, typed=None,\n"
      "                     scope=None)\n"
-     "    -> (rows, [(kind, rows, seq_bytes, columns, typed_columns | None)] in order of first\n"
-     "        appearance (the text columns of the mask's bits, 1 << 0 = id ... 1 << 7 = chain),\n"
+     "    -> (rows, [(kind, rows, seq_bytes, columns, typed_columns | None, (entries, entry_columns) | None)]\n"
+     "        in order of first appearance (the text columns of the mask's bits, 1 << 0 = id ... 1 << 7 =\n"
+     "        chain); typed: {kind: (columns, fields[, (field, ((name, label), ...))])}\n"
      "        (outcome, bad_seq, found_seq, last_good_seq, last_good_chain), unsure);\n"
      "    scope=(kinds, runs): rows of those kinds kept only where their run_id is null or one of runs"},
     {"check_copy_rows", check_copy_rows, METH_VARARGS,
@@ -1844,6 +2052,8 @@ PyMODINIT_FUNC PyInit__carrow(void) {
     }
     /* read_checked_by_kind and check_copy take a scope (a build before them did not). */
     if (PyModule_AddIntConstant(m, "SCOPES", 1) < 0) goto fail;
+    /* A typed spec may name an object field's entries to unnest (a build before it could not). */
+    if (PyModule_AddIntConstant(m, "ENTRIES", 1) < 0) goto fail;
     if (PyModule_AddIntConstant(m, "OK", CHECK_OK) || PyModule_AddIntConstant(m, "DELETED", CHECK_DELETED)
         || PyModule_AddIntConstant(m, "EDITED", CHECK_EDITED)
         || PyModule_AddIntConstant(m, "RELINKED", CHECK_RELINKED))

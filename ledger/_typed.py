@@ -116,3 +116,84 @@ def typed_table(spec: Typed, envelope: pa.Table, outs: list[Any]) -> pa.Table:
     arrays = [envelope.column(name).combine_chunks() for name in _ENVELOPE]
     arrays += _arrays(list(spec.schema)[3:], iter(outs), count)
     return pa.Table.from_arrays(arrays, schema=spec.schema)
+
+
+# ---- An object field's entries, unnested (e.g. a scrape's Prometheus samples). ----
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_ENTRIES_HEAD = re.compile(
+    r"SELECT seq, name, series, TRY_CAST\(value AS DOUBLE\) AS value FROM \(SELECT seq, value, "
+)
+_ENTRIES_FROM = re.compile(
+    r".* FROM \(SELECT seq, unnest\(json_keys\(data, '\$\.([A-Za-z_][A-Za-z0-9_]*)'\)\) AS key, "
+    r"unnest\(json_extract_string\(data, '\$\.\1\.\*'\)\) AS value "
+    r"FROM events WHERE kind = '((?:[^']|'')*)'\)\) "
+    r"WHERE name IS NOT NULL\Z",
+    re.DOTALL,
+)
+_ENTRY_CASE = re.compile(
+    r"WHEN key = '((?:[^']|'')*)' OR starts_with\(key, '(?:[^']|'')*\{'\) THEN '((?:[^']|'')*)'"
+)
+ENTRIES_SCHEMA = pa.schema(
+    [("seq", pa.int64()), ("name", pa.string()), ("series", pa.string()), ("value", pa.float64())]
+)
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def entries_sql(kind: str, field: str, names: dict[str, str]) -> str:
+    """SQL over ``events`` giving one row per entry of the object ``data.<field>`` of ``kind``'s rows
+    whose key is one of ``names`` (name → label) or starts with it and '{' (a Prometheus sample's
+    metric and labels): ``seq``, ``name`` (the label), ``series`` (the key past the name: its
+    labels, or '' for none) and ``value`` (the entry as DOUBLE, NULL where it is not a number).
+    The native read fills the same rows (:func:`entries`) without DuckDB parsing the JSON."""
+    if not _IDENTIFIER.match(field):
+        raise ValueError(f"entries of {field!r}: a field name of letters, digits and underscores")
+    if not names or any(not name for name in names):
+        raise ValueError("entries: at least one name, none empty")
+    matches = [f"key = {_literal(n)} OR starts_with(key, {_literal(n + '{')})" for n in names]
+    label = " ".join(f"WHEN {m} THEN {_literal(names[n])}" for m, n in zip(matches, names, strict=True))
+    series = " ".join(f"WHEN {m} THEN substr(key, {len(n) + 1})" for m, n in zip(matches, names, strict=True))
+    return (
+        "SELECT seq, name, series, TRY_CAST(value AS DOUBLE) AS value FROM (SELECT seq, value, "
+        f"CASE {label} END AS name, CASE {series} END AS series "
+        f"FROM (SELECT seq, unnest(json_keys(data, '$.{field}')) AS key, "
+        f"unnest(json_extract_string(data, '$.{field}.*')) AS value "
+        f"FROM events WHERE kind = {_literal(kind)})) "
+        "WHERE name IS NOT NULL"
+    )
+
+
+@dataclass(frozen=True)
+class Entries:
+    """One projection of an object field's entries (:func:`entries_sql`): what the native read
+    fills beside its kind's typed fields."""
+
+    kind: str
+    field: str
+    names: tuple[tuple[str, str], ...]  # (name, label), in the SQL's order
+
+    def native(self) -> tuple[str, tuple[tuple[str, str], ...]]:
+        """The form ledger/_carrow.c reads (a typed spec's third item)."""
+        return self.field, self.names
+
+
+def entries(sql: str) -> Entries | None:
+    """The entries projection ``sql`` is, when it is exactly what :func:`entries_sql` writes, else None."""
+    head, tail = _ENTRIES_HEAD.match(sql), _ENTRIES_FROM.match(sql)
+    if head is None or tail is None:
+        return None
+    found = _ENTRY_CASE.findall(sql)
+    names = {name.replace("''", "'"): label.replace("''", "'") for name, label in found}
+    field, kind = tail.group(1), tail.group(2).replace("''", "'")
+    if not names or entries_sql(kind, field, names) != sql:
+        return None
+    return Entries(kind, field, tuple(names.items()))
+
+
+def entries_table(outs: tuple[int, list[Any]]) -> pa.Table:
+    """The entries the native read filled (its buffers wrapped, not copied)."""
+    count, columns = outs
+    return pa.Table.from_arrays(_arrays(list(ENTRIES_SCHEMA), iter(columns), count), schema=ENTRIES_SCHEMA)

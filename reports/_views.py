@@ -20,6 +20,7 @@ from typing import Any
 import duckdb
 
 from ledger import view_name
+from ledger._typed import entries_sql
 
 # Each kind the views read, as rows with typed data fields: ``kv_x_<kind>`` → SQL over
 # ``events``. A report reads them as projections kept per snapshot segment (see
@@ -758,23 +759,14 @@ COUNTERS: dict[str, str] = {
 def _counter_samples() -> str:
     """The hit-counter samples of every scrape, one row per series (the rest of a scrape is
     not read): ``kv_x_counter_samples``, kept as a projection like the other extractions."""
-    of = " ".join(f"WHEN key = '{m}' OR starts_with(key, '{m}{{') THEN '{c}'" for c, m in COUNTERS.items())
-    # The samples' keys and values as two lists unnested side by side (json_keys and the `.*`
-    # wildcard both walk the object in its order): half the CPU of a cast to MAP(VARCHAR, JSON),
-    # which cost a quarter of json_each. A samples value that is not an object gives no row.
-    # Only what the deltas read is kept: the scrape (seq), the counter, the series by the hash of its
-    # name, and the value. The series' names and the scrape's run and block (three strings on each of
-    # the three or more rows per scrape) were copied into every row and read by nothing.
-    sql = (
-        "SELECT seq, counter, hash(key) AS series_hash, TRY_CAST(value AS DOUBLE) AS value "
-        f"FROM (SELECT seq, key, value, CASE {of} END AS counter "
-        "FROM (SELECT seq, unnest(json_keys(data, '$.samples')) AS key, "
-        "unnest(json_extract_string(data, '$.samples.*')) AS value "
-        "FROM events WHERE kind = 'metrics.scraped')) "
-        "WHERE counter IS NOT NULL"
+    # One row per sample of a counter (ledger/_typed.py entries_sql): the scrape (seq), the counter
+    # (name), the series' labels past the metric's name (series: '' for none) and the value. The
+    # native read fills it as it reads the scrapes (their JSON never parsed by DuckDB); the SQL is
+    # what DuckDB runs where it cannot, and what `ledger sql` pastes.
+    EXTRACTIONS["kv_x_counter_samples"] = entries_sql(
+        "metrics.scraped", "samples", {metric: counter for counter, metric in COUNTERS.items()}
     )
-    EXTRACTIONS["kv_x_counter_samples"] = sql
-    return "SELECT * FROM kv_x_counter_samples"
+    return "SELECT seq, name AS counter, series, value FROM kv_x_counter_samples"
 
 
 # The audit's re-derivations (created on demand, by the audit only): each check recomputed from
@@ -809,15 +801,15 @@ GROUP BY ALL""",
         "kv_scrape_deltas",
         f"""
 WITH c AS ({_counter_samples()}),
-     b AS (SELECT w.before_seq AS wid, c.counter, c.series_hash, c.value FROM kv_scrape_windows w
+     b AS (SELECT w.before_seq AS wid, c.counter, c.series, c.value FROM kv_scrape_windows w
            JOIN c ON c.seq = w.before_seq),
-     a AS (SELECT w.before_seq AS wid, c.counter, c.series_hash, c.value FROM kv_scrape_windows w
+     a AS (SELECT w.before_seq AS wid, c.counter, c.series, c.value FROM kv_scrape_windows w
            JOIN c ON c.seq = w.after_seq),
      s AS (SELECT coalesce(b.wid, a.wid) AS wid, coalesce(b.counter, a.counter) AS counter,
                   CASE WHEN a.value IS NULL THEN 0 WHEN b.value IS NULL OR a.value < b.value THEN a.value
                        ELSE a.value - b.value END AS increase,
                   a.value IS NULL OR coalesce(a.value < b.value, false) AS reset
-           FROM b FULL JOIN a ON a.wid = b.wid AND a.series_hash = b.series_hash),
+           FROM b FULL JOIN a ON a.wid = b.wid AND a.counter = b.counter AND a.series = b.series),
      d AS (SELECT wid, max(delta) FILTER (WHERE counter = 'prefix_queries') AS prefix_queries,
                   max(delta) FILTER (WHERE counter = 'local_hit_tokens') AS local_hit_tokens,
                   max(delta) FILTER (WHERE counter = 'external_hit_tokens') AS external_hit_tokens,

@@ -274,7 +274,7 @@ def test_copy_data_is_checked_as_the_file_is(sqlite_url: str) -> None:
                     bytes(s),
                     [(None if v is None else bytes(v), z, bytes(o), bytes(d)) for v, z, o, d in cols],
                 )
-                for kind, n, s, cols, _ in groups
+                for kind, n, s, cols, *_ in groups
             ],
             check,
             unsure,

@@ -240,13 +240,14 @@ def _compare(path: str, count: int) -> tuple[int, list[int]]:
         _, groups, _, not_sure = _carrow.read_checked_by_kind(
             path, seq - 1, seq, seq, GENESIS, 255, {KIND: (0b11000, spec.fields)}
         )
-        ((kind, rows, seqs, columns, outs),) = groups
+        ((kind, rows, seqs, columns, outs, entries),) = groups
+        assert entries is None  # no entries asked for
         assert kind == KIND and rows == 1
         if not_sure:
             assert outs is None
             unsure.append(seq)
             continue
-        _, ((_, _, raw_seqs, raw_columns, none),), _, plain_unsure = _carrow.read_checked_by_kind(
+        _, ((_, _, raw_seqs, raw_columns, none, _),), _, plain_unsure = _carrow.read_checked_by_kind(
             path, seq - 1, seq, seq, GENESIS, 255
         )
         assert none is None and not plain_unsure
@@ -407,6 +408,39 @@ def awkward(sqlite_url: str) -> Ledger:
                 },
             )
             for i in range(9)
+        ]
+        # Scrapes whose samples the native read unnests (escaped and non-ASCII labels, nulls, a
+        # bare counter, other metrics of every type) and some it leaves to DuckDB (a counter's value
+        # as text, or true).
+        + [
+            NewEvent(
+                "metrics.scraped",
+                {
+                    "replica": i % 2,
+                    "endpoint": "http://127.0.0.1:8000",
+                    "phase": "before" if i % 2 else "after",
+                    "request_id": f"scrape-{i}",
+                    "window": None,
+                    "error": None,
+                    "samples": samples,
+                },
+            )
+            for i, samples in enumerate(
+                [
+                    {
+                        'vllm:prefix_cache_hits_total{engine="0",model="m\u00e9 "q""}': 12.5,
+                        "vllm:prefix_cache_hits_total": None,
+                        'vllm:prefix_cache_queries_total{engine="\u4e2d"}': 3,
+                        "vllm:prefix_cache_hits_totalx": 1,
+                        'other{a="b"}': [1, {"x": None}],
+                        "zz": "text",
+                    },
+                    {'vllm:external_prefix_cache_hits_total{e="1"}': 1e-7, "w": True},
+                    {"vllm:prefix_cache_hits_total": "12"},
+                    {"vllm:prefix_cache_queries_total": True},
+                    {},
+                ]
+            )
         ]
     )
     return led
