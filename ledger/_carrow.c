@@ -931,8 +931,18 @@ static const unsigned char *json_value(const unsigned char *p, const unsigned ch
     }
 }
 
+/* Where a row's entries go (the top level of its data only): read in the pass that types its fields. */
+typedef struct {
+    const Entries *entries;
+    Out *outs;
+    Buffer *key;
+    int64_t seq;
+} Unnest;
+
 static const unsigned char *extract_object(const unsigned char *p, const unsigned char *end, const Field *fields,
-                                           const int *order, int nfields, Out *outs, int depth);
+                                           const int *order, int nfields, Out *outs, int depth, Unnest *unnest);
+static const unsigned char *entries_of(const Entries *e, Out *outs, Buffer *key, int64_t seq, const unsigned char *p,
+                                       const unsigned char *end);
 
 static const double POW10[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,  1e8,  1e9,  1e10, 1e11,
                                1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
@@ -1042,7 +1052,7 @@ static const unsigned char *extract_value(const unsigned char *p, const unsigned
         case F_STRUCT:
             if (*p != '{' || depth >= MAX_DEPTH) return UNSURE;
             if (out_slot(o, 1) < 0) return NOMEM;
-            return extract_object(p, end, f->children, f->order, f->nchildren, outs, depth + 1);
+            return extract_object(p, end, f->children, f->order, f->nchildren, outs, depth + 1, NULL);
         default:
             return UNSURE;
     }
@@ -1051,7 +1061,7 @@ static const unsigned char *extract_value(const unsigned char *p, const unsigned
 /* An object's keys, in canonical order (bytewise, unique), each of ``fields`` into its column,
  * the others checked and passed over; a field it lacks is NULL. */
 static const unsigned char *extract_object(const unsigned char *p, const unsigned char *end, const Field *fields,
-                                           const int *order, int nfields, Out *outs, int depth) {
+                                           const int *order, int nfields, Out *outs, int depth, Unnest *unnest) {
     unsigned char seen[MAX_FIELDS] = {0};
     int next = 0; /* the keys come in canonical order: the fields are met in ``order`` */
     const unsigned char *previous = NULL;
@@ -1085,7 +1095,11 @@ static const unsigned char *extract_object(const unsigned char *p, const unsigne
                     break;
                 }
             }
-            if (found >= 0) {
+            if (unnest != NULL && key_len == unnest->entries->field_len
+                && memcmp(key, unnest->entries->field, key_len) == 0) {
+                if (found >= 0) return UNSURE; /* a typed field too: not both in one pass */
+                p = entries_of(unnest->entries, unnest->outs, unnest->key, unnest->seq, p, end);
+            } else if (found >= 0) {
                 seen[found] = 1;
                 p = extract_value(p, end, &fields[found], outs, depth);
             } else {
@@ -1123,54 +1137,63 @@ static int row_data(const Source *src, const unsigned char **data, size_t *n) {
     return READ_OK;
 }
 
-static int extract_row(const Spec *spec, Out *outs, const Source *src) {
+/* ``unnest``: where the spec's entries go (NULL: it has none). */
+static int extract_row(const Spec *spec, Out *outs, Unnest *unnest, const Source *src) {
     const unsigned char *p;
     size_t n;
     int got = row_data(src, &p, &n);
     if (got != READ_OK) return got;
-    const unsigned char *after = extract_object(p, p + n, spec->fields, spec->order, spec->nfields, outs, 0);
+    if (unnest != NULL) unnest->seq = source_seq(src);
+    const unsigned char *after = extract_object(p, p + n, spec->fields, spec->order, spec->nfields, outs, 0, unnest);
     if (after == NOMEM) return READ_NOMEM;
     if (after == UNSURE || after != p + n) return EXTRACT_UNSURE;
     return READ_OK;
 }
 
-#define PARSED(p) ((p) == NOMEM ? READ_NOMEM : EXTRACT_UNSURE)
-
-/* One object's entries (at ``p``, the field's value) into ``outs``: READ_OK, READ_NOMEM or
- * EXTRACT_UNSURE. ``key`` holds each key unescaped. */
-static int entries_of(const Entries *e, Out *outs, Buffer *key, int64_t seq, const unsigned char *p,
-                      const unsigned char *end) {
-    if (p >= end) return EXTRACT_UNSURE;
-    if (*p == 'n') return (size_t)(end - p) >= 4 && memcmp(p, "null", 4) == 0 ? READ_OK : EXTRACT_UNSURE;
-    if (*p != '{') return EXTRACT_UNSURE;
+/* One object's entries (at ``p``, the field's value; null has none) into ``outs``: past the value,
+ * UNSURE or NOMEM. ``key`` holds each key unescaped. */
+static const unsigned char *entries_of(const Entries *e, Out *outs, Buffer *key, int64_t seq, const unsigned char *p,
+                                       const unsigned char *end) {
+    if (p >= end) return UNSURE;
+    if (*p == 'n') return (size_t)(end - p) >= 4 && memcmp(p, "null", 4) == 0 ? p + 4 : UNSURE;
+    if (*p != '{') return UNSURE;
     p++;
-    if (p < end && *p == '}') return READ_OK;
+    if (p < end && *p == '}') return p + 1;
     for (;;) {
-        if (p >= end || *p != '"') return EXTRACT_UNSURE;
+        if (p >= end || *p != '"') return UNSURE;
+        /* The key's leading bytes that need no unescaping: where they differ from every name within
+         * them, the key is none of the names (most of a scrape's samples), and is only checked. */
+        const unsigned char *raw = p + 1;
+        size_t plain = (size_t)(plain_run(raw, end) - raw);
+        int candidate = 0;
+        for (int i = 0; i < e->nnames && !candidate; i++) {
+            size_t m = e->name_lens[i] < plain ? e->name_lens[i] : plain;
+            candidate = memcmp(raw, e->names[i], m) == 0;
+        }
         key->len = 0;
-        p = json_string(p, end, key, S_TEXT);
-        if (FAILED(p)) return PARSED(p);
-        if (p >= end || *p != ':') return EXTRACT_UNSURE;
+        p = json_string(p, end, candidate ? key : NULL, candidate ? S_TEXT : S_SKIP);
+        if (FAILED(p)) return p;
+        if (p >= end || *p != ':') return UNSURE;
         p++;
         int found = -1;
-        for (int i = 0; i < e->nnames && found < 0; i++) {
+        for (int i = 0; i < e->nnames && found < 0 && candidate; i++) {
             size_t m = e->name_lens[i];
             if (key->len >= m && memcmp(key->p, e->names[i], m) == 0 && (key->len == m || key->p[m] == '{'))
                 found = i;
         }
         if (found < 0) {
             p = json_value(p, end, NULL, 1);
-            if (FAILED(p)) return PARSED(p);
+            if (FAILED(p)) return p;
         } else {
             double value = 0;
             int valid = 1;
             if (p < end && *p == 'n') {
-                if ((size_t)(end - p) < 4 || memcmp(p, "null", 4) != 0) return EXTRACT_UNSURE;
+                if ((size_t)(end - p) < 4 || memcmp(p, "null", 4) != 0) return UNSURE;
                 p += 4;
                 valid = 0;
             } else {
                 p = parse_double(p, end, &value);
-                if (FAILED(p)) return PARSED(p);
+                if (FAILED(p)) return p;
             }
             size_t m = e->name_lens[found];
             if (out_slot(&outs[E_SEQ], 1) < 0 || out_fixed(&outs[E_SEQ], &seq) < 0 || out_slot(&outs[E_LABEL], 1) < 0
@@ -1178,43 +1201,14 @@ static int entries_of(const Entries *e, Out *outs, Buffer *key, int64_t seq, con
                 || out_offset(&outs[E_LABEL]) < 0 || out_slot(&outs[E_SERIES], 1) < 0
                 || put(&outs[E_SERIES].data, key->p + m, key->len - m) < 0 || out_offset(&outs[E_SERIES]) < 0
                 || out_slot(&outs[E_VALUE], valid) < 0 || out_fixed(&outs[E_VALUE], &value) < 0)
-                return READ_NOMEM;
+                return NOMEM;
         }
-        if (p >= end) return EXTRACT_UNSURE;
-        if (*p == '}') return READ_OK;
-        if (*p++ != ',') return EXTRACT_UNSURE;
+        if (p >= end) return UNSURE;
+        if (*p == '}') return p + 1;
+        if (*p++ != ',') return UNSURE;
     }
 }
 
-/* The entries of one row's field ``e->field`` (a top-level key; none where it is missing). Run after
- * extract_row passed the row: its top-level keys are plain, unique and in order. */
-static int extract_entries(const Entries *e, Out *outs, Buffer *key, const Source *src) {
-    const unsigned char *p;
-    size_t n;
-    int got = row_data(src, &p, &n);
-    if (got != READ_OK) return got;
-    const unsigned char *end = p + n;
-    int64_t seq = source_seq(src);
-    if (p >= end || *p != '{') return EXTRACT_UNSURE;
-    p++;
-    if (p < end && *p == '}') return READ_OK;
-    for (;;) {
-        if (p >= end || *p != '"') return EXTRACT_UNSURE;
-        const unsigned char *name = p + 1, *after = plain_run(name, end);
-        if (after >= end || *after != '"') return EXTRACT_UNSURE;
-        size_t name_len = (size_t)(after - name);
-        p = after + 1;
-        if (p >= end || *p != ':') return EXTRACT_UNSURE;
-        p++;
-        if (name_len == e->field_len && memcmp(name, e->field, name_len) == 0)
-            return entries_of(e, outs, key, seq, p, end);
-        p = json_value(p, end, NULL, 0);
-        if (FAILED(p)) return PARSED(p);
-        if (p >= end) return EXTRACT_UNSURE;
-        if (*p == '}') return READ_OK;
-        if (*p++ != ',') return EXTRACT_UNSURE;
-    }
-}
 
 /* ---- Rows grouped by kind (read_checked_by_kind). ---- */
 
@@ -1358,9 +1352,8 @@ static int take_row(const Source *src, int64_t row, Buffer *seqs, Column *cols, 
         if (group->scoped && !in_scope(groups->scope, src)) return READ_OK; /* checked, not kept */
         if ((outcome = add_row(&group->seqs, group->cols, src, group->rows, group->mask)) != READ_OK) return outcome;
         if (group->spec != NULL && !group->unsure) {
-            int typed = extract_row(group->spec, group->outs, src);
-            if (typed == READ_OK && group->eouts != NULL)
-                typed = extract_entries(group->spec->entries, group->eouts, &group->key, src);
+            Unnest unnest = {group->spec->entries, group->eouts, &group->key, 0};
+            int typed = extract_row(group->spec, group->outs, group->eouts != NULL ? &unnest : NULL, src);
             if (typed == READ_NOMEM) return READ_NOMEM;
             group->unsure = typed != READ_OK;
         }
