@@ -1068,11 +1068,17 @@ def _downgrade(f: Finding, blocks: set[str], runs: set[str]) -> Finding:
     return f
 
 
+# The checks that read the re-derivations (Source.rederive): run after the others, so that the
+# others' queries and Python overlap the re-derivations' build where it is still going on beside.
+_AFTER_REDERIVED = (assertion_failed, assertion_inconsistent, hits_inconsistent, metrics_missing)
+_IN_ORDER = (*(c for c in CHECKS if c not in _AFTER_REDERIVED), *_AFTER_REDERIVED)
+
+
 def audit(src: Source, run: str | None = None) -> list[Finding]:
     """Every finding, sorted deterministically (blocking first)."""
     src.require(run)
     blocks, runs = _acknowledged(src)
-    found = [_downgrade(f, blocks, runs) for check in CHECKS for f in check(src, run)]
+    found = [_downgrade(f, blocks, runs) for check in _IN_ORDER for f in check(src, run)]
     return sorted(found, key=Finding.sort_key)
 
 
