@@ -346,7 +346,13 @@ def derive_checked(
     for kind, names in kinds.items():
         for name in names:
             spec_of_entries = entries_of(projections[name])
-            if spec_of_entries is not None and kind in typed and hasattr(carrow, "ENTRIES"):
+            # (Not a field the kind's typed projection reads as well: one pass gives one or the other.)
+            if (
+                spec_of_entries is not None
+                and kind in typed
+                and hasattr(carrow, "ENTRIES")
+                and spec_of_entries.field not in {field[0] for field in typed[kind][1].fields}
+            ):
                 unnested[kind] = (name, spec_of_entries)
                 break
     native_typed: dict[str, tuple[Any, ...]] = {}

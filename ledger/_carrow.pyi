@@ -6,6 +6,8 @@ class Memory:
 
 OK: int
 SCOPES: int
+# A typed spec may name an object field's entries to unnest (read_checked_by_kind's ``typed``).
+ENTRIES: int
 DELETED: int
 EDITED: int
 RELINKED: int
@@ -37,9 +39,14 @@ NativeField = tuple[str, int, list["NativeField"] | None]
 # One output column of a typed field: (validity | None, nulls, values | None, string data | None).
 TypedColumn = tuple[Memory | None, int, Memory | None, Memory | None]
 
+# An object field's entries to unnest: (field, ((name, label), ...)) (ledger/_typed.py Entries).
+NativeEntries = tuple[str, tuple[tuple[str, str], ...]]
+# A typed kind's spec: (text columns, fields) or (text columns, fields, entries).
+TypedSpec = tuple[int, list[NativeField]] | tuple[int, list[NativeField], NativeEntries]
+
 # What read_checked_by_kind and check_copy give: the rows, each kind's (kind, rows, seqs, text
-# columns, typed columns | None) in order of first appearance, the check, and whether a row of a
-# typed kind was one the parse was not sure of.
+# columns, typed columns | None, (entries, entry columns) | None) in order of first appearance,
+# the check, and whether a row of a typed kind was one the parse was not sure of.
 ByKind = tuple[
     int,
     list[
@@ -49,6 +56,7 @@ ByKind = tuple[
             Memory,
             list[tuple[Memory | None, int, Memory, Memory]],
             list[TypedColumn] | None,
+            tuple[int, list[TypedColumn]] | None,
         ]
     ],
     tuple[int, int, int, int, str],
@@ -62,7 +70,7 @@ def read_checked_by_kind(
     expected_seq: int,
     previous_chain: str,
     columns: int = 255,
-    typed: dict[str, tuple[int, list[NativeField]]] | None = None,
+    typed: dict[str, TypedSpec] | None = None,
     scope: tuple[tuple[str, ...], tuple[str, ...]] | None = None,
     /,
 ) -> ByKind: ...
@@ -71,7 +79,7 @@ def check_copy(
     expected_seq: int,
     previous_chain: str,
     columns: int = 255,
-    typed: dict[str, tuple[int, list[NativeField]]] | None = None,
+    typed: dict[str, TypedSpec] | None = None,
     scope: tuple[tuple[str, ...], tuple[str, ...]] | None = None,
     /,
 ) -> ByKind: ...

@@ -6,6 +6,10 @@ A projection of the form ``SELECT seq, run_id, block_id, unnest(json_transform(d
 so) is typed here when its structure names only VARCHAR, BIGINT, DOUBLE, BOOLEAN, JSON and
 objects of those. The native parse gives up on any row it cannot reproduce byte for byte
 (ledger/_carrow.c says which); its caller then reads those rows again for DuckDB to parse.
+
+A projection written by :func:`entries_sql` (one row per entry of an object field whose key is
+one of some names: a scrape's counter samples) is filled in the same pass, beside its kind's
+typed fields, on the same terms.
 """
 
 from __future__ import annotations
