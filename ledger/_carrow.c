@@ -1209,7 +1209,6 @@ static const unsigned char *entries_of(const Entries *e, Out *outs, Buffer *key,
     }
 }
 
-
 /* ---- Rows grouped by kind (read_checked_by_kind). ---- */
 
 /* Rows of ``kinds`` kept only where their run_id is one of ``runs`` (or null): a report about a few
@@ -1744,12 +1743,11 @@ static int specs_parse(PyObject *typed, Specs *specs) {
         if (kind == NULL || !PyArg_ParseTuple(value, "IO|O", &s->mask, &fields, &entries)) return -1;
         if (entries != Py_None && entries_parse(entries, &s->entries) < 0) return -1;
         s->mask &= ALL_COLUMNS;
-        s->kind = malloc((size_t)kind_len + 1);
+        s->kind = copy_text(kind, kind_len);
         if (s->kind == NULL) {
             PyErr_NoMemory();
             return -1;
         }
-        memcpy(s->kind, kind, (size_t)kind_len);
         s->kind_len = (size_t)kind_len;
         if (fields_parse(fields, &s->fields, &s->nfields, &s->nouts, &s->types, 0) < 0) return -1;
         if ((s->order = fields_order(s->fields, s->nfields)) == NULL) {
