@@ -290,7 +290,7 @@ def assertion_failed(src: Source, run: str | None) -> list[Finding]:
     rows = src.rows(
         f"""SELECT run_id, block_id, request_id, "window", "check", recorded_passed, recorded_expected,
                                recorded_observed, derived_passed, derived_expected, derived_observed
-                        FROM kv_rederived_shown
+                        FROM kv_rederived_disputed
                         WHERE (NOT coalesce(recorded_passed, false) OR NOT coalesce(derived_passed, true))
                           AND {SCOPE} ORDER BY seq""",
         {"run": run},
@@ -321,7 +321,7 @@ def assertion_inconsistent(src: Source, run: str | None) -> list[Finding]:
         f"""SELECT run_id, block_id, request_id, "window", "check", recorded_passed, recorded_expected,
                                recorded_observed, derived_passed, derived_expected, derived_observed,
                                expectation_differs
-                        FROM kv_rederived_shown
+                        FROM kv_rederived_disputed
                         WHERE derived_passed IS NOT NULL
                           AND (derived_passed <> coalesce(recorded_passed, false) OR expectation_differs)
                           AND {SCOPE} ORDER BY seq""",
@@ -348,7 +348,7 @@ def hits_inconsistent(src: Source, run: str | None) -> list[Finding]:
         f"""SELECT run_id, block_id, scope, replica, scraped, prefix_queries, local_hit_tokens,
                                external_hit_tokens, counter_reset, scraped_prefix_queries,
                                scraped_local_hit_tokens, scraped_external_hit_tokens, scraped_counter_reset
-                        FROM kv_hits_rederived WHERE inconsistent AND {SCOPE} ORDER BY seq""",
+                        FROM kv_hits_inconsistent WHERE {SCOPE} ORDER BY seq""",
         {"run": run},
     )
 

@@ -844,6 +844,9 @@ FROM kv_hits h LEFT JOIN kv_scrape_deltas w
   ON w.block_id IS NOT DISTINCT FROM h.block_id AND w.replica = h.replica
  AND w.scope = coalesce(h.request_id, 'window ' || h."window")""",
     ),
+    # The inconsistent rows of kv_hits_rederived, the only ones the audit reads (materialised: a
+    # copy of every hits record's twenty columns cost more than comparing them).
+    ("kv_hits_inconsistent", "SELECT * FROM kv_hits_rederived WHERE inconsistent"),
     # Every assertion.evaluated of a known check beside its verdict recomputed from observations:
     # the request's first response and single-request hits, its request.sent, its fixture's
     # expected values (fixture.created), and for text checks the response digests. expected and
@@ -958,6 +961,17 @@ SELECT *,
        END AS derived_observed
 FROM kv_rederived""",
     ),
+    # The rows of kv_rederived_shown the audit reports (materialised): a check that failed as
+    # recorded or on its observations, a recorded verdict its observations contradict, or an
+    # exact_values check whose recorded expectation is not its fixture's. Only these rows are
+    # copied and only they get the JSON text of kv_rederived_shown (the filter is applied first).
+    (
+        "kv_rederived_disputed",
+        """
+SELECT * FROM kv_rederived_shown
+WHERE NOT coalesce(recorded_passed, false) OR NOT coalesce(derived_passed, true)
+   OR (derived_passed IS NOT NULL AND expectation_differs)""",
+    ),
 ]
 
 ORDERED_METHODS = ("wait_then_fallback", "memcpy_async_current_stream", "same_stream_tensor_copy")
@@ -1012,13 +1026,20 @@ def release_extractions(con: duckdb.DuckDBPyConnection, held: Collection[str] = 
     return dropped
 
 
-_AUDIT_VIEWS_NOT_MATERIALISED = ("kv_scrape_deltas", "kv_rederived_shown")
+# Views: each re-derivation of every row is read by the audit only through the materialised
+# subset of rows it reports (kv_hits_inconsistent, kv_rederived_disputed); analysts can query them.
+_AUDIT_VIEWS_NOT_MATERIALISED = (
+    "kv_scrape_deltas",
+    "kv_hits_rederived",
+    "kv_rederived",
+    "kv_rederived_shown",
+)
 
 
 def create_audit_views(con: duckdb.DuckDBPyConnection, skip_built: bool = False) -> None:
-    """Materialise the audit's re-derivations (after :func:`create_views`, on the same bound);
-    ``kv_rederived_shown`` stays a view, formatted only for the rows the audit reports, and so does
-    ``kv_scrape_deltas``, which only ``kv_hits_rederived`` reads (once, as it is materialised).
+    """Build the audit's re-derivations (after :func:`create_views`, on the same bound): the
+    re-derivations of every row stay views, and the rows the audit reports of them are
+    materialised (``kv_hits_inconsistent``, ``kv_rederived_disputed``), each computed once.
     ``skip_built``: keep those a build cut off by an error had made (each is made whole or not
     at all)."""
     built: set[str] = set()
@@ -1131,7 +1152,8 @@ def views_markdown() -> str:
         "",
         "Built by `ledger audit` only (reports/AUDIT.md): each hit delta recomputed from its two",
         "scrapes, and each recorded assertion's verdict recomputed from the observations, beside",
-        "what was recorded.",
+        "what was recorded. The re-derivations of every row are views; the audit materialises",
+        "only the rows it reports of them (`kv_hits_inconsistent`, `kv_rederived_disputed`).",
         "",
     ]
     for name, sql in AUDIT_VIEWS:
