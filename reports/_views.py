@@ -1027,7 +1027,7 @@ def release_extractions(con: duckdb.DuckDBPyConnection, held: Collection[str] = 
 
 
 # Views: each re-derivation of every row is read by the audit only through the materialised
-# subset of rows it reports (kv_hits_inconsistent, kv_rederived_disputed); analysts can query them.
+# subset of rows it reports (kv_hits_inconsistent, kv_rederived_disputed); kept as views for readers.
 _AUDIT_VIEWS_NOT_MATERIALISED = (
     "kv_scrape_deltas",
     "kv_hits_rederived",
