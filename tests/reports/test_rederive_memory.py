@@ -5,6 +5,10 @@ memory; on a 10M-event ledger under the 1 GB limit one of them failed with DuckD
 out-of-memory error (not a spill). The source builds them one after the other once DuckDB is
 past half its limit or has moved tables to disk, and a build beside that still runs out is
 built again alone. Either way the audit is the same.
+
+The re-derivations of every row (``kv_rederived``, ``kv_hits_rederived``) are views, and the
+audit reads ``kv_rederived_disputed`` and ``kv_hits_inconsistent``, tables of the rows it
+reports: they must hold exactly the rows of the full views that meet its conditions.
 """
 
 from __future__ import annotations
@@ -18,12 +22,18 @@ import duckdb
 import pytest
 
 from reports import audit, derive_report, open_source, to_json
-from reports._source import room_beside
+from reports._source import Source, room_beside
 
 from .._synthetic import Flaws, generate
 from .conftest import import_envelopes
 
-FLAWS = Flaws(assertion_failed=True, counter_mismatch=True, declared_exclusion=True)
+FLAWS = Flaws(
+    assertion_failed=True,
+    assertion_inconsistent=True,
+    hits_inconsistent=True,
+    counter_mismatch=True,
+    declared_exclusion=True,
+)
 
 
 @pytest.fixture(scope="module")
@@ -32,6 +42,12 @@ def ledger_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     events, _ = generate(flaws=FLAWS)
     import_envelopes(f"sqlite:///{path}", events).close()
     return path
+
+
+DISPUTED = (
+    "NOT coalesce(recorded_passed, false) OR NOT coalesce(derived_passed, true) "
+    "OR (derived_passed IS NOT NULL AND expectation_differs)"
+)
 
 
 def _report_and_findings(src: Any) -> tuple[str, list[tuple[str, str, str]]]:
@@ -183,3 +199,46 @@ def test_a_build_alone_that_runs_out_of_memory_is_built_again_on_one_thread(
         for source in (expected, src):
             source.close()
             source.ledger.close()
+
+
+def _rows(src: Source, sql: str) -> list[tuple[object, ...]]:
+    return src.tuples(sql)
+
+
+@pytest.mark.parametrize("beside", [True, False])
+def test_the_materialised_rows_are_exactly_those_the_full_rederivations_flag(
+    ledger_path: Path, tmp_path: Path, beside: bool
+) -> None:
+    src = open_source(f"sqlite:///{ledger_path}", tmp_path / "s", verify=True, rederive_beside=beside)
+    try:
+        src.rederive()
+        kinds = dict(
+            src.tuples(
+                "SELECT table_name, 'table' FROM duckdb_tables() "
+                "UNION ALL SELECT view_name, 'view' FROM duckdb_views() WHERE NOT internal"
+            )
+        )
+        assert kinds["kv_rederived"] == kinds["kv_hits_rederived"] == "view"
+        assert kinds["kv_rederived_disputed"] == kinds["kv_hits_inconsistent"] == "table"
+        # The full re-derivation still covers every assertion.
+        assertions = src.scalar("SELECT count(*) FROM kv_assertions")
+        assert src.scalar("SELECT count(*) FROM kv_rederived") == assertions
+
+        disputed = _rows(src, "SELECT * FROM kv_rederived_disputed ORDER BY seq")
+        flagged = _rows(src, f"SELECT * FROM kv_rederived_shown WHERE {DISPUTED} ORDER BY seq")
+        assert disputed == flagged
+        recorded = [(row[6], row[9]) for row in disputed]  # recorded_passed, derived_passed
+        assert (False, False) in recorded  # the planted failure, failed either way
+        assert (True, False) in recorded  # recorded passed on wrong values: contradicted
+
+        inconsistent = _rows(src, "SELECT * FROM kv_hits_inconsistent ORDER BY seq")
+        assert inconsistent == _rows(src, "SELECT * FROM kv_hits_rederived WHERE inconsistent ORDER BY seq")
+        assert inconsistent, "the hits record cut below its scrapes' deltas"
+        # Nothing left out: no row outside the table meets its condition.
+        assert src.scalar(f"SELECT count(*) FROM kv_rederived_shown WHERE {DISPUTED}") == len(disputed)
+        assert src.scalar("SELECT count(*) FROM kv_hits_rederived WHERE NOT inconsistent") == src.scalar(
+            "SELECT count(*) FROM kv_hits"
+        ) - len(inconsistent)
+    finally:
+        src.close()
+        src.ledger.close()
