@@ -35,7 +35,7 @@ from typing import Any
 from sqlalchemy.engine import make_url
 
 from ledger import NewEvent, open_ledger
-from ledger._backends import WAL_AUTOCHECKPOINT
+from ledger._backends import sqlite_pragmas
 
 from ._common import emit, make_events, timed
 
@@ -136,9 +136,7 @@ def bench_raw(directory: Path, rows: list[tuple[Any, ...]], batch: int, indexed:
     ``indexed`` adds the ledger's indexes (UNIQUE id, run_id, kind): context, not the limit.
     """
     con = sqlite3.connect(directory / f"raw{int(indexed)}.db", isolation_level=None)
-    con.execute("PRAGMA journal_mode=WAL")
-    con.execute("PRAGMA synchronous=NORMAL")
-    con.execute(f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT}")
+    sqlite_pragmas(con)  # the ledger's own: page size, WAL, synchronous, checkpoint interval
     con.execute(_PLAIN)
     if indexed:
         for statement in _INDEXES:

@@ -4,7 +4,7 @@ Ledgers come from tests/_synthetic.py: one validation run, then as many
 seed-shaped screening runs (four blocks, 192 measured requests and six
 warmups each) as fill the size, generated one run at a time and appended
 through the ledger's own path. They are kept outside the clone
-(~/.cache/kvledger/bench/report-<generator version>, or ``--keep DIR``) and
+(~/.cache/kvledger/bench/report-<generator version>-p<page size>, or ``--keep DIR``) and
 reused while the generator's code is unchanged. Filling and the Parquet
 snapshot are timed separately and not counted; the timed part is what `ledger
 attest` does (`ledger report --json` plus `ledger audit` in one process): prove
@@ -41,6 +41,7 @@ from typing import Any
 
 from ledger import Ledger, NewEvent, open_ledger, verify
 from ledger._analytics import duckdb_config
+from ledger._backends import PAGE_SIZE
 from reports import audit, audit_runs, derive_report, open_source, to_json
 from tests._synthetic import Generator, Screening, _with_plans
 
@@ -89,9 +90,18 @@ def generator_version() -> str:
 
 
 def default_keep() -> Path:
-    """Where generated ledgers are kept between runs: outside the clone, by generator version."""
+    """Where generated ledgers are kept between runs: outside the clone, by generator version and
+    by the page size new ledgers get (a file keeps the page size it was made with)."""
     base = Path(os.environ.get("KVLEDGER_CACHE") or Path.home() / ".cache" / "kvledger")
-    return base / "bench" / f"report-{generator_version()}"
+    return base / "bench" / f"report-{generator_version()}-p{PAGE_SIZE}"
+
+
+def page_size(ledger: Ledger) -> int | None:
+    """The page size of an SQLite ledger's file (None elsewhere)."""
+    if ledger.url.get_backend_name() != "sqlite":
+        return None
+    with ledger.database.connect() as con:
+        return int(con.exec_driver_sql("PRAGMA page_size").scalar_one())
 
 
 def _reset_peak_rss() -> None:
@@ -207,6 +217,7 @@ def measure(directory: Path, label: str, count: int, repeat: int = 1) -> dict[st
     ledger, setup = _ledger(directory, label, count)
     head = ledger.head()
     events = head.seq if head else 0
+    pages = page_size(ledger)
     snapshot_root = directory / "snapshots"
     with timed() as snap_t:
         built = open_source(ledger, snapshot_root)  # builds the Parquet snapshot (not counted)
@@ -300,6 +311,7 @@ def measure(directory: Path, label: str, count: int, repeat: int = 1) -> dict[st
     )
     return {
         "events": events,
+        "page_size": pages,
         "seconds": round(total, 3),
         "snapshot_s": round(snap_t[0], 3),
         "snapshot_rows_checked": write_check.rows_checked,
@@ -319,7 +331,7 @@ def main() -> None:
         type=Path,
         default=None,
         help="Where generated ledgers and their snapshots are kept and reused "
-        "(default: ~/.cache/kvledger/bench/report-<generator version>).",
+        "(default: ~/.cache/kvledger/bench/report-<generator version>-p<page size>).",
     )
     args = parser.parse_args()
     timed_what = (
@@ -351,6 +363,7 @@ def main() -> None:
         figures[f"from_rows_seconds_{label}"] = result["from_rows_s"]
         figures[f"from_rows_share_{label}"] = result["from_rows_share"]
         figures[f"peak_rss_mb_{label}"] = round(result["peak_rss_mb"])
+        figures[f"page_size_{label}"] = result["page_size"]
         # Against the limit measured beside it: the chain verification alone of the same ledger on
         # the same machine (what any proof must read and hash), so that machines compare.
         figures[f"ratio_to_verify_{label}"] = round(result["seconds"] / result["verify_s"], 2)

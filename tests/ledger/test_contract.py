@@ -609,6 +609,30 @@ class TestSQLite(LedgerContract):
         assert texts == [f"other{i}" for i in range(6)]
         second.close()
 
+    def test_new_ledgers_have_16_kib_pages_and_older_ones_keep_theirs(self, tmp_path: Path) -> None:
+        """A new file gets 16 KiB pages; a file made with 4 KiB pages keeps them, is read and
+        appended to as before, and either checkpoints its WAL every 16 MiB."""
+        import sqlite3
+
+        from ledger._backends import PAGE_SIZE, WAL_AUTOCHECKPOINT_BYTES
+
+        older = tmp_path / "older.db"
+        with sqlite3.connect(older) as con:
+            con.execute("PRAGMA page_size=4096")
+            con.execute("PRAGMA journal_mode=WAL")
+            con.execute("CREATE TABLE other (x)")  # the page size is now fixed
+        for path, pages in ((tmp_path / "new.db", PAGE_SIZE), (older, 4096)):
+            led = open_ledger(f"sqlite:///{path}")
+            led.append_many(notes(50))
+            with led.database.connect() as con:
+                assert con.exec_driver_sql("PRAGMA page_size").scalar() == pages
+                assert con.exec_driver_sql("PRAGMA wal_autocheckpoint").scalar() == (
+                    WAL_AUTOCHECKPOINT_BYTES // pages
+                )
+            assert verify(led).ok and led.count() == 50
+            led.close()
+        assert PAGE_SIZE == 16384
+
     def test_native_verifier_is_built(self, led: Ledger) -> None:
         """This machine has a compiler and the headers: the fast path must not fall back silently."""
         from ledger import _verify
