@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ._gc import no_cycle_collection
 from ._plan import plan_deviations, run_plans
 from ._source import Source
 from ._stack import METRIC_REGISTRY, incompatible, names_for
@@ -1077,9 +1078,10 @@ _IN_ORDER = (*(c for c in CHECKS if c not in _AFTER_REDERIVED), *_AFTER_REDERIVE
 def audit(src: Source, run: str | None = None) -> list[Finding]:
     """Every finding, sorted deterministically (blocking first)."""
     src.require(run)
-    blocks, runs = _acknowledged(src)
-    found = [_downgrade(f, blocks, runs) for check in _IN_ORDER for f in check(src, run)]
-    return sorted(found, key=Finding.sort_key)
+    with no_cycle_collection():
+        blocks, runs = _acknowledged(src)
+        found = [_downgrade(f, blocks, runs) for check in _IN_ORDER for f in check(src, run)]
+        return sorted(found, key=Finding.sort_key)
 
 
 EXAMPLES = 3

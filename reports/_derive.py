@@ -7,13 +7,11 @@ values listed in seq order, with exact summation, so output is byte-stable.
 
 from __future__ import annotations
 
-import gc
 from collections import defaultdict
-from collections.abc import Iterator
-from contextlib import contextmanager
 from functools import lru_cache
 from typing import Any
 
+from ._gc import no_cycle_collection
 from ._regime import regime
 from ._source import Source
 from ._stats import fmt, mean, median, paired_summary
@@ -384,25 +382,11 @@ def headline(ttft: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
-@contextmanager
-def _no_cycle_collection() -> Iterator[None]:
-    """The cyclic garbage collector paused (and resumed only if it ran before). A report is a
-    tree of fresh dicts and lists, with no reference cycles to find, and the collector would walk
-    it again and again as it grows: about 0.2 s of CPU of a report of a million events."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
 def derive_report(src: Source, run: str | None = None, pool_replays: bool = False) -> dict[str, Any]:
     """The whole report as a JSON-able dict (no rendering time, sorted when dumped). With
     ``pool_replays``, ``tables.ttft_series`` adds Table 3 over each run and its replays pooled."""
     src.require(run)
-    with _no_cycle_collection():
+    with no_cycle_collection():
         report = _derive_report(src, run)
         if pool_replays:
             report["tables"]["ttft_series"] = Clean(ttft_series_table(src, run))

@@ -44,6 +44,7 @@ from ledger._analytics import RunScope, checked_source
 from ledger._snapshot import Mismatch, Proof
 from ledger._verify import read_heads, verify_after
 
+from ._gc import no_cycle_collection
 from ._views import create_audit_views, create_views, projections, release_extractions
 
 T = TypeVar("T")
@@ -306,6 +307,18 @@ def open_source(
     only (:func:`run_scope`), for a report or audit of them; every row is still verified.
     """
     ledger = open_ledger(url_or_ledger, create=False) if isinstance(url_or_ledger, str) else url_or_ledger
+    with no_cycle_collection():
+        return _open(ledger, snapshot_root, until_seq, verify, rederive_beside, runs)
+
+
+def _open(
+    ledger: Ledger,
+    snapshot_root: Path | None,
+    until_seq: int | None,
+    verify: bool,
+    rederive_beside: bool | None,
+    runs: Collection[str] | None,
+) -> Source:
     started, verified_from, heads_read = None, None, None
     views = projections()
     checked_path = checked_source(ledger, views) if verify else None
