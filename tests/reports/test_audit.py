@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
+import uuid
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from reports import SEVERITY, audit, audit_json, open_source
 from tests._synthetic import Flaws, Shape, generate
 from tests.ledger._helpers import tamper_postgres, tamper_sqlite
+from tests.reports.conftest import import_envelopes
 
 # flaw switch → (audit code, which finding field must name the planted id)
 PLANTED: dict[str, tuple[str, str | None]] = {
@@ -203,3 +207,49 @@ def test_audit_md_documents_every_code_with_its_severity() -> None:
     text = (Path(__file__).parents[2] / "reports" / "AUDIT.md").read_text(encoding="utf-8")
     rows = re.findall(r"^\| `([a-z-]+)` \| (blocking|warning|info) \|", text, re.M)
     assert dict(rows) == SEVERITY and len(rows) == len(SEVERITY)
+
+
+@pytest.mark.parametrize("forged", ["first", "second"])
+def test_exact_values_are_rederived_from_the_requests_first_response(tmp_path: Path, forged: str) -> None:
+    """A request answered twice: its exact_values check is re-derived from the first response only.
+    The forged response carries a whole answer (its prefix is the text its digest names) that the
+    fixture's expected values contradict. First, it makes the recorded pass inconsistent; second,
+    after the real one, it changes nothing."""
+    events, _ = generate()
+    check = next(
+        e for e in events if e["kind"] == "assertion.evaluated" and e["data"]["check"] == "exact_values"
+    )
+    request = check["data"]["request_id"]
+    assert check["data"]["passed"] is True
+    (at, response) = next(
+        (i, e)
+        for i, e in enumerate(events)
+        if e["kind"] == "response.received" and e["data"]["request_id"] == request
+    )
+    wrong = orjson.dumps({key: -1 for key in check["data"]["expected"]}).decode()
+    other = {
+        **response,
+        "id": str(uuid.UUID(int=uuid.UUID(response["id"]).int ^ 1)),
+        "data": {
+            **response["data"],
+            "output_text_prefix": wrong,
+            "text_sha256": hashlib.sha256(wrong.encode()).hexdigest(),
+        },
+    }
+    events.insert(at if forged == "first" else at + 1, other)
+    led = import_envelopes(f"sqlite:///{tmp_path / 'ledger.db'}", events)
+    src = open_source(led, tmp_path / "snap", verify=True)
+    try:
+        src.rederive()
+        (derived,) = src.tuples(
+            "SELECT derived_passed FROM kv_rederived WHERE request_id = $r AND \"check\" = 'exact_values'",
+            {"r": request},
+        )
+        inconsistent = [
+            f for f in audit(src) if f.code == "assertion-inconsistent" and request in str(f.target)
+        ]
+    finally:
+        src.close()
+        led.close()
+    assert derived == (forged == "second",)
+    assert bool(inconsistent) == (forged == "first")
