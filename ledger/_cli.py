@@ -26,6 +26,7 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
     "export": ("ledger._commands:export_command", "Export JSON Lines and/or Parquet."),
     "events": ("ledger._commands:events_command", "List events, filtered by run and kind."),
     "verify": ("ledger._commands:verify_command", "Recompute digests and the hash chain."),
+    "compact": ("ledger._commands:compact_command", "Rewrite an SQLite ledger's file with 16 KiB pages."),
     "sql": ("ledger._commands:sql_command", "Query the ledger with DuckDB (read-only views)."),
     "run": ("experiments.commands:run_command", "Run a replayable experiment."),
     "replay": ("experiments.commands:replay_command", "Re-run a recorded run; compare payload digests."),

@@ -13,6 +13,7 @@ LedgerError                 exit 2
  ├── QueryError             an analytics statement was refused or failed
  ├── SchemaError            the database schema is missing or not at head
  ├── BackendError           the database URL names a backend the ledger does not use
+ ├── CompactError           a compaction was refused (a ledger that does not verify, or open elsewhere)
  ├── ParamError             a --param or target option is bad (experiments)
  ├── ExperimentError        no such experiment, or a file not of the experiment form
  ├── ReplayError            the run to replay is missing or lacks what a replay needs
@@ -85,6 +86,11 @@ class SchemaError(LedgerError):
 
 class BackendError(LedgerError, ValueError):
     """The database URL names a backend other than SQLite or PostgreSQL."""
+
+
+class CompactError(LedgerError):
+    """``ledger compact`` refused to rewrite the file (it does not verify, or another connection has
+    it open), or could not; the file is as it was."""
 
 
 class ParamError(LedgerError, ValueError):
