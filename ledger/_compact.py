@@ -84,13 +84,11 @@ def compact(ledger: Ledger, page_size: int = PAGE_SIZE) -> Compaction:
             con.execute(f"PRAGMA page_size={int(page_size)}")
             con.execute("VACUUM")
         finally:
-            # Back in WAL mode with the ledger's settings, whatever VACUUM did.
-            cursor = con.cursor()
-            sqlite_pragmas(cursor)
-            cursor.close()
+            sqlite_pragmas(con)  # back in WAL mode with the ledger's settings, whatever VACUUM did
         ((page_size_after,),) = con.execute("PRAGMA page_size").fetchall()
     except sqlite3.OperationalError as error:
-        if "locked" in str(error) or "busy" in str(error):
+        # The primary result code (the low byte of an extended one such as SQLITE_BUSY_SNAPSHOT).
+        if error.sqlite_errorcode & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
             raise CompactError(elsewhere) from error
         raise CompactError(f"{path} could not be compacted: {error}; the file is as it was") from error
     finally:
