@@ -547,3 +547,56 @@ def test_a_build_older_than_the_typed_fields_derives_the_same(
     con = duckdb.connect(":memory:")
     assert derive_checked(con, path, projections(), last) is not None
     assert _tables(con, names) == expected
+
+
+def test_columns_of_many_megabytes_are_read_whole(tmp_path: Path) -> None:
+    """One read of rows whose columns run to megabytes (their buffers grown many times over):
+    every row checked, its text columns the stored ones, and its typed fields DuckDB's, value for
+    value."""
+    rng = random.Random(20261204)
+    count = 2000
+    events = [
+        NewEvent(
+            KIND,
+            {
+                "text": f"note {n}",
+                "s": "".join(rng.choice(STRINGS[:5]) for _ in range(300)) + f" #{n}",
+                "i": n,
+                "d": n / 7,
+                "b": n % 2 == 0,
+                "j": [n, {"k": "v" * (n % 50)}],
+                "p": {"m": -n, "t": "\u00e9" * (n % 9), "q": {"z": n / 3}},
+            },
+            run_id=f"run-{n % 13}",
+        )
+        for n in range(count)
+    ]
+    path = tmp_path / "large.db"
+    led = open_ledger(f"sqlite:///{path}")
+    led.append_many(events)
+    head = led.head()
+    led.close()
+    assert head is not None and head.seq == count
+    spec = typed(SQL)
+    assert spec is not None and _carrow is not None
+    rows, ((_, kind_rows, seqs, columns, outs, _),), check, not_sure = _carrow.read_checked_by_kind(
+        str(path), 0, count, 1, GENESIS, 255, {KIND: (0b11000, spec.fields)}
+    )
+    assert (rows, kind_rows, not_sure) == (count, count, False)
+    assert check[0] == _carrow.OK and check[3:] == (head.seq, head.chain)
+    _, ((_, _, raw_seqs, raw_columns, _, _),), raw_check, _ = _carrow.read_checked_by_kind(
+        str(path), 0, count, 1, GENESIS, 255
+    )
+    assert raw_check == check
+    plain = native_table(count, raw_seqs, raw_columns)
+    assert plain["data"].nbytes > 4 << 20  # 64 KiB at first: doubled seven times and more
+    with sqlite3.connect(path) as con:
+        stored = con.execute("SELECT seq, id, data, chain FROM events ORDER BY seq").fetchall()
+    assert list(zip(*(plain[c].to_pylist() for c in ("seq", "id", "data", "chain")), strict=True)) == stored
+    duck = duckdb.connect(":memory:")
+    parsed = typed_table(spec, native_table(count, seqs, columns, ENVELOPE), outs)
+    got = _sql(duck, "SELECT * FROM events", parsed)
+    expected = _sql(duck, SQL, plain)
+    assert got.schema == expected.schema
+    assert got.equals(expected)
+    duck.close()
