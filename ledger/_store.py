@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from operator import itemgetter
 from typing import Any
 
@@ -30,6 +34,12 @@ from ._schema import events as events_table
 
 _COLUMNS = "seq, id, ts, kind, run_id, block_id, data, digest, chain"
 
+# A batch of at least this many events is sealed in parts (of half as many at the least, and at
+# most OVERLAP_PARTS), each while the one before is inserted (Ledger._extend_overlapped); below it a
+# thread's hand-off costs more than it saves.
+OVERLAP_MIN_EVENTS = 256
+OVERLAP_PARTS = 4
+
 
 class Ledger:
     """An append-only, hash-chained event store on SQLite or PostgreSQL.
@@ -48,13 +58,18 @@ class Ledger:
         # SQLite with the native sealer: chain and insert each batch in C on the pool's own
         # connection (ledger/_cseal.c); the Python sealer keeps link + executemany, the reference.
         self.native_insert = self.native and NATIVE_SQLITE_INSERT and self.dialect.name == "sqlite"
+        # (pid, the thread that seals a batch's next part while one is inserted): made on first use.
+        self._sealer_pool: tuple[int, ThreadPoolExecutor] | None = None
         if create:
             _migrate.upgrade(self.database)
         elif _migrate.current_revision(self.database) != _migrate.head_revision():
             raise SchemaError("the database has no current ledger schema: run `ledger init`")
 
     def close(self) -> None:
-        """Release every connection."""
+        """Release every connection (and the thread that seals batches' parts, if any)."""
+        held, self._sealer_pool = self._sealer_pool, None
+        if held is not None and held[0] == os.getpid():
+            held[1].shutdown()
         self.database.dispose()
 
     def __enter__(self) -> Ledger:
@@ -93,6 +108,8 @@ class Ledger:
         returns only the ledger's head after the batch (None for an empty batch on an
         empty ledger), so no :class:`Event` or copy of the data is made per event.
         """
+        if self.native_insert and len(events) >= OVERLAP_MIN_EVENTS:
+            return self._extend_overlapped(events)
         sealed = _dedupe(seal_many(events, self.native, parsed=False))
         if not sealed:
             return self.head()
@@ -101,6 +118,69 @@ class Ledger:
             return self._append_sealed(connection, sealed, recorded=False)[1]
         finally:
             connection.close()
+
+    def _extend_overlapped(self, events: Sequence[NewEvent]) -> Head | None:
+        """:meth:`extend` on SQLite with the native sealer, in parts: each part after the first
+        sealed on another thread while the part before it is inserted.
+
+        The native insert steps SQLite with the GIL released and sealing holds it, so the two run
+        on two cores at once. A part's sealing starts only once the part before is about to be
+        inserted: started sooner, it would hold the GIL the insert needs to begin. The batch stays
+        one transaction under the append lock: a refused event of any part rolls back what was
+        inserted, and nothing is written. A batch that repeats an id, or names one already
+        recorded, is appended again by the plain path, which looks ids up (re-appending is
+        idempotent, and conflicts are named as ever).
+        """
+        count = min(OVERLAP_PARTS, len(events) // (OVERLAP_MIN_EVENTS // 2))
+        bounds = [len(events) * i // count for i in range(count + 1)]
+        current = seal_many(events[: bounds[1]], self.native, parsed=False)
+        sealed: list[Sealed] = []
+        integrity_error = self.database.dialect.dbapi.IntegrityError  # type: ignore[union-attr]
+        connection = self.database.raw_connection()
+        try:
+            try:
+                with self._write_transaction(connection) as cursor:
+                    seq, chain = _head_in(cursor)
+                    plain = False
+                    for part in range(count):
+                        following = None
+                        if part + 1 < count:
+                            rest = events[bounds[part + 1] : bounds[part + 2]]
+                            following = self._sealer().submit(seal_many, rest, self.native, parsed=False)
+                        try:
+                            if not plain:
+                                at = seq + len(sealed)
+                                _, chain = insert_sqlite(
+                                    connection.dbapi_connection, current, at, chain, events=False
+                                )
+                        except integrity_error:
+                            plain = True  # a repeated or recorded id: looked up by the plain path
+                        finally:
+                            # The next part is sealed (or refused) before anything else happens.
+                            if following is not None:
+                                _settled(following)
+                        sealed += current
+                        if following is not None:
+                            current = following.result()  # a refused event raises: all rolled back
+                    if plain:
+                        raise _PlainPath
+                    seq += len(sealed)
+                    cursor.execute(self.dialect.insert_head, (seq, chain, utc_now()))
+                    self.dialect.commit(connection, cursor)
+                    return Head(seq, chain)
+            except _PlainPath:
+                pass  # rolled back: the batch again, its ids looked up
+            return self._append_sealed(connection, _dedupe(sealed), recorded=False)[1]
+        finally:
+            connection.close()
+
+    def _sealer(self) -> ThreadPoolExecutor:
+        """The thread that seals a batch's parts after the first (one per ledger and process: a
+        forked child makes its own, as the parent's thread is not in it)."""
+        with _SEALER_LOCK:
+            if self._sealer_pool is None or self._sealer_pool[0] != os.getpid():
+                self._sealer_pool = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="kvledger-seal"))
+            return self._sealer_pool[1]
 
     def append_sealed(self, sealed: Sequence[Sealed]) -> list[Event]:
         """Append events already validated by :func:`seal` (the import path)."""
@@ -122,22 +202,29 @@ class Ledger:
         except integrity_error:
             return self._write(connection, sealed, lookup=True, recorded=recorded)
 
-    def _write(
-        self, connection: Any, sealed: list[Sealed], *, lookup: bool, recorded: bool
-    ) -> tuple[list[Event], Head]:
-        """One transaction under the append lock; with ``lookup``, known ids are skipped."""
+    @contextmanager
+    def _write_transaction(self, connection: Any) -> Iterator[Any]:
+        """A cursor in a transaction under the append lock, rolled back if the block raises (the
+        block commits)."""
         cursor = connection.cursor()
         try:
             self.dialect.begin_write(cursor)
-            known = self._known(cursor, sealed) if lookup else {}
-            fresh = [s for s in sealed if s.id not in known] if known else sealed
-            events, head = self._insert(connection, cursor, fresh, recorded)
-            self.dialect.commit(connection, cursor)
+            yield cursor
         except BaseException:
             self.dialect.rollback(connection, cursor)
             raise
         finally:
             cursor.close()
+
+    def _write(
+        self, connection: Any, sealed: list[Sealed], *, lookup: bool, recorded: bool
+    ) -> tuple[list[Event], Head]:
+        """One transaction under the append lock; with ``lookup``, known ids are skipped."""
+        with self._write_transaction(connection) as cursor:
+            known = self._known(cursor, sealed) if lookup else {}
+            fresh = [s for s in sealed if s.id not in known] if known else sealed
+            events, head = self._insert(connection, cursor, fresh, recorded)
+            self.dialect.commit(connection, cursor)
         if not known or not recorded:
             return events, head
         by_id = {e.id: e for e in events}
@@ -162,9 +249,7 @@ class Ledger:
         self, connection: Any, cursor: Any, fresh: list[Sealed], recorded: bool
     ) -> tuple[list[Event], Head]:
         """Chain and insert ``fresh`` after the head: its events (none without ``recorded``), the head."""
-        cursor.execute("SELECT seq, chain FROM events ORDER BY seq DESC LIMIT 1")
-        row = cursor.fetchone()
-        seq, chain = (int(row[0]), row[1]) if row else (0, GENESIS)
+        seq, chain = _head_in(cursor)
         if not fresh:  # every id known: the head stays
             return [], Head(seq, chain)
         if self.native_insert:
@@ -255,6 +340,32 @@ class Ledger:
 
 
 _sealed_id = itemgetter(0)  # Sealed.id, read without the named tuple's property
+_SEALER_LOCK = threading.Lock()
+
+
+class _PlainPath(Exception):
+    """A batch sealed in parts that the plain path appends again (its transaction rolled back)."""
+
+
+def _head_in(cursor: Any) -> tuple[int, str]:
+    """The last seq and chain as ``cursor``'s transaction sees them (0 and GENESIS if none)."""
+    cursor.execute("SELECT seq, chain FROM events ORDER BY seq DESC LIMIT 1")
+    row = cursor.fetchone()
+    return (int(row[0]), str(row[1])) if row else (0, GENESIS)
+
+
+def _settled(future: Future[Any]) -> None:
+    """Wait for ``future`` to end, whatever it gives (its result is read where it is needed). An
+    interrupt while waiting is raised once it has ended, so that nothing of the batch is still at
+    work when the caller rolls the transaction back."""
+    interrupted: BaseException | None = None
+    while not future.done():
+        try:
+            future.exception()
+        except BaseException as exc:  # held until the insert ends, then raised
+            interrupted = interrupted or exc
+    if interrupted is not None:
+        raise interrupted
 
 
 def _dedupe(sealed: list[Sealed]) -> list[Sealed]:

@@ -68,7 +68,8 @@ def concurrent_writer(url: str, worker: int, count: int) -> None:
     append = ledger.extend if worker % 2 else ledger.append_many
     done = 0
     while done < count:
-        size = 1 if rng.random() < 0.2 else min(rng.randrange(20, 200), count - done)
+        # Up to 400: extend's batches past OVERLAP_MIN_EVENTS are sealed beside their insert.
+        size = 1 if rng.random() < 0.2 else min(rng.randrange(20, 400), count - done)
         append([note(f"w{worker}-{done + i}", worker=worker) for i in range(size)])
         done += size
     ledger.close()

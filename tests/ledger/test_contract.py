@@ -42,6 +42,7 @@ from ledger import (
     verify,
 )
 from ledger._schema import metadata
+from ledger._store import OVERLAP_MIN_EVENTS, OVERLAP_PARTS
 
 from ._helpers import Tamper, batch_writer, concurrent_writer, mp, note, notes, tamper_postgres, tamper_sqlite
 
@@ -272,6 +273,47 @@ class LedgerContract(VerifyContract):
             led.extend([note("x"), NewEvent("note.added", {"text": "changed"}, id=first.id, ts=first.ts)])
         assert first.id in str(conflict.value)
         assert led.count() == 2 and led.head() == again and verify(led).ok
+
+    def test_extend_of_large_batches_as_of_small_ones(self, led: Ledger, tmp_path: Path) -> None:
+        """Batches past OVERLAP_MIN_EVENTS (on SQLite with the native sealer, sealed in parts, each
+        while the one before is inserted): the rows append_many stores; a bad event in the first,
+        a middle or the last part, a conflict across parts or with a recorded id, and nothing is
+        written; ids repeated across parts, or recorded before in any part, appended once."""
+        size = OVERLAP_PARTS * (OVERLAP_MIN_EVENTS // 2) + 44  # as many parts as there can be
+        half = size // 2
+        reference = open_ledger(f"sqlite:///{tmp_path / 'reference.db'}")
+        batch = notes(size)
+        head = led.extend(batch)
+        assert head == led.head() and head is not None and head.seq == size
+        reference.append_many(batch)  # the plain path, whatever the backend
+        assert head == reference.head()
+        bad = NewEvent("request.sent", {"request_id": "r"})
+        for at in (3, half + 5, size - 1):  # the first part, a middle one, the last
+            with pytest.raises(EventError) as info:
+                led.extend([*notes(at, "b"), bad, *notes(size - at - 1, "c")])
+            assert "data.replica" in str(info.value)
+        with pytest.raises(ConflictError) as conflict:
+            led.extend([*notes(size - 1, "d"), NewEvent("note.added", {"text": "changed"}, id=batch[-1].id)])
+        assert batch[-1].id in str(conflict.value)
+        twice = note("twice")
+        with pytest.raises(ConflictError):
+            led.extend([twice, *notes(size, "e"), NewEvent("note.added", {"text": "other"}, id=twice.id)])
+        assert led.head() == head and led.count() == size
+        # Recorded ids in the first part and in the last, and an id repeated across parts.
+        fresh = notes(size, "f")
+        mixed = [*batch[:10], *fresh[:half], twice, *batch[-10:], *fresh[half:], twice]
+        head = led.extend(mixed)
+        reference.append_many(mixed)
+        assert head == reference.head()
+        assert head is not None and head.seq == 2 * size + 1 and led.count() == 2 * size + 1
+        assert led.extend(mixed) == head  # every id known: the head stays
+        repeated = notes(size, "g")  # only the first event again, at the end: appended once
+        head = led.extend([*repeated, repeated[0]])
+        reference.append_many([*repeated, repeated[0]])
+        assert head == reference.head() and head is not None and head.seq == 3 * size + 1
+        assert list(led.raw_rows()) == list(reference.raw_rows())
+        reference.close()
+        assert verify(led).ok and led.recorded_heads()[-1] == head
 
     def test_envelope_checked(self, led: Ledger) -> None:
         for bad, field in [
@@ -639,6 +681,19 @@ class TestSQLite(LedgerContract):
 
         assert _verify._cverify is not None, "ledger/_cverify.c was not built at install"
         assert _verify.native_path(led) is not None
+
+    def test_large_batches_are_sealed_beside_their_insert(self, led: Ledger) -> None:
+        """The path the large-batch contract covers here: the second half sealed while the first is
+        inserted, on the ledger's own sealing thread (one per ledger and process, gone with close)."""
+        assert led.native_insert
+        led.extend(notes(OVERLAP_MIN_EVENTS - 1))
+        assert led._sealer_pool is None  # a small batch: the plain path
+        led.extend(notes(OVERLAP_MIN_EVENTS, "m"))
+        assert led._sealer_pool is not None
+        pool = led._sealer_pool[1]
+        led.close()
+        assert led._sealer_pool is None and pool._shutdown
+        assert verify(led).ok and led.count() == 2 * OVERLAP_MIN_EVENTS - 1
 
     def test_native_sealer_is_built(self, led: Ledger) -> None:
         """Likewise for append: sealing and chaining run natively unless told otherwise."""
