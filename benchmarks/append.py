@@ -10,9 +10,10 @@ fills): the batch's new head comes back, not the recorded events, as the
 peer's recorder gives back notification ids. ``append_many``, which also
 builds an ``Event`` per event, is measured beside it. The ledger is measured
 with native sealing (ledger/_cseal.c) and with the Python reference, side by
-side. On SQLite with the native sealer, ``extend`` seals each batch's second
-half on a second thread while its first half is inserted: the ``cpu_*`` ratios
-count the CPU of every thread, so they say what the throughput ratios cost.
+side. On SQLite with the native sealer, ``extend`` seals each batch's parts
+after the first on a second thread while the part before is inserted: the
+``cpu_*`` ratios count the CPU of every thread, so they say what the
+throughput ratios cost.
 
 The fair limit is a raw insert of the very rows the ledger stored into a table
 with the ledger's indexes (UNIQUE id, run_id, kind): idempotency needs the
