@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from typing import Any
 
 from sqlalchemy import create_engine, event
@@ -104,6 +105,23 @@ class Dialect:
             cursor.execute("BEGIN IMMEDIATE")
         else:
             cursor.execute("SELECT pg_advisory_xact_lock(%s)", (_PG_APPEND_LOCK,))
+
+    def try_begin_write(self, cursor: Any) -> bool:
+        """:meth:`begin_write` on SQLite without waiting: False, with nothing begun, where another
+        writer holds the lock (the caller then does its own work before it waits for it)."""
+        assert self.name == "sqlite"
+        cursor.execute("PRAGMA busy_timeout")
+        waits = int(cursor.fetchone()[0])
+        cursor.execute("PRAGMA busy_timeout = 0")
+        try:
+            cursor.execute("BEGIN IMMEDIATE")
+        except Exception as exc:  # the driver's OperationalError: told apart by SQLite's code
+            if getattr(exc, "sqlite_errorcode", 0) & 0xFF != sqlite3.SQLITE_BUSY:
+                raise
+            return False
+        finally:
+            cursor.execute(f"PRAGMA busy_timeout = {waits}")
+        return True
 
     def rollback(self, connection: Any, cursor: Any) -> None:
         if self.name == "sqlite":

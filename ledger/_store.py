@@ -129,17 +129,18 @@ class Ledger:
         one transaction under the append lock: a refused event of any part rolls back what was
         inserted, and nothing is written. A batch that repeats an id, or names one already
         recorded, is appended again by the plain path, which looks ids up (re-appending is
-        idempotent, and conflicts are named as ever).
+        idempotent, and conflicts are named as ever). Where another writer holds the append lock,
+        the batch is sealed whole before waiting for it, as the plain path does: sealing inside the
+        lock would hold the other writers up.
         """
         count = min(OVERLAP_PARTS, len(events) // (OVERLAP_MIN_EVENTS // 2))
         bounds = [len(events) * i // count for i in range(count + 1)]
-        current = seal_many(events[: bounds[1]], self.native, parsed=False)
-        sealed: list[Sealed] = []
+        sealed = seal_many(events[: bounds[1]], self.native, parsed=False)  # the batch's, in order
         integrity_error = self.database.dialect.dbapi.IntegrityError  # type: ignore[union-attr]
         connection = self.database.raw_connection()
         try:
             try:
-                with self._write_transaction(connection) as cursor:
+                with self._write_transaction(connection, wait=False) as cursor:
                     seq, chain = _head_in(cursor)
                     plain = False
                     for part in range(count):
@@ -149,9 +150,10 @@ class Ledger:
                             following = self._sealer().submit(seal_many, rest, self.native, parsed=False)
                         try:
                             if not plain:
-                                at = seq + len(sealed)
+                                inserted = sealed[bounds[part] : bounds[part + 1]]
+                                at = seq + bounds[part]
                                 _, chain = insert_sqlite(
-                                    connection.dbapi_connection, current, at, chain, events=False
+                                    connection.dbapi_connection, inserted, at, chain, events=False
                                 )
                         except integrity_error:
                             plain = True  # a repeated or recorded id: looked up by the plain path
@@ -159,17 +161,19 @@ class Ledger:
                             # The next part is sealed (or refused) before anything else happens.
                             if following is not None:
                                 _settled(following)
-                        sealed += current
                         if following is not None:
-                            current = following.result()  # a refused event raises: all rolled back
+                            sealed += following.result()  # a refused event raises: all rolled back
                     if plain:
                         raise _PlainPath
-                    seq += len(sealed)
+                    seq += len(events)
                     cursor.execute(self.dialect.insert_head, (seq, chain, utc_now()))
                     self.dialect.commit(connection, cursor)
                     return Head(seq, chain)
             except _PlainPath:
-                pass  # rolled back: the batch again, its ids looked up
+                pass  # rolled back, or the lock was another writer's: nothing of the batch written
+            # Where another writer held the lock, the rest is sealed now, before waiting for it, as
+            # the plain path does: sealing inside the lock would hold up the other writers.
+            sealed += seal_many(events[len(sealed) :], self.native, parsed=False)
             return self._append_sealed(connection, _dedupe(sealed), recorded=False)[1]
         finally:
             connection.close()
@@ -203,12 +207,16 @@ class Ledger:
             return self._write(connection, sealed, lookup=True, recorded=recorded)
 
     @contextmanager
-    def _write_transaction(self, connection: Any) -> Iterator[Any]:
+    def _write_transaction(self, connection: Any, *, wait: bool = True) -> Iterator[Any]:
         """A cursor in a transaction under the append lock, rolled back if the block raises (the
-        block commits)."""
+        block commits). Without ``wait`` (SQLite), :class:`_PlainPath` where another writer holds
+        the lock."""
         cursor = connection.cursor()
         try:
-            self.dialect.begin_write(cursor)
+            if wait:
+                self.dialect.begin_write(cursor)
+            elif not self.dialect.try_begin_write(cursor):
+                raise _PlainPath
             yield cursor
         except BaseException:
             self.dialect.rollback(connection, cursor)
@@ -344,7 +352,8 @@ _SEALER_LOCK = threading.Lock()
 
 
 class _PlainPath(Exception):
-    """A batch sealed in parts that the plain path appends again (its transaction rolled back)."""
+    """A batch sealed in parts that the plain path appends (its transaction rolled back, or the
+    append lock found held by another writer)."""
 
 
 def _head_in(cursor: Any) -> tuple[int, str]:

@@ -10,6 +10,8 @@ import dataclasses
 import os
 import random
 import signal
+import sqlite3
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -681,6 +683,35 @@ class TestSQLite(LedgerContract):
 
         assert _verify._cverify is not None, "ledger/_cverify.c was not built at install"
         assert _verify.native_path(led) is not None
+
+    def test_a_large_batch_finding_the_lock_held_is_sealed_whole_before_it_waits(self, led: Ledger) -> None:
+        """Another writer holds the append lock: the batch is not sealed in parts inside it (which
+        would hold that writer's successors up) but whole, as the plain path does, and then waits;
+        the connection's busy timeout, set to 0 for the try, is as it was."""
+
+        def busy_timeout() -> int:
+            connection = led.database.raw_connection()
+            try:
+                return int(connection.cursor().execute("PRAGMA busy_timeout").fetchone()[0])
+            finally:
+                connection.close()
+
+        waits = busy_timeout()
+        assert waits > 0
+        holder = sqlite3.connect(str(led.url.database), isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")
+        heads: list[Any] = []
+        writer = threading.Thread(target=lambda: heads.append(led.extend(notes(OVERLAP_MIN_EVENTS))))
+        writer.start()
+        time.sleep(0.5)
+        assert writer.is_alive() and not heads  # waiting for the lock
+        holder.execute("COMMIT")
+        holder.close()
+        writer.join(60)
+        assert heads and heads[0] is not None and heads[0].seq == OVERLAP_MIN_EVENTS == led.count()
+        assert led._sealer_pool is None  # no part was sealed beside an insert
+        assert busy_timeout() == waits
+        assert verify(led).ok
 
     def test_large_batches_are_sealed_beside_their_insert(self, led: Ledger) -> None:
         """The path the large-batch contract covers here: the second half sealed while the first is
