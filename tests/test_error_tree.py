@@ -29,6 +29,7 @@ INTERNAL = {
     "experiments.targets.sim._protocol.ApiError": "the sim answers it as vLLM's HTTP error body",
     "experiments._context.BlockFailed": "the runner records the block as failed and goes on",
     "collectors._metrics.MetricsError": "a failed scrape is recorded as such where it happens",
+    "ledger._store._PlainPath": "a batch sealed in parts goes the plain way: caught where it is raised",
 }
 
 
