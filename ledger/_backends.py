@@ -55,12 +55,16 @@ def sqlite_pragmas(cursor: Any) -> None:
     cursor.execute(f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT_BYTES // int(page_size)}")
 
 
+# How long an SQLite connection of the ledger waits for another writer's lock.
+SQLITE_BUSY_TIMEOUT_MS = 120_000
+
+
 def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
     # Autocommit at the driver; the ledger issues BEGIN IMMEDIATE itself for writes.
     dbapi_connection.isolation_level = None
     cursor = dbapi_connection.cursor()
     sqlite_pragmas(cursor)
-    cursor.execute("PRAGMA busy_timeout=120000")
+    cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
     cursor.close()
 
 
@@ -108,10 +112,9 @@ class Dialect:
 
     def try_begin_write(self, cursor: Any) -> bool:
         """:meth:`begin_write` on SQLite without waiting: False, with nothing begun, where another
-        writer holds the lock (the caller then does its own work before it waits for it)."""
+        writer holds the lock (the caller then does its own work before it waits for it). The
+        connection's busy timeout is then set back to what every ledger connection has."""
         assert self.name == "sqlite"
-        cursor.execute("PRAGMA busy_timeout")
-        waits = int(cursor.fetchone()[0])
         cursor.execute("PRAGMA busy_timeout = 0")
         try:
             cursor.execute("BEGIN IMMEDIATE")
@@ -120,7 +123,7 @@ class Dialect:
                 raise
             return False
         finally:
-            cursor.execute(f"PRAGMA busy_timeout = {waits}")
+            cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
         return True
 
     def rollback(self, connection: Any, cursor: Any) -> None:

@@ -371,7 +371,7 @@ def _settled(future: Future[Any]) -> None:
     while not future.done():
         try:
             future.exception()
-        except BaseException as exc:  # held until the insert ends, then raised
+        except BaseException as exc:  # held until the future's work ends, then raised
             interrupted = interrupted or exc
     if interrupted is not None:
         raise interrupted
