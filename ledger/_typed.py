@@ -113,11 +113,16 @@ def _arrays(fields: list[pa.Field], outs: Any, count: int) -> list[pa.Array]:
     return arrays
 
 
+def _whole(column: pa.ChunkedArray) -> pa.Array:
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+
+
 def typed_table(spec: Typed, envelope: pa.Table, outs: list[Any]) -> pa.Table:
     """The projection's rows: ``envelope``'s seq, run_id and block_id, then the typed columns the
     native parse filled (its buffers wrapped, not copied)."""
     count = envelope.num_rows
-    arrays = [envelope.column(name).combine_chunks() for name in _ENVELOPE]
+    # The native read's table is one chunk: its arrays as they are (``combine_chunks`` copies even one).
+    arrays = [_whole(envelope.column(name)) for name in _ENVELOPE]
     arrays += _arrays(list(spec.schema)[3:], iter(outs), count)
     return pa.Table.from_arrays(arrays, schema=spec.schema)
 
