@@ -335,6 +335,43 @@ def test_canonical_rows_are_parsed_as_duckdb_parses_them(tmp_path: Path) -> None
     assert sure > 250
 
 
+def test_typed_table_takes_an_envelope_of_one_chunk_or_several(tmp_path: Path) -> None:
+    """The native read's envelope is one chunk, whose arrays the typed table wraps as they are
+    (no copy); an envelope of several chunks is joined first. Both give the same table, and the
+    one-chunk table shares the envelope's buffers."""
+    count = 40
+    path = tmp_path / "chunks.db"
+    led = open_ledger(f"sqlite:///{path}")
+    led.append_many(
+        [NewEvent(KIND, {"s": f"row {n}", "i": n, "text": "t"}, run_id=f"run-{n % 3}") for n in range(count)]
+    )
+    led.close()
+    spec = typed(SQL)
+    assert spec is not None
+    _, groups, _, not_sure = _carrow.read_checked_by_kind(
+        str(path), 0, count, 1, GENESIS, 255, {KIND: (0b11000, spec.fields)}
+    )
+    assert not not_sure
+    ((_, rows, seqs, columns, outs, _),) = groups
+    envelope = native_table(rows, seqs, columns, ENVELOPE)
+    assert all(envelope.column(name).num_chunks == 1 for name in ENVELOPE.names)
+    whole = typed_table(spec, envelope, outs)
+    split = pa.Table.from_batches([*envelope.slice(0, 15).to_batches(), *envelope.slice(15).to_batches()])
+    assert all(split.column(name).num_chunks == 2 for name in ENVELOPE.names)
+    joined = typed_table(spec, split, outs)
+    assert whole.equals(joined) and whole.schema == joined.schema
+
+    def data(table: pa.Table, name: str) -> int:
+        return int(table.column(name).chunk(0).buffers()[-1].address)
+
+    for name in ENVELOPE.names:
+        assert data(whole, name) == data(envelope, name)  # wrapped, not copied
+        assert data(joined, name) != data(split, name)  # joined into new buffers
+    assert whole.column("seq").to_pylist() == list(range(1, count + 1))
+    assert whole.column("run_id").to_pylist() == [f"run-{n % 3}" for n in range(count)]
+    assert whole.column("s").to_pylist() == [f"row {n}" for n in range(count)]
+
+
 def test_single_values_of_each_type(tmp_path: Path) -> None:
     """Every scalar alone in every typed field, nested too."""
     texts = []
