@@ -1078,6 +1078,13 @@ _IN_ORDER = (*(c for c in CHECKS if c not in _AFTER_REDERIVED), *_AFTER_REDERIVE
 def audit(src: Source, run: str | None = None) -> list[Finding]:
     """Every finding, sorted deterministically (blocking first)."""
     src.require(run)
+    return audit_of_source(src, run)
+
+
+def audit_of_source(src: Source, run: str | None = None) -> list[Finding]:
+    """:func:`audit` of what ``src`` holds (with ``run`` None: every run it holds, where it may
+    hold only some runs' observations; reports/_stream.py keeps each run's findings from the
+    source that holds that run whole)."""
     with no_cycle_collection():
         blocks, runs = _acknowledged(src)
         found = [_downgrade(f, blocks, runs) for check in _IN_ORDER for f in check(src, run)]

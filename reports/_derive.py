@@ -8,6 +8,8 @@ values listed in seq order, with exact summation, so output is byte-stable.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
@@ -34,100 +36,163 @@ def head_dict(src: Source) -> dict[str, Any] | None:
 
 def runs(src: Source, run: str | None) -> list[dict[str, Any]]:
     """Performance runs in scope (those with ON/OFF blocks) and their block order."""
-    rows = src.rows(
+    return _without_seq(_runs(src, run))
+
+
+def _runs(src: Source, run: str | None) -> list[dict[str, Any]]:
+    """:func:`runs`, each with the seq it is ordered by (``_seq``: its start)."""
+    return src.rows(
         f"""
         SELECT r.run_id, r.experiment, r.target, r.finish_status, r.code_commit,
                list({{'block_id': b.block_id, 'position': b.position, 'arm': b.arm, 'pair': b.pair,
                      'config_sha256': b.config_sha256, 'status': b.finish_status}} ORDER BY b.position, b.seq)
-                 AS blocks
+                 AS blocks, min(r.seq) AS _seq
         FROM kv_runs r JOIN kv_blocks b USING (run_id) WHERE {SCOPE.replace("run_id", "r.run_id")}
         GROUP BY ALL ORDER BY min(r.seq)""",
         {"run": run},
     )
-    return rows
 
 
 def block_states(src: Source, run: str | None) -> list[dict[str, Any]]:
     """Each block's starting cache state (``cache.inspected``), in the order blocks ran."""
+    return _without_seq(_block_states(src, run))
+
+
+def _block_states(src: Source, run: str | None) -> list[dict[str, Any]]:
     return src.rows(
         f"""SELECT run_id, block_id, position, arm, reset_ok, kv_cache_usage, lmcache_stored_objects,
-                   lmcache_metric FROM kv_block_states WHERE arm IS NOT NULL AND {SCOPE} ORDER BY seq""",
+                   lmcache_metric, seq AS _seq FROM kv_block_states WHERE arm IS NOT NULL AND {SCOPE}
+            ORDER BY seq""",
         {"run": run},
     )
 
 
+_ACCOUNTING_COUNTS = (
+    "measured",
+    "warmups",
+    "pairs",
+    "matched_pairs",
+    "exact_value_checks",
+    "exact_value_passed",
+    "forced_length_checks",
+    "not_independent",
+)
+
+
 def accounting(src: Source, run: str | None) -> dict[str, Any]:
     """The accounting object of docs/design.md, every count derived from events."""
+    return _sum_accounting(_accounting(src, run))
+
+
+def _accounting(
+    src: Source, run: str | None
+) -> tuple[dict[str | None, dict[str, int]], list[tuple[Any, Any]]]:
+    """:func:`accounting` run by run (counts by run id), and the excluded blocks with their runs."""
     p = {"run": run}
-    checks = src.rows(
+    by_run: dict[str | None, dict[str, int]] = defaultdict(lambda: dict.fromkeys(_ACCOUNTING_COUNTS, 0))
+
+    def add(sql: str) -> None:
+        for row in src.rows(sql, p):
+            counts = by_run[row.pop("run_id")]
+            for key, value in row.items():
+                counts[key] += int(value or 0)
+
+    add(
+        f"SELECT run_id, count(*) AS measured FROM kv_measured WHERE NOT excluded AND {SCOPE} GROUP BY run_id"
+    )
+    add(
+        f"""SELECT run_id, count(*) AS warmups FROM kv_requests WHERE arm IS NOT NULL AND warmup
+            AND block_id NOT IN (SELECT block_id FROM kv_excluded_blocks) AND {SCOPE} GROUP BY run_id"""
+    )
+    add(
         f"""
-        SELECT count(*) FILTER (WHERE a."check" = 'exact_values') AS exact_value_checks,
+        SELECT run_id,
+               count(*) FILTER (WHERE status IN ('matched', 'payload-mismatch', 'gpu-mismatch')) AS pairs,
+               count(*) FILTER (WHERE status = 'matched') AS matched_pairs
+        FROM kv_pairs WHERE {SCOPE} GROUP BY run_id"""
+    )
+    add(
+        f"""
+        SELECT m.run_id,
+               count(*) FILTER (WHERE a."check" = 'exact_values') AS exact_value_checks,
                count(*) FILTER (WHERE a."check" = 'exact_values' AND a.passed) AS exact_value_passed,
                count(*) FILTER (WHERE a."check" = 'output_length') AS forced_length_checks,
                count(*) FILTER (WHERE a."check" = 'exact_values' AND NOT a.independent) AS not_independent
         FROM kv_assertions a JOIN kv_measured m USING (request_id)
-        WHERE NOT m.excluded AND {SCOPE.replace("run_id", "m.run_id")}""",
-        p,
-    )[0]
-    pairs = src.rows(
-        f"""
-        SELECT count(*) FILTER (WHERE status IN ('matched', 'payload-mismatch', 'gpu-mismatch')) AS pairs,
-               count(*) FILTER (WHERE status = 'matched') AS matched_pairs
-        FROM kv_pairs WHERE {SCOPE}""",
-        p,
-    )[0]
-    return {
-        "measured": int(src.scalar(f"SELECT count(*) FROM kv_measured WHERE NOT excluded AND {SCOPE}", p)),
-        "warmups": int(
-            src.scalar(
-                f"""SELECT count(*) FROM kv_requests WHERE arm IS NOT NULL AND warmup
-            AND block_id NOT IN (SELECT block_id FROM kv_excluded_blocks) AND {SCOPE}""",
-                p,
-            )
-        ),
-        **{k: int(v or 0) for k, v in pairs.items()},
-        **{k: int(v or 0) for k, v in checks.items()},
-        "excluded_blocks": [
-            r["block_id"]
-            for r in src.rows(
-                f"SELECT DISTINCT block_id FROM kv_excluded_blocks WHERE {SCOPE} ORDER BY block_id", p
-            )
-        ],
-    }
+        WHERE NOT m.excluded AND {SCOPE.replace("run_id", "m.run_id")} GROUP BY m.run_id"""
+    )
+    excluded = src.tuples(f"SELECT DISTINCT run_id, block_id FROM kv_excluded_blocks WHERE {SCOPE}", p)
+    return dict(by_run), excluded
+
+
+def _sum_accounting(
+    parts: tuple[dict[str | None, dict[str, int]], list[tuple[Any, Any]]],
+) -> dict[str, Any]:
+    by_run, excluded = parts
+    totals = dict.fromkeys(_ACCOUNTING_COUNTS, 0)
+    for counts in by_run.values():
+        for key, value in counts.items():
+            totals[key] += value
+    return {**totals, "excluded_blocks": sorted({block for _, block in excluded}, key=_null_last)}
 
 
 def exclusions(src: Source, run: str | None) -> list[dict[str, Any]]:
     """Excluded blocks with source (namespace-leak or declared) and reason; declared request exclusions."""
+    blocks, requests = _exclusions(src, run)
+    return _without_seq(blocks) + _without_seq(requests)
+
+
+def _exclusions(src: Source, run: str | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     blocks = src.rows(
-        f"""SELECT run_id, block_id, source, reason FROM kv_excluded_blocks WHERE {SCOPE}
+        f"""SELECT run_id, block_id, source, reason, seq AS _seq FROM kv_excluded_blocks WHERE {SCOPE}
                           ORDER BY seq, block_id, source""",
         {"run": run},
     )
     requests = src.rows(
         f"""SELECT run_id, NULL AS block_id, 'declared' AS source,
-                              'request ' || target || ': ' || reason AS reason
+                              'request ' || target || ': ' || reason AS reason, seq AS _seq
                             FROM kv_declared WHERE scope = 'request' AND {SCOPE} ORDER BY seq""",
         {"run": run},
     )
-    return blocks + requests
+    return blocks, requests
 
 
 def pairing(src: Source, run: str | None) -> dict[str, Any]:
     """Counts by pairing status and every pair that is not a clean match (never dropped silently)."""
+    counts, other = _pairing(src, run)
+    return {"counts": _sum_counts(counts), "not_matched": _without_seq(other)}
+
+
+def _pairing(src: Source, run: str | None) -> tuple[list[tuple[Any, ...]], list[dict[str, Any]]]:
+    """:func:`pairing`'s counts by run and status, and its pairs not matched with their seq."""
     p = {"run": run}
-    counts = {
-        r["status"]: int(r["n"])
-        for r in src.rows(
-            f"SELECT status, count(*) AS n FROM kv_pairs WHERE {SCOPE} GROUP BY status ORDER BY status", p
-        )
-    }
+    counts = src.tuples(f"SELECT run_id, status, count(*) FROM kv_pairs WHERE {SCOPE} GROUP BY ALL", p)
     other = src.rows(
         f"""
-        SELECT status, run_id, pair, workload, step, chain, session, "window", turn, on_request, off_request
+        SELECT status, run_id, pair, workload, step, chain, session, "window", turn, on_request, off_request,
+               seq AS _seq
         FROM kv_pairs WHERE status <> 'matched' AND {SCOPE} ORDER BY seq, on_request, off_request""",
         p,
     )
-    return {"counts": counts, "not_matched": other}
+    return counts, other
+
+
+def _sum_counts(counts: list[tuple[Any, ...]]) -> dict[str, int]:
+    totals: dict[str, int] = defaultdict(int)
+    for _, status, n in counts:
+        totals[status] += int(n)
+    return {status: totals[status] for status in sorted(totals, key=_null_last)}
+
+
+def _null_last(value: Any) -> tuple[bool, Any]:
+    """ORDER BY's order (nulls last) for values of one type."""
+    return (value is None, "" if value is None else value)
+
+
+def _without_seq(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    for row in rows:
+        del row["_seq"]
+    return rows
 
 
 def _rounded(floats: list[float]) -> Clean:
@@ -387,45 +452,146 @@ def derive_report(src: Source, run: str | None = None, pool_replays: bool = Fals
     ``pool_replays``, ``tables.ttft_series`` adds Table 3 over each run and its replays pooled."""
     src.require(run)
     with no_cycle_collection():
-        report = _derive_report(src, run)
-        if pool_replays:
-            report["tables"]["ttft_series"] = Clean(ttft_series_table(src, run))
-        return report
+        return merge_report([report_parts(src, run, pool_replays)], run)
 
 
-def _derive_report(src: Source, run: str | None) -> dict[str, Any]:
-    ttft = ttft_table(src, run)
-    return _clean(
+@dataclass
+class ReportParts:
+    """What a source derives of the report, before it is put together: each section's rows with
+    their run (and the seq that orders them, ``_seq``), the counts still by run. One source's
+    parts make its report (:func:`merge_report`); the parts of several sources, each holding
+    some runs' observations, merge to the report of all of them (reports/_stream.py)."""
+
+    head: dict[str, Any] | None
+    runs: list[dict[str, Any]]
+    accounting: tuple[dict[str | None, dict[str, int]], list[tuple[Any, Any]]]
+    exclusions: tuple[list[dict[str, Any]], list[dict[str, Any]]]
+    pairing: tuple[list[tuple[Any, ...]], list[dict[str, Any]]]
+    ttft: list[dict[str, Any]]
+    sessions: list[dict[str, Any]]
+    decode: list[dict[str, Any]]
+    windows: list[dict[str, Any]]
+    validation: dict[str, Any]
+    ttft_methods: list[dict[str, Any]]
+    regime: list[dict[str, Any]]
+    block_states: list[dict[str, Any]]
+    ttft_series: list[dict[str, Any]] | None
+
+    def owned(self, keep: Callable[[str | None], bool]) -> ReportParts:
+        """These parts' rows of the runs ``keep`` says yes to (a pooled series by its first run;
+        ``validation`` and ``head`` are about the whole ledger and stay)."""
+
+        def rows(items: list[dict[str, Any]], key: str = "run_id") -> list[dict[str, Any]]:
+            return [row for row in items if keep(row[key])]
+
+        by_run, excluded = self.accounting
+        counts, not_matched = self.pairing
+        return replace(
+            self,
+            runs=rows(self.runs),
+            accounting=({r: c for r, c in by_run.items() if keep(r)}, [e for e in excluded if keep(e[0])]),
+            exclusions=(rows(self.exclusions[0]), rows(self.exclusions[1])),
+            pairing=([c for c in counts if keep(c[0])], rows(not_matched)),
+            ttft=rows(self.ttft),
+            sessions=rows(self.sessions),
+            decode=rows(self.decode),
+            windows=rows(self.windows),
+            ttft_methods=rows(self.ttft_methods),
+            regime=rows(self.regime),
+            block_states=rows(self.block_states),
+            ttft_series=None if self.ttft_series is None else rows(self.ttft_series, "series"),
+        )
+
+
+def report_parts(src: Source, run: str | None, pool_replays: bool = False) -> ReportParts:
+    """Every section of ``src``'s report about ``run`` (None: every run it holds), not yet merged."""
+    with no_cycle_collection():
+        return ReportParts(
+            head=head_dict(src),
+            runs=_runs(src, run),
+            accounting=_accounting(src, run),
+            exclusions=_exclusions(src, run),
+            pairing=_pairing(src, run),
+            ttft=ttft_table(src, run),
+            sessions=session_table(src, run),
+            decode=decode_table(src, run),
+            windows=window_table(src, run),
+            validation=validation_layers(src, run),
+            ttft_methods=ttft_methods(src, run),
+            regime=regime(src, run),
+            block_states=_block_states(src, run),
+            ttft_series=ttft_series_table(src, run) if pool_replays else None,
+        )
+
+
+def merge_report(parts: list[ReportParts], run: str | None) -> dict[str, Any]:
+    """The report of ``parts`` (from sources whose runs do not overlap, after :meth:`ReportParts.owned`;
+    the first gives ``head`` and ``validation``): each list in the order one source's query gives
+    it, each count summed. Rows are merged by the key their query sorts them by first (a run, or a
+    seq); a run's rows all come from one part, in that part's order."""
+
+    def joined(
+        section: Callable[[ReportParts], list[dict[str, Any]]], key: Callable[[Any], Any]
+    ) -> list[Any]:
+        return sorted((row for part in parts for row in section(part)), key=key)
+
+    def by_seq(row: dict[str, Any]) -> Any:
+        return row["_seq"]
+
+    first = parts[0]
+    ttft = joined(lambda p: p.ttft, lambda r: str(r["run_id"]))
+    by_run = {r: c for p in parts for r, c in p.accounting[0].items()}
+    blocks = joined(
+        lambda p: p.exclusions[0], lambda r: (r["_seq"], _null_last(r["block_id"]), _null_last(r["source"]))
+    )
+    not_matched = joined(
+        lambda p: p.pairing[1],
+        lambda r: (r["_seq"], _null_last(r["on_request"]), _null_last(r["off_request"])),
+    )
+    first_run = lambda r: _value_order(r["run_id"])  # noqa: E731 (the study tables' first dimension)
+    report: dict[str, Any] = _clean(
         {
             "kvledger_report": 1,
-            "head": head_dict(src),
+            "head": first.head,
             "scope": {"run": run},
-            "runs": runs(src, run),
-            "accounting": accounting(src, run),
-            "exclusions": exclusions(src, run),
-            "pairing": pairing(src, run),
+            "runs": _without_seq(joined(lambda p: p.runs, by_seq)),
+            "accounting": _sum_accounting((by_run, [e for p in parts for e in p.accounting[1]])),
+            "exclusions": _without_seq(blocks) + _without_seq(joined(lambda p: p.exclusions[1], by_seq)),
+            "pairing": {
+                "counts": _sum_counts([c for p in parts for c in p.pairing[0]]),
+                "not_matched": _without_seq(not_matched),
+            },
             "tables": {
                 "ttft": Clean(ttft),
-                "sessions": Clean(session_table(src, run)),
-                "decode": Clean(decode_table(src, run)),
-                "windows": Clean(window_table(src, run)),
-                "validation": validation_layers(src, run),
+                "sessions": Clean(joined(lambda p: p.sessions, first_run)),
+                "decode": Clean(joined(lambda p: p.decode, first_run)),
+                "windows": Clean(joined(lambda p: p.windows, first_run)),
+                "validation": first.validation,
             },
             "headline": headline(ttft),
-            "measurement": {"ttft_methods": ttft_methods(src, run)},
-            "regime": regime(src, run),
-            "block_states": block_states(src, run),
-            "statistics": {
-                "unit": "block pair",
-                "rule": "cells with fewer than 6 block pairs are descriptive (no CIs, no p-values); "
-                "with 6 or more, the Hodges–Lehmann estimate over per-pair mean changes with its exact "
-                "Wilcoxon signed-rank interval, the median with its exact sign-test interval (each at the "
-                "level it attains, at least 95 %) and exact two-sided Wilcoxon and sign tests; "
-                "nothing over requests",
-                "change": "mean of 100 × (ON/OFF − 1) over matched units",
-                "order_effect": "per arm, 100 × (median of its blocks that ran second in their block pair / "
-                "median of those that ran first − 1): carryover and drift within a pair, beside the "
-                "ON/OFF change it would bias",
+            "measurement": {
+                "ttft_methods": joined(lambda p: p.ttft_methods, lambda r: _null_last(r["run_id"]))
             },
+            "regime": joined(lambda p: p.regime, lambda r: _null_last(r["run_id"])),
+            "block_states": _without_seq(joined(lambda p: p.block_states, by_seq)),
+            "statistics": STATISTICS,
         }
     )
+    if first.ttft_series is not None:
+        series = joined(lambda p: p.ttft_series or [], lambda r: str(r["series"]))
+        report["tables"]["ttft_series"] = Clean(series)
+    return report
+
+
+STATISTICS = {
+    "unit": "block pair",
+    "rule": "cells with fewer than 6 block pairs are descriptive (no CIs, no p-values); "
+    "with 6 or more, the Hodges–Lehmann estimate over per-pair mean changes with its exact "
+    "Wilcoxon signed-rank interval, the median with its exact sign-test interval (each at the "
+    "level it attains, at least 95 %) and exact two-sided Wilcoxon and sign tests; "
+    "nothing over requests",
+    "change": "mean of 100 × (ON/OFF − 1) over matched units",
+    "order_effect": "per arm, 100 × (median of its blocks that ran second in their block pair / "
+    "median of those that ran first − 1): carryover and drift within a pair, beside the "
+    "ON/OFF change it would bias",
+}

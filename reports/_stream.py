@@ -1,0 +1,115 @@
+"""The whole ledger's report and audit, derived group of runs by group of runs.
+
+A team ledger's tables outgrow memory long before its report does: at 10M events every
+projection held at once is several times DuckDB's limit, and the views, the derivation
+and the re-derivations then move tables to disk and back. Split into groups of runs (a
+run with every run linked to it by replay in one group, in the order they started), each
+group's observations make a source of their own (:func:`reports._source.open_source` with
+``runs``, which keeps the validation runs and the ledger-wide kinds whole), whose tables
+are derived, reported, audited and dropped before the next group's are made.
+
+Each group's parts keep the rows of the runs it owns (:meth:`ReportParts.owned`): a run's
+rows all come from the one group that holds it whole; rows and findings without a run,
+or of a run no group owns, come from the first group, whose tables hold them as every
+group's do. Merged (:func:`reports._derive.merge_report`), they are the report the whole
+ledger's tables give, byte for byte (tests/reports/test_stream.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Iterable, Sequence
+from typing import Any
+
+from ledger import Ledger
+
+from ._audit import Finding, audit_of_source
+from ._derive import ReportParts, merge_report, report_parts
+from ._gc import no_cycle_collection
+from ._source import Source
+
+__all__ = ["groups_of_runs", "report_and_audit_by_groups"]
+
+
+def groups_of_runs(ledger: Ledger, events_per_group: int, until_seq: int | None = None) -> list[list[str]]:
+    """The ledger's runs in groups of about ``events_per_group`` events, in the order they started:
+    a run and every run linked to it by replay (either way, and on) in one group, as
+    :func:`reports._source.run_scope` links them; a run's size is told by the seq of the next
+    run's start (runs that overlap in time are told roughly; the groups only bound memory)."""
+    if events_per_group < 1:
+        raise ValueError(f"events_per_group must be at least 1, not {events_per_group}")
+    started = [
+        (event.seq, event.run_id, event.data.get("replay_of"))
+        for event in ledger.events(kind="run.started", until_seq=until_seq)
+        if event.run_id is not None
+    ]
+    head = ledger.head(at_or_before=until_seq) if until_seq is not None else ledger.head()
+    end = head.seq if head is not None else 0
+    size = {
+        run: (started[i + 1][0] if i + 1 < len(started) else end + 1) - seq
+        for i, (seq, run, _) in enumerate(started)
+    }
+    # Runs linked by replay, joined (union-find over the run ids; the earlier start is the root).
+    order = {run: index for index, (_, run, _) in enumerate(started)}
+    root = {run: run for run in order}
+
+    def find(run: str) -> str:
+        while root[run] != run:
+            root[run] = root[root[run]]
+            run = root[run]
+        return run
+
+    for _, run, original in started:
+        if isinstance(original, str) and original in root:
+            a, b = sorted((find(run), find(original)), key=order.__getitem__)
+            root[b] = a
+    components: dict[str, list[str]] = {}
+    for _, run, _ in started:
+        components.setdefault(find(run), []).append(run)
+    groups: list[list[str]] = []
+    events = events_per_group  # the first component opens a group
+    for members in components.values():  # in the order of their first run's start
+        weight = sum(size[r] for r in members)
+        if events + weight > events_per_group and (not groups or events > 0):
+            groups.append([])
+            events = 0
+        groups[-1].extend(members)
+        events += weight
+    return groups
+
+
+def report_and_audit_by_groups(
+    sources: Iterable[Source],
+    groups: Sequence[Collection[str]],
+    run: str | None = None,
+    pool_replays: bool = False,
+) -> tuple[dict[str, Any], list[Finding]]:
+    """The report and the audit of every run, from ``sources``: one per group of ``groups``, in
+    that order, each holding its group's observations (every run linked to one of its runs by
+    replay in the same group). Each source is read as it comes (and may be closed once the next
+    is asked for). ``run``: the report's scope as :func:`reports._derive.derive_report` names it
+    (None for the whole ledger)."""
+    owner: dict[str, int] = {}
+    for index, group in enumerate(groups):
+        for member in group:
+            if owner.setdefault(member, index) != index:
+                raise ValueError(f"run {member} is in two groups ({owner[member]} and {index})")
+    parts: list[ReportParts] = []
+    findings: list[Finding] = []
+    count = 0
+    with no_cycle_collection():
+        for index, src in enumerate(sources):
+            if index >= len(groups):
+                raise ValueError(f"more sources than the {len(groups)} groups")
+            keep = _owned_by(owner, index)
+            parts.append(report_parts(src, run, pool_replays).owned(keep))
+            findings.extend(f for f in audit_of_source(src, run) if keep(f.run_id))
+            count += 1
+    if count != len(groups) or not groups:
+        raise ValueError(f"{count} sources for {len(groups)} groups")
+    return merge_report(parts, run), sorted(findings, key=Finding.sort_key)
+
+
+def _owned_by(owner: dict[str, int], index: int) -> Callable[[str | None], bool]:
+    """Whether a row of a run is the ``index``-th group's to give: its run is in that group, or
+    the group is the first and the row has no run or one of no group."""
+    return lambda run: owner.get(run, 0) == index if run is not None else index == 0

@@ -1,0 +1,133 @@
+"""The whole ledger's report and audit derived group of runs by group of runs say, byte for byte,
+what the whole ledger's tables say.
+
+The team ledger of tests/reports/test_run_scope.py mixes sim runs (validation, a clean
+screening, its replay, a leaky screening), a committed GPU study with replays and validation runs
+of its own, GPU probe records and an imported result file. Its runs are split every way that
+matters: each linked set of runs a group of its own, a few groups, one group.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+
+from ledger import Ledger, open_ledger
+from reports import derive_report, open_source, to_json
+from reports._audit import audit_json
+from reports._source import Source, run_scope
+from reports._stream import groups_of_runs, report_and_audit_by_groups
+from tests.ledger._helpers import tamper_sqlite
+from tests.reports.test_run_scope import Team
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def team(tmp_path_factory: pytest.TempPathFactory) -> Team:
+    return Team(tmp_path_factory.mktemp("team"))
+
+
+@pytest.fixture
+def ledger(team: Team) -> Iterator[Ledger]:
+    led = open_ledger(team.url, create=False)
+    yield led
+    led.close()
+
+
+def _whole(led: Ledger, root: Path, verify: bool) -> tuple[str, bytes]:
+    src = open_source(led, root, verify=verify)
+    try:
+        return to_json(derive_report(src, None, pool_replays=True)), orjson.dumps(
+            audit_json(src)["findings"], option=orjson.OPT_SORT_KEYS
+        )
+    finally:
+        src.close()
+
+
+def _scoped_sources(led: Ledger, root: Path, groups: list[list[str]], verify: bool) -> Iterator[Source]:
+    """One source per group, each closed before the next is opened."""
+    for group in groups:
+        src = open_source(led, root, verify=verify, runs=group)
+        try:
+            yield src
+        finally:
+            src.close()
+
+
+def _by_groups(led: Ledger, root: Path, groups: list[list[str]], verify: bool) -> tuple[str, bytes]:
+    report, findings = report_and_audit_by_groups(
+        _scoped_sources(led, root, groups, verify), groups, pool_replays=True
+    )
+    return to_json(report), orjson.dumps([f.as_dict() for f in findings], option=orjson.OPT_SORT_KEYS)
+
+
+@pytest.mark.parametrize("verify", [True, False], ids=["verified", "snapshot"])
+@pytest.mark.parametrize("events_per_group", [1, 3_000, 10**9], ids=["each", "few", "one"])
+def test_the_report_and_audit_by_groups_are_the_whole_ledgers(
+    ledger: Ledger, tmp_path: Path, verify: bool, events_per_group: int
+) -> None:
+    groups = groups_of_runs(ledger, events_per_group)
+    if events_per_group == 1:
+        assert len(groups) >= 8  # every linked set of runs apart
+    elif events_per_group == 3_000:
+        assert 2 <= len(groups) < len(groups_of_runs(ledger, 1))
+    else:
+        assert len(groups) == 1
+    whole = _whole(ledger, tmp_path, verify)
+    assert _by_groups(ledger, tmp_path, groups, verify) == whole
+    # Not vacuous: the report has paired cells, the audit blocks on the leaky screening.
+    assert b"namespace-leak" in whole[1] and '"matched"' in whole[0]
+
+
+def test_groups_keep_runs_linked_by_replay_together_in_start_order(team: Team, ledger: Ledger) -> None:
+    groups = groups_of_runs(ledger, 1)
+    runs = [run for group in groups for run in group]
+    assert sorted(runs) == sorted(team.runs) and len(runs) == len(set(runs))
+    assert runs == team.runs or [g[0] for g in groups] == sorted((g[0] for g in groups), key=team.runs.index)
+    for group in groups:
+        linked = run_scope(ledger, group).runs
+        validation = run_scope(ledger, []).runs
+        # A group's scope adds the validation runs and nothing of another group.
+        assert linked - validation <= set(group)
+    together = next(g for g in groups if team.screening in g)
+    assert team.replay in together
+
+
+def test_a_row_edited_blocks_every_way_alike(team: Team, tmp_path: Path) -> None:
+    """A tampered row: the groups' audit names it as the whole ledger's does (chain-broken, once)."""
+    path = tmp_path / "edited.db"
+    with sqlite3.connect(team.url.removeprefix("sqlite:///")) as source, sqlite3.connect(path) as copy:
+        source.backup(copy)
+    with sqlite3.connect(path) as con:
+        (seq,) = con.execute(
+            "SELECT max(seq) FROM events WHERE kind = 'response.received' AND run_id = ?", (team.screening,)
+        ).fetchone()
+    tamper_sqlite(
+        f"sqlite:///{path}",
+        [f"UPDATE events SET data = replace(data, '\"status\":200', '\"status\":201') WHERE seq = {seq}"],
+    )
+    led = open_ledger(f"sqlite:///{path}", create=False)
+    try:
+        groups = groups_of_runs(led, 3_000)
+        whole = _whole(led, tmp_path / "whole", True)
+        by_groups = _by_groups(led, tmp_path / "groups", groups, True)
+    finally:
+        led.close()
+    assert by_groups == whole
+    findings = orjson.loads(whole[1])
+    assert [f["target"] for f in findings if f["code"] == "chain-broken"] == [str(seq)]
+
+
+def test_groups_are_refused_when_they_overlap_or_miss_a_source(ledger: Ledger, tmp_path: Path) -> None:
+    groups = groups_of_runs(ledger, 3_000)
+    with pytest.raises(ValueError, match="in two groups"):
+        report_and_audit_by_groups([], [groups[0], groups[0]])
+    with pytest.raises(ValueError, match="sources for"):
+        report_and_audit_by_groups(_scoped_sources(ledger, tmp_path, groups[:1], True), groups)
+    with pytest.raises(ValueError, match="at least 1"):
+        groups_of_runs(ledger, 0)
