@@ -65,13 +65,15 @@ def groups_of_runs(ledger: Ledger, events_per_group: int, until_seq: int | None 
     components: dict[str, list[str]] = {}
     for _, run, _ in started:
         components.setdefault(find(run), []).append(run)
+    # As many groups as events_per_group asks for, about equal: the last is not a remnant.
+    weights = [sum(size[r] for r in members) for members in components.values()]
+    target = sum(weights) / max(1, -(-sum(weights) // events_per_group))
     groups: list[list[str]] = []
-    events = events_per_group  # the first component opens a group
-    for members in components.values():  # in the order of their first run's start
-        weight = sum(size[r] for r in members)
-        if events + weight > events_per_group and (not groups or events > 0):
+    events = 0.0
+    for weight, members in zip(weights, components.values(), strict=True):
+        if not groups or (events > 0 and events + weight / 2 > target):
             groups.append([])
-            events = 0
+            events = 0.0
         groups[-1].extend(members)
         events += weight
     return groups
