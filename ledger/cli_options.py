@@ -69,3 +69,17 @@ def runs_option(fn: F) -> F:
         multiple=True,
         help="Only this run; repeat for several (the ledger is verified once for all of them).",
     )(fn)
+
+
+def events_per_group_option(fn: F) -> F:
+    """``--events-per-group N``: derive the whole ledger group of runs by group of runs."""
+    return click.option(
+        "--events-per-group",
+        "events_per_group",
+        type=click.IntRange(min=1),
+        metavar="N",
+        default=None,
+        help="Derive the whole ledger's tables group of runs by group of runs, about N events a group "
+        "(the same output; memory bounded by one group's tables). Default: past 2,000,000 events, "
+        "1,000,000 a group.",
+    )(fn)

@@ -17,17 +17,20 @@ ledger's tables give, byte for byte (tests/reports/test_stream.py).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Sequence
+import contextlib
+from collections.abc import Callable, Collection, Generator, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from ledger import Ledger
+from ledger import Head, Ledger
 
-from ._audit import Finding, audit_of_source
-from ._derive import ReportParts, merge_report, report_parts
+from ._audit import Finding, audit, audit_of_source
+from ._derive import ReportParts, derive_report, merge_report, report_parts
 from ._gc import no_cycle_collection
-from ._source import Source
+from ._source import Source, open_source
 
-__all__ = ["groups_of_runs", "report_and_audit_by_groups"]
+__all__ = ["Derived", "groups_of_runs", "report_and_audit", "report_and_audit_by_groups", "streams"]
 
 
 def groups_of_runs(ledger: Ledger, events_per_group: int, until_seq: int | None = None) -> list[list[str]]:
@@ -84,12 +87,15 @@ def report_and_audit_by_groups(
     groups: Sequence[Collection[str]],
     run: str | None = None,
     pool_replays: bool = False,
-) -> tuple[dict[str, Any], list[Finding]]:
+    with_report: bool = True,
+    with_audit: bool = True,
+) -> tuple[dict[str, Any] | None, list[Finding]]:
     """The report and the audit of every run, from ``sources``: one per group of ``groups``, in
     that order, each holding its group's observations (every run linked to one of its runs by
     replay in the same group). Each source is read as it comes (and may be closed once the next
     is asked for). ``run``: the report's scope as :func:`reports._derive.derive_report` names it
-    (None for the whole ledger)."""
+    (None for the whole ledger). ``with_report``: False for the audit alone (the report None);
+    ``with_audit``: False for the report alone (no findings)."""
     owner: dict[str, int] = {}
     for index, group in enumerate(groups):
         for member in group:
@@ -103,15 +109,105 @@ def report_and_audit_by_groups(
             if index >= len(groups):
                 raise ValueError(f"more sources than the {len(groups)} groups")
             keep = _owned_by(owner, index)
-            parts.append(report_parts(src, run, pool_replays).owned(keep))
-            findings.extend(f for f in audit_of_source(src, run) if keep(f.run_id))
+            if with_report:
+                parts.append(report_parts(src, run, pool_replays).owned(keep))
+            if with_audit:
+                findings.extend(f for f in audit_of_source(src, run) if keep(f.run_id))
             count += 1
     if count != len(groups) or not groups:
         raise ValueError(f"{count} sources for {len(groups)} groups")
-    return merge_report(parts, run), sorted(findings, key=Finding.sort_key)
+    report = merge_report(parts, run) if with_report else None
+    return report, sorted(findings, key=Finding.sort_key)
 
 
 def _owned_by(owner: dict[str, int], index: int) -> Callable[[str | None], bool]:
     """Whether a row of a run is the ``index``-th group's to give: its run is in that group, or
     the group is the first and the row has no run or one of no group."""
     return lambda run: owner.get(run, 0) == index if run is not None else index == 0
+
+
+# Past this many events, a whole-ledger report and audit derive group of runs by group of runs:
+# up to 2M events the checked read's tables are held as it made them (ledger/_analytics.py
+# _HELD_ROWS_MAX); past it they are copied into DuckDB, which moves them to disk past its limit.
+STREAM_PAST_EVENTS = 2_000_000
+# About a million events a group: what the tables of a 1M-event ledger take, held.
+EVENTS_PER_GROUP = 1_000_000
+
+
+@dataclass
+class Derived:
+    """The whole ledger's report and audit findings, and the verified head they were derived at."""
+
+    report: dict[str, Any] | None  # None: asked for the audit alone
+    findings: list[Finding]
+    head: Head | None
+    groups: int  # how many groups of runs the tables were derived in (1: the whole ledger's at once)
+
+
+def streams(ledger: Ledger, run: str | None = None) -> bool:
+    """Whether the report and audit of ``run`` (None: every run) derive group by group."""
+    head = ledger.head()
+    return run is None and head is not None and head.seq > STREAM_PAST_EVENTS
+
+
+def report_and_audit(
+    ledger: Ledger,
+    snapshot_root: Path | None = None,
+    verify: bool = True,
+    pool_replays: bool = False,
+    events_per_group: int | None = None,
+    with_report: bool = True,
+    with_audit: bool = True,
+) -> Derived:
+    """The whole ledger's report and audit. Up to :data:`STREAM_PAST_EVENTS` events (or with
+    ``events_per_group`` None and a small ledger) from the whole ledger's tables at once; past it,
+    group of runs by group of runs (:func:`report_and_audit_by_groups`), the same bytes in
+    bounded memory. ``verify``: every row checked as it is read (the tables then come from the
+    database's rows, never from the cache), as ``ledger audit`` and ``ledger report --html`` read."""
+    groups: list[list[str]] = []
+    if events_per_group is not None or streams(ledger):
+        groups = groups_of_runs(ledger, events_per_group or EVENTS_PER_GROUP)
+    if len(groups) < 2:
+        src = open_source(ledger, snapshot_root, verify=verify)
+        try:
+            report = derive_report(src, None, pool_replays=pool_replays) if with_report else None
+            return Derived(report, audit(src) if with_audit else [], src.head, 1)
+        finally:
+            src.close()
+    heads: list[Head | None] = []
+    with group_sources(ledger, groups, snapshot_root, verify) as sources:
+        report, findings = report_and_audit_by_groups(
+            _noting_heads(sources, heads), groups, None, pool_replays, with_report, with_audit
+        )
+    if len(set(heads)) != 1:
+        raise RuntimeError(
+            f"the groups' sources were derived at different heads: {sorted(set(map(str, heads)))}"
+        )
+    return Derived(report, findings, heads[0], len(groups))
+
+
+def _noting_heads(sources: Iterable[Source], heads: list[Head | None]) -> Iterator[Source]:
+    for src in sources:
+        heads.append(src.head)
+        yield src
+
+
+@contextlib.contextmanager
+def group_sources(
+    ledger: Ledger, groups: Sequence[Collection[str]], snapshot_root: Path | None, verify: bool
+) -> Iterator[Iterator[Source]]:
+    """One source per group, each closed before the next is opened."""
+
+    def each() -> Generator[Source]:
+        for group in groups:
+            src = open_source(ledger, snapshot_root, verify=verify, runs=group)
+            try:
+                yield src
+            finally:
+                src.close()
+
+    sources = each()
+    try:
+        yield sources
+    finally:
+        sources.close()

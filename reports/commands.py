@@ -10,26 +10,31 @@ from typing import Any
 
 import click
 
-from ledger import open_ledger
-from ledger.cli_options import db_option, json_option, run_option, runs_option
+from ledger import Ledger, open_ledger
+from ledger.cli_options import db_option, events_per_group_option, json_option, run_option, runs_option
 
 from . import _render
 from ._attest import build_statement, check_statement, open_envelope, report_files, sign
 from ._audit import BLOCKING, EXAMPLES, audit_json, audit_runs_json, grouped
 from ._derive import derive_report
 from ._source import Source, open_source
+from ._stream import Derived, report_and_audit, streams
 
 
-def _open(db_url: str, run_id: str | None, verify: bool = False) -> Source:
-    return _open_runs(db_url, () if run_id is None else (run_id,), verify)
+def _audit_object(derived: Derived) -> dict[str, Any]:
+    """The ``ledger audit --json`` object of a report and audit derived group by group."""
+    return {
+        "findings": [f.as_dict() for f in derived.findings],
+        "head": derived.head.chain if derived.head else None,
+    }
 
 
-def _open_runs(db_url: str, run_ids: tuple[str, ...], verify: bool = False) -> Source:
+def _open_source(led: Ledger, run_ids: tuple[str, ...], verify: bool = False) -> Source:
     # A run's report derives that run's observations (and its replays' and the validation runs'),
     # not every run's: on a ledger of many runs it costs the verification and the run's own rows.
     # Several runs share one source: one verification, their observations derived together.
     runs = list(dict.fromkeys(run_ids)) or None
-    src = open_source(open_ledger(db_url, create=False), verify=verify, runs=runs)
+    src = open_source(led, verify=verify, runs=runs)
     # A run of the ledger's own, or another tool's imported results (a run of its own too).
     known = "SELECT run_id FROM kv_runs UNION ALL SELECT run_id FROM kv_imports"
     for run_id in runs or ():
@@ -56,6 +61,7 @@ def _open_runs(db_url: str, run_ids: tuple[str, ...], verify: bool = False) -> S
     help="Add Table 3 over each run and its replays (same plan, same config) pooled: their block "
     "pairs counted as one sample.",
 )
+@events_per_group_option
 @db_option
 def report_command(
     run_id: str | None,
@@ -63,6 +69,7 @@ def report_command(
     as_markdown: bool,
     html_path: Path | None,
     pool_replays: bool,
+    events_per_group: int | None,
     db_url: str,
 ) -> None:
     """The report derived from the ledger: pairing, exclusions, the study's tables.
@@ -86,13 +93,28 @@ def report_command(
     """
     if as_json and as_markdown:
         raise click.UsageError("give at most one of --json and --markdown")
-    # The HTML page opens with the audit's verdict: its chain check runs beside the derivation.
-    src = _open(db_url, run_id, verify=html_path is not None)
-    try:
-        report = derive_report(src, run_id, pool_replays=pool_replays)
-        audit = audit_json(src, run_id) if html_path is not None else None
-    finally:
-        src.close()
+    audit: dict[str, Any] | None = None
+    led = open_ledger(db_url, create=False)
+    if run_id is None and (events_per_group or streams(led)):
+        # A large ledger's report (and audit), group of runs by group of runs: the same bytes.
+        derived = report_and_audit(
+            led,
+            verify=html_path is not None,
+            pool_replays=pool_replays,
+            events_per_group=events_per_group,
+            with_audit=html_path is not None,
+        )
+        assert derived.report is not None  # asked for
+        report = derived.report
+        audit = _audit_object(derived) if html_path is not None else None
+    else:
+        # The HTML page opens with the audit's verdict: its chain check runs beside the derivation.
+        src = _open_source(led, (run_id,) if run_id else (), verify=html_path is not None)
+        try:
+            report = derive_report(src, run_id, pool_replays=pool_replays)
+            audit = audit_json(src, run_id) if html_path is not None else None
+        finally:
+            src.close()
     if html_path is not None:
         from ._html import to_html
 
@@ -110,8 +132,11 @@ def report_command(
 @runs_option
 @click.option("--publish", is_flag=True, help="Exit 1 if any finding is blocking (the publishing gate).")
 @json_option
+@events_per_group_option
 @db_option
-def audit_command(run_ids: tuple[str, ...], publish: bool, as_json: bool, db_url: str) -> None:
+def audit_command(
+    run_ids: tuple[str, ...], publish: bool, as_json: bool, events_per_group: int | None, db_url: str
+) -> None:
     """Audit the ledger: chain, pairing, exclusions, assertions, provenance, validation.
 
     Prints every finding (code, severity, run, block, target, detail);
@@ -125,11 +150,16 @@ def audit_command(run_ids: tuple[str, ...], publish: bool, as_json: bool, db_url
         ledger audit --publish --json
         ledger audit --run 0193...a --run 0193...b --publish
     """
-    src = _open_runs(db_url, run_ids, verify=True)  # the chain is checked while the views are built
-    try:
-        result = audit_runs_json(src, list(dict.fromkeys(run_ids)))
-    finally:
-        src.close()
+    led = open_ledger(db_url, create=False)
+    if not run_ids and (events_per_group or streams(led)):
+        # A large ledger's audit, group of runs by group of runs (the same findings).
+        result = _audit_object(report_and_audit(led, events_per_group=events_per_group, with_report=False))
+    else:
+        src = _open_source(led, run_ids, verify=True)  # the chain is checked while the views are built
+        try:
+            result = audit_runs_json(src, list(dict.fromkeys(run_ids)))
+        finally:
+            src.close()
     findings = result["findings"]
     if as_json:
         sys.stdout.write(json.dumps(result, sort_keys=True, indent=2, ensure_ascii=False) + "\n")

@@ -12,15 +12,18 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
+from click.testing import CliRunner
 
 from ledger import Ledger, open_ledger
+from ledger._cli import cli
 from reports import derive_report, open_source, to_json
 from reports._audit import audit_json
 from reports._source import Source, run_scope
-from reports._stream import groups_of_runs, report_and_audit_by_groups
+from reports._stream import groups_of_runs, report_and_audit, report_and_audit_by_groups
 from tests.ledger._helpers import tamper_sqlite
 from tests.reports.test_run_scope import Team
 
@@ -131,3 +134,33 @@ def test_groups_are_refused_when_they_overlap_or_miss_a_source(ledger: Ledger, t
         report_and_audit_by_groups(_scoped_sources(ledger, tmp_path, groups[:1], True), groups)
     with pytest.raises(ValueError, match="at least 1"):
         groups_of_runs(ledger, 0)
+
+
+def test_report_and_audit_streams_past_its_size_and_says_the_same(ledger: Ledger, tmp_path: Path) -> None:
+    whole = report_and_audit(ledger, tmp_path, pool_replays=True)
+    assert whole.groups == 1  # a small ledger: the whole ledger's tables at once
+    streamed = report_and_audit(ledger, tmp_path, pool_replays=True, events_per_group=3_000)
+    assert streamed.groups == len(groups_of_runs(ledger, 3_000)) >= 2
+    assert to_json(streamed.report) == to_json(whole.report)
+    assert streamed.findings == whole.findings and streamed.head == whole.head == ledger.head()
+
+
+def test_the_cli_by_groups_prints_what_it_prints_whole(team: Team, tmp_path: Path) -> None:
+    """``--events-per-group``: ``ledger audit``, ``ledger report`` and ``ledger report --html``
+    print and write the same bytes as from the whole ledger's tables."""
+
+    def invoke(*args: str) -> Any:
+        result = CliRunner().invoke(cli, [*args, "--db", team.url], catch_exceptions=False)
+        assert result.exit_code in (0, 1), result.output
+        return result
+
+    for command in (["audit", "--json"], ["report", "--json", "--pool-replays"], ["report", "--markdown"]):
+        whole = invoke(*command)
+        grouped = invoke(*command, "--events-per-group", "3000")
+        assert grouped.output == whole.output and grouped.exit_code == whole.exit_code
+    assert invoke("audit", "--publish", "--events-per-group", "3000").exit_code == 1  # the leaky run
+    invoke("report", "--html", str(tmp_path / "whole.html"))
+    invoke("report", "--html", str(tmp_path / "groups.html"), "--events-per-group", "3000")
+    assert (tmp_path / "groups.html").read_bytes() == (tmp_path / "whole.html").read_bytes()
+    refused = CliRunner().invoke(cli, ["audit", "--events-per-group", "0", "--db", team.url])
+    assert refused.exit_code == 2 and "--events-per-group" in refused.output
