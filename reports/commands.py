@@ -95,7 +95,7 @@ def report_command(
         raise click.UsageError("give at most one of --json and --markdown")
     audit: dict[str, Any] | None = None
     led = open_ledger(db_url, create=False)
-    if run_id is None and (events_per_group or streams(led)):
+    if run_id is None and (events_per_group or streams(led, verify=html_path is not None)):
         # A large ledger's report (and audit), group of runs by group of runs: the same bytes.
         derived = report_and_audit(
             led,
