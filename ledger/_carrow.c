@@ -1329,14 +1329,21 @@ static Group *group_of(Groups *g, const Source *src) {
     return x;
 }
 
+/* Texts in byte order (a shorter text first where one begins the other): the scope's runs are
+ * sorted so, and looked up by bisection (a report of every run of a team ledger keeps thousands). */
+static int text_order(const void *a, const void *b) {
+    const Text *x = a, *y = b;
+    size_t n = x->n < y->n ? x->n : y->n;
+    int c = n ? memcmp(x->p, y->p, n) : 0;
+    return c != 0 ? c : (x->n > y->n) - (x->n < y->n);
+}
+
 /* Whether the current row's run_id (null, or one of the scope's runs) keeps it. */
 static int in_scope(const Scope *scope, const Source *src) {
     Text run;
     source_text(src, 4, &run);
     if (run.is_null) return 1;
-    for (Py_ssize_t r = 0; r < scope->nruns; r++)
-        if (scope->runs[r].n == run.n && (run.n == 0 || memcmp(scope->runs[r].p, run.p, run.n) == 0)) return 1;
-    return 0;
+    return bsearch(&run, scope->runs, (size_t)scope->nruns, sizeof(Text), text_order) != NULL;
 }
 
 /* One row into seqs and cols, or, where groups is given, into its kind's group; checked first
@@ -1788,6 +1795,7 @@ static int scope_parse(PyObject *arg, Scope *scope) {
             *counts[l] = i + 1;
         }
     }
+    if (scope->nruns > 1) qsort(scope->runs, (size_t)scope->nruns, sizeof(Text), text_order);
     return 0;
 }
 

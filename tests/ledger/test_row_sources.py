@@ -378,3 +378,43 @@ def test_a_read_waiting_on_the_server_lets_other_threads_run(pg: Ledger) -> None
         connection.close()
     assert data[0].startswith(b"PGCOPY\n\xff\r\n\x00")
     assert longest < 1.0, f"this thread stalled {longest:.2f} s while the read waited on the server"
+
+
+def test_a_scope_of_many_runs_keeps_exactly_their_rows(sqlite_url: str) -> None:
+    """The native read keeps a scoped kind's row where its run is one of the scope's, however many
+    runs it names and in whatever order (looked up by bisection over them sorted): ids that begin
+    one another, non-ASCII ones, and rows without a run (always kept)."""
+    import random
+
+    runs = [f"run-{i}" for i in range(150)] + ["run", "run-1x", "é-run", "z", "run-10-"]
+    led = open_ledger(sqlite_url)
+    try:
+        led.append_many(
+            [
+                NewEvent(
+                    "note.added", {"text": f"n{i}"}, run_id=None if i % 9 == 0 else runs[(i * 7) % len(runs)]
+                )
+                for i in range(1200)
+            ]
+            + [
+                NewEvent("run.finished", {"status": "completed", "error": None}, run_id=runs[i % len(runs)])
+                for i in range(60)
+            ]
+        )
+        rows = list(led.raw_rows())
+    finally:
+        led.close()
+    path = sqlite_url.removeprefix("sqlite:///")
+    picked = random.Random(7).sample(runs, 70)
+    kinds = {str(r[3]): [] for r in rows}
+    for seq, _, _, kind, run, *_ in rows:
+        if kind != "note.added" or run is None or run in picked:
+            kinds[str(kind)].append(int(seq))
+    for order in (picked, sorted(picked), sorted(picked, reverse=True)):
+        count, groups, check, _ = _carrow.read_checked_by_kind(
+            path, -(2**63), len(rows), 1, GENESIS, 0, None, (("note.added",), tuple(order))
+        )
+        assert check[0] == _carrow.OK and count == len(rows)
+        kept = {str(kind): list(struct.unpack(f"<{n}q", bytes(seqs))) for kind, n, seqs, *_ in groups}
+        assert kept == kinds
+    assert 0 < len(kinds["note.added"]) < 1200  # some kept, some not
