@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import duckdb
 import pyarrow as pa
@@ -33,7 +33,7 @@ from ._rows import SCHEMA, native_table, read_rows, rows_to_table
 from ._snapshot import Proof, Snapshot, _seqs_follow, key_path, sql_literal
 from ._snapshot_rows import _carrow, by_kind, columns_read, single_kind
 from ._store import Ledger
-from ._typed import Entries, Typed, entries_table, typed_table
+from ._typed import ENTRIES_SCHEMA, Entries, Typed, entries_table, typed_table
 from ._typed import entries as entries_of
 from ._typed import typed as typed_fields
 from ._verify import _NO_LOWER_BOUND, RangeResult
@@ -207,6 +207,21 @@ class Derived:
     # Projections served as Arrow tables registered on the connection (derive_checked), by name.
     held: dict[str, pa.Table] = dataclass_field(default_factory=dict)
     projections_held: int = 0  # how many were held when derived (some are released after the views)
+    # Rows whose digest and link the checked read checked (derive_checked): each row up to head_seq
+    # once. A part with a row the native parse was not sure of is read (and checked) again for
+    # DuckDB to parse: those rows are counted apart.
+    rows_checked: int = 0
+    rows_read_again: int = 0
+
+
+class PieceSink(Protocol):
+    """Where :func:`derive_checked` hands each chunk's projection rows instead of making tables of
+    them (ledger/_partition.py splits them by group of runs)."""
+
+    def take(self, name: str, piece: pa.Table, rows: pa.Table) -> None:
+        """``piece``: the next rows of projection ``name`` in seq order (one Arrow schema per
+        projection), made from ``rows``, the rows of its kind they came from (``seq`` and ``run_id``
+        among their columns)."""
 
 
 def derive_from_rows(
@@ -291,6 +306,7 @@ def derive_checked(
     projections: Mapping[str, str],
     until_seq: int,
     scope: RunScope | None = None,
+    sink: PieceSink | None = None,
 ) -> tuple[Derived, RangeResult] | None:
     """:func:`derive_from_rows` over rows that are verified as they are read: each chunk's rows are
     checked link by link from GENESIS (digest recomputed from the envelope, chain followed, seq in
@@ -300,9 +316,14 @@ def derive_checked(
     projection of typed fields (``json_transform``) is parsed in the same pass (ledger/_typed.py);
     a part with a row that parse is not sure of is read again for DuckDB to parse.
 
+    ``sink``: each projection's rows are handed to it chunk by chunk (:class:`PieceSink`: the natively
+    parsed tables as they are, DuckDB's parse of the others as Arrow, of the native types where the
+    projection has them) instead of filling its table, which stays empty (it tells DuckDB's types).
+
     Returns the tables' figures and the check's outcome, or None, with no table left, where a
     chunk's check fails or ``until_seq`` is 0: the caller then derives from the rows as the
-    database holds them and verifies apart, which names the first bad seq as it always did."""
+    database holds them and verifies apart, which names the first bad seq as it always did (what
+    a sink was handed before is then the caller's to discard)."""
     assert _carrow is not None
     if until_seq <= 0 or (scope is not None and not hasattr(_carrow, "SCOPES")):
         return None  # (a build older than scopes: the rows are derived apart, and kept in Python)
@@ -388,20 +409,38 @@ def derive_checked(
             got = source.by_kind(lower, stop, after + 1, start_of(after), mask, None, kept)
             rows, groups, check = got[:3]
             return (
-                (rows, [(*group[:4], None, None) for group in groups], check, False),
+                (rows, [(*group[:4], None, None) for group in groups], check, 0),
                 time.perf_counter() - began,
             )
+        # (The rows read and checked, each kind's rows, the check, and the rows read again.)
         result = source.by_kind(lower, stop, after + 1, start_of(after), mask, native_typed, kept)
-        if result[3]:
-            # A row the native parse was not sure of: the part again, its data for DuckDB to parse.
-            result = source.by_kind(lower, stop, after + 1, start_of(after), mask, None, kept)
-        return result, time.perf_counter() - began
+        if not result[3]:
+            return (*result[:3], 0), time.perf_counter() - began
+        # A row the native parse was not sure of: the part again, its data for DuckDB to parse.
+        again = source.by_kind(lower, stop, after + 1, start_of(after), mask, None, kept)
+        return (result[0], *again[1:3], again[0]), time.perf_counter() - began
 
     # Typed projections whose Arrow tables are held (not copied into DuckDB), their pieces in seq
     # order; one whose types differ from DuckDB's table, or with a part DuckDB parses, is copied.
     holding: dict[str, list[pa.Table]] = (
-        {name: [] for name, _ in [*typed.values(), *unnested.values()]} if until_seq <= _HELD_ROWS_MAX else {}
+        {name: [] for name, _ in [*typed.values(), *unnested.values()]}
+        if until_seq <= _HELD_ROWS_MAX and sink is None
+        else {}
     )
+    # The natively parsed projections' Arrow schemas: DuckDB's parse of a part of theirs is handed to
+    # the sink in them, so each projection's pieces share one schema.
+    native_schemas = {name: spec.schema for name, spec in typed.values()}
+    native_schemas.update({name: ENTRIES_SCHEMA for name, _ in unnested.values()})
+
+    def parsed_by_duckdb(name: str, rows: pa.Table) -> pa.Table:
+        con.register("events", rows)
+        try:
+            piece = con.sql(projections[name]).to_arrow_table()
+        finally:
+            con.unregister("events")
+        schema = native_schemas.get(name)
+        return piece if schema is None or piece.schema.equals(schema) else piece.cast(schema)
+
     # The schema of each held projection's first piece: DuckDB's types, checked once; a piece
     # of another schema is copied, and with it what was held.
     held_schemas: dict[str, pa.Schema] = {}
@@ -423,7 +462,9 @@ def derive_checked(
             pieces: dict[str, list[tuple[pa.Table, pa.Table | None, pa.Table | None]]] = {}
             slowest = 0.0
             for (after, until), future in zip(parts[index], pending, strict=True):
-                (_, groups, check, _), took = future.result()
+                (stepped, groups, check, again), took = future.result()
+                derived.rows_checked += stepped
+                derived.rows_read_again += again
                 slowest = max(slowest, took)
                 outcome, _, _, last_good, last_chain = check
                 if start_of(after) != chain or outcome != carrow.OK or last_good != until:
@@ -469,6 +510,9 @@ def derive_checked(
                 for rows, parsed, unnest in kind_pieces:
                     for name in names:
                         native = parsed if name == parsed_name else unnest if name == entries_name else None
+                        if sink is not None:
+                            sink.take(name, parsed_by_duckdb(name, rows) if native is None else native, rows)
+                            continue
                         if native is not None:
                             first = held_schemas.get(name)
                             if name in holding and (
@@ -552,9 +596,13 @@ class Analytics:
         up_to_seq: int | None = None,
         from_rows: bool = False,
         scope: RunScope | None = None,
+        sink: PieceSink | None = None,
     ) -> None:
         self.ledger = ledger
         self.scope = scope
+        # Where the checked read hands the projections' rows instead of making tables of them
+        # (derive_checked); with one, no table is derived where that read is not available or fails.
+        self.sink = sink
         self.snapshot = Snapshot.for_ledger(ledger, snapshot_root)
         self.projections = dict(projections or {})
         self.up_to_seq = up_to_seq
@@ -575,11 +623,7 @@ class Analytics:
         """A DuckDB connection whose views reflect the ledger's current head (or ``up_to_seq``),
         served only from snapshot files proven against the ledger (rebuilt where they fail)."""
         if self._con is None:
-            # A reader whose tables come from the database's rows never reads the cache's rows: where
-            # no cache was ever built it builds none (on a 10M-event ledger that build was 57 s of a
-            # run's first 70 s audit); a cache that is there is proven, and rebuilt, as always.
-            unbuilt = self.from_rows and self.snapshot.unbuilt()
-            segments = [] if unbuilt else self.snapshot.refresh(self.ledger, self.projections, self.up_to_seq)
+            segments, until = self._prove()
             self._spill = Path(tempfile.mkdtemp(prefix="kvledger-duckdb-"))
             # Removed on close, or when this object goes (a source left open, the interpreter ending).
             weakref.finalize(self, shutil.rmtree, self._spill, True)
@@ -588,23 +632,39 @@ class Analytics:
                 # The projections are derived again from the database's rows, not read from the
                 # cache: the cache is proven as always (its mismatches are still reported), but
                 # nothing it holds reaches a number.
-                until = self.snapshot.proof.head_seq
-                if unbuilt:
-                    head = self.ledger.head()
-                    until = 0 if head is None else head.seq
-                    until = until if self.up_to_seq is None else min(until, self.up_to_seq)
-                source = checked_source(self.ledger, self.projections)
-                scope = self.scope
-                done = None if source is None else derive_checked(con, source, self.projections, until, scope)
-                if done is not None:
-                    self.derived, self.checked = done
-                else:
-                    self.derived = derive_from_rows(con, self.ledger, self.projections, until, self.scope)
+                self._derive(con, until)
             self._con = connect(segments, self.snapshot.fields(), con)
             for name, sql in self.projections.items() if not self.from_rows else ():
                 served = _read_parquet(self.snapshot.projection_files(sql)) if segments else sql
                 self._con.execute(f"CREATE VIEW {_quote(name)} AS {self._scoped(served, sql)}")
         return self._con
+
+    def _prove(self) -> tuple[list[Path], int]:
+        """Prove the snapshot against the ledger (rebuilding what fails): its segment files, and the
+        seq a reader from the database's rows derives up to."""
+        # A reader whose tables come from the database's rows never reads the cache's rows: where
+        # no cache was ever built it builds none (on a 10M-event ledger that build was 57 s of a
+        # run's first 70 s audit); a cache that is there is proven, and rebuilt, as always.
+        unbuilt = self.from_rows and self.snapshot.unbuilt()
+        segments = [] if unbuilt else self.snapshot.refresh(self.ledger, self.projections, self.up_to_seq)
+        until = self.snapshot.proof.head_seq
+        if unbuilt:
+            head = self.ledger.head()
+            until = 0 if head is None else head.seq
+            until = until if self.up_to_seq is None else min(until, self.up_to_seq)
+        return segments, until
+
+    def _derive(self, con: duckdb.DuckDBPyConnection, until: int) -> None:
+        """Derive the projections on ``con`` from the database's rows 1..``until``."""
+        source = checked_source(self.ledger, self.projections)
+        scope = self.scope
+        done = (
+            None if source is None else derive_checked(con, source, self.projections, until, scope, self.sink)
+        )
+        if done is not None:
+            self.derived, self.checked = done
+        elif self.sink is None:
+            self.derived = derive_from_rows(con, self.ledger, self.projections, until, self.scope)
 
     def _scoped(self, served: str, sql: str) -> str:
         """``served`` (a projection's rows) with only the rows the scope keeps, where the projection

@@ -24,13 +24,20 @@ audit's re-derivations are built on a second cursor while the report is derived
 (DuckDB works off the GIL), where DuckDB's memory leaves room for both: past half its
 limit, or once it has moved tables to disk, two builds side by side can pin all of it at
 once and fail (an out-of-memory error, not a spill), so they are built one after the other.
+
+A whole ledger too large for its tables to be held at once is read group of runs by group of
+runs: :func:`open_group_sources` reads and checks every row once, and gives one source per group
+whose tables are those ``open_source(..., verify=True, runs=group)`` gives, one group's at a time.
 """
 
 from __future__ import annotations
 
 import re
+import shutil
+import tempfile
 import time
-from collections.abc import Callable, Collection
+import weakref
+from collections.abc import Callable, Collection, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +48,7 @@ import duckdb
 import ledger as ledger_api
 from ledger import Analytics, Head, Ledger, Verification, open_ledger
 from ledger._analytics import RunScope, checked_source
+from ledger._partition import GroupAnalytics, Partition
 from ledger._snapshot import Mismatch, Proof
 from ledger._verify import read_heads, verify_after
 
@@ -348,6 +356,22 @@ def _open(
             # A check failed (or nothing to read): the tables came from the rows as the database
             # holds them, and the ledger is verified apart, which names the first bad seq.
             started = _verify_in_background(ledger)
+    return _with_views(ledger, analytics, con, until_seq, verify, rederive_beside, started, scope)
+
+
+def _with_views(
+    ledger: Ledger,
+    analytics: Analytics,
+    con: duckdb.DuckDBPyConnection,
+    until_seq: int | None,
+    verify: bool,
+    rederive_beside: bool | None,
+    verification: Future[Verification] | None,
+    scope: RunScope | None,
+) -> Source:
+    """The source of ``analytics``' projections (derived on ``con``): the views built, the
+    projections only they read released, the head they were derived at, and the audit's
+    re-derivations started beside where asked and there is room."""
     create_views(con, until_seq)
     for name in release_extractions(con, analytics.held):
         analytics.release(name)
@@ -371,8 +395,166 @@ def _open(
         analytics,
         con,
         head,
-        _verification=started,
+        _verification=verification,
         _rederivation=rederivation,
         rederived_beside=rederivation is not None,
         scope=scope,
     )
+
+
+def open_group_sources(
+    ledger: Ledger, groups: Sequence[Collection[str]], snapshot_root: Path | None = None
+) -> GroupSources:
+    """One verified source per group of runs, from ONE checked read of the ledger's rows.
+
+    Each source, as iterated (in the order of ``groups``), has the tables that
+    ``open_source(ledger, snapshot_root, verify=True, runs=group)`` derives (the same rows, in seq
+    order, of the same names and types), its :attr:`Source.scope` that group's
+    :func:`run_scope`, and the head that read verified; its :meth:`Source.verification` is that
+    read's verification of the whole ledger (one, shared by every group) and its
+    :meth:`Source.rederive` builds the audit's re-derivations of its own tables. The snapshot is
+    proven once, by the read (its proof and mismatches are every group's).
+
+    Every row is read and checked once in all (ledger/_analytics.py ``derive_checked``; a part with
+    a row the native parse is not sure of is read again for DuckDB to parse, as in any checked
+    read, and no more for many groups than for one): the rows of :data:`SCOPED_KINDS` go to the
+    groups whose scope keeps them, written to spill files (Arrow IPC, in a private temporary
+    folder) and read back memory-mapped when the group's source is made; the projections of the
+    other kinds are held once and served to every group (ledger/_partition.py). Making a group's
+    source closes the one before it and removes its files, so one group's tables are in memory at
+    a time; closing the :class:`GroupSources` closes the last and removes the folder.
+
+    Where the checked native read is not available (the driver path, a database the native reader
+    does not read) or a chunk's check fails (a row edited, deleted or moved), each group's source
+    is ``open_source(ledger, snapshot_root, verify=True, runs=group)`` instead: a read of every row
+    per group, slow but the same tables, and a verification that names the first bad seq as
+    ``ledger verify`` does.
+
+    Raises ValueError, before any row is read, for a run of ``groups`` that is not in the ledger.
+    """
+    listed = [list(dict.fromkeys(group)) for group in groups]
+    known = {
+        event.run_id
+        for event in ledger.events(kind=["run.started", "import.recorded"])
+        if event.run_id is not None
+    }
+    for index, group in enumerate(listed):
+        for run in group:
+            if run not in known:
+                raise ValueError(f"no run {run!r} in the ledger (group {index})")
+    with no_cycle_collection():
+        sources = GroupSources(ledger, listed, snapshot_root)
+        try:
+            sources.read()
+        except BaseException:
+            sources.close()
+            raise
+        return sources
+
+
+class GroupSources:
+    """The sources of :func:`open_group_sources`: iterated once, each made as it is asked for and
+    closed when the next is; a context manager whose exit closes the last and removes every
+    spill file."""
+
+    def __init__(self, ledger: Ledger, groups: list[list[str]], snapshot_root: Path | None) -> None:
+        self.ledger = ledger
+        self.groups = groups
+        self.snapshot_root = snapshot_root
+        self.scopes = [run_scope(ledger, group) for group in groups]
+        # The spill files' folder (beside DuckDB's own spill folders), None until the read.
+        self.folder: Path | None = None
+        # The one checked read's reader (its snapshot, figures and check), its rows by group, and
+        # its verification; all None where each group's source is opened apart instead.
+        self.shared: Analytics | None = None
+        self._partition: Partition | None = None
+        self._verification: Future[Verification] | None = None
+        self._current: Source | None = None
+        self._iterated = False
+
+    def read(self) -> None:
+        """Read and check every row once, splitting the projections' rows by group (or, where that
+        read is not available or fails, leave each group to :func:`open_source`)."""
+        views = projections()
+        checked_path = checked_source(self.ledger, views)
+        if checked_path is None or not self.groups:
+            return
+        # As open_source: the snapshot stops at the head read before the verification starts, and
+        # what was appended after the checked read is scanned after it.
+        head_now = self.ledger.head()
+        heads_read = read_heads(self.ledger)
+        self.folder = Path(tempfile.mkdtemp(prefix="kvledger-groups-"))
+        # Removed on close, or when this object goes (sources left open, the interpreter ending).
+        weakref.finalize(self, shutil.rmtree, self.folder, True)
+        partition = Partition(self.folder, self.scopes, views)
+        # The rows no group keeps are checked and never copied (the native read keeps the union).
+        every_group = RunScope(SCOPED_KINDS, frozenset().union(*(scope.runs for scope in self.scopes)))
+        shared = Analytics(
+            self.ledger,
+            self.snapshot_root,
+            views,
+            up_to_seq=head_now.seq if head_now else 0,
+            from_rows=True,
+            scope=every_group,
+            sink=partition,
+        )
+        try:
+            shared.connection()
+        finally:
+            shared.close()  # its own tables are empty: the rows went to the partition
+        checked = shared.checked
+        if checked is None:
+            # A check failed (or nothing to read): each group is opened apart, and verified there.
+            partition.close()
+            return
+        partition.finish()
+        self.shared, self._partition = shared, partition
+        self._verification = _settled(lambda: verify_after(checked_path, heads_read, checked))
+
+    def __iter__(self) -> Iterator[Source]:
+        if self._iterated:
+            raise RuntimeError("a group's sources are made once: open them again to read them again")
+        self._iterated = True
+        for index in range(len(self.groups)):
+            self._close_current()
+            self._current = self._open(index)
+            yield self._current
+        self._close_current()
+
+    def _open(self, index: int) -> Source:
+        if self.shared is None or self._partition is None:
+            return open_source(self.ledger, self.snapshot_root, verify=True, runs=self.groups[index])
+        partition = self._partition
+        analytics = GroupAnalytics(
+            self.shared, self.scopes[index], partition.tables(index), lambda: partition.discard(index)
+        )
+        try:
+            with no_cycle_collection():
+                con = analytics.connection()
+                return _with_views(
+                    self.ledger, analytics, con, None, True, None, self._verification, self.scopes[index]
+                )
+        except BaseException:
+            analytics.close()
+            raise
+
+    def _close_current(self) -> None:
+        if self._current is not None:
+            current, self._current = self._current, None
+            current.close()
+
+    def close(self) -> None:
+        """Close the source in use, if any, and remove every spill file."""
+        try:
+            self._close_current()
+        finally:
+            if self._partition is not None:
+                self._partition.close()
+            if self.folder is not None:
+                shutil.rmtree(self.folder, ignore_errors=True)
+
+    def __enter__(self) -> GroupSources:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

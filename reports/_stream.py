@@ -28,7 +28,7 @@ from ledger import Head, Ledger
 from ._audit import Finding, audit, audit_of_source
 from ._derive import ReportParts, derive_report, merge_report, report_parts
 from ._gc import no_cycle_collection
-from ._source import Source, open_source
+from ._source import Source, open_group_sources, open_source
 
 __all__ = ["Derived", "groups_of_runs", "report_and_audit", "report_and_audit_by_groups", "streams"]
 
@@ -199,12 +199,18 @@ def _noting_heads(sources: Iterable[Source], heads: list[Head | None]) -> Iterat
 @contextlib.contextmanager
 def group_sources(
     ledger: Ledger, groups: Sequence[Collection[str]], snapshot_root: Path | None, verify: bool
-) -> Iterator[Iterator[Source]]:
-    """One source per group, each closed before the next is opened."""
+) -> Iterator[Iterable[Source]]:
+    """One source per group, each closed before the next is made. Verified: every row read and
+    checked once for all groups (:func:`reports._source.open_group_sources`); from the snapshot:
+    each group's source reads the proven projection files, keeping its runs' rows."""
+    if verify:
+        with open_group_sources(ledger, groups, snapshot_root) as verified:
+            yield verified
+        return
 
     def each() -> Generator[Source]:
         for group in groups:
-            src = open_source(ledger, snapshot_root, verify=verify, runs=group)
+            src = open_source(ledger, snapshot_root, runs=group)
             try:
                 yield src
             finally:

@@ -1,0 +1,208 @@
+"""One checked read of the ledger's rows, split by group of runs (reports/_source.py
+``open_group_sources``).
+
+A whole ledger's tables do not all fit in a report's memory at once past a few million events;
+one group of runs' tables do. :class:`Partition` is the sink of :func:`ledger._analytics.derive_checked`:
+the rows of each projection of a scoped kind go to the groups whose scope keeps them (rows
+without a run to every group), appended to one Arrow IPC file per group and projection in a
+private folder, and read back memory-mapped when the group is opened
+(:class:`GroupAnalytics`); the other projections (few rows: runs, blocks, probes...) are held
+once, in memory, and served to every group. So every row is read and checked once, and a
+group's tables are what a reader scoped to that group derives, in the same order (seq).
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ._analytics import Analytics, Derived, RunScope, _copy_pieces, _quote, _same_types, empty_table
+from ._rows import SCHEMA
+from ._snapshot_rows import single_kind
+
+# A row's group where several groups keep it (reports/_source.py run_scope: the validation runs).
+_SHARED = -1
+
+
+class Partition:
+    """Each projection's rows, by group of runs (a :class:`ledger._analytics.PieceSink`): those of
+    a kind that ``scopes`` (one per group, all of the same kinds) keep by run are written to
+    ``folder``, group by group; the others are held, for every group."""
+
+    def __init__(self, folder: Path, scopes: Sequence[RunScope], projections: Mapping[str, str]) -> None:
+        self.folder = folder
+        kinds = frozenset().union(*(scope.kinds for scope in scopes))
+        # A projection is split where its kind is; a projection of such a kind without a run column
+        # (a scrape's counter samples) is split by its rows' seq, as a scoped read keeps whole rows.
+        self.split = frozenset(name for name, sql in projections.items() if single_kind(sql) in kinds)
+        universe = sorted(frozenset().union(*(scope.runs for scope in scopes)))
+        # Every run some group keeps, and for each group which of them it keeps: a row's run is
+        # looked up once (index_in), and each group's rows taken by that index.
+        self._universe = pa.array(universe, pa.string())
+        self._members = [pa.array([run in scope.runs for run in universe], pa.bool_()) for scope in scopes]
+        # The one group that keeps each run, or _SHARED where several do (the validation runs).
+        holders = [[g for g, scope in enumerate(scopes) if run in scope.runs] for run in universe]
+        self._owner = pa.array([h[0] if len(h) == 1 else _SHARED for h in holders], pa.int32())
+        self._writers: dict[tuple[int, str], pa.ipc.RecordBatchFileWriter] = {}
+        self._held: dict[str, list[pa.Table]] = {}
+        self.held: dict[str, pa.Table] = {}  # the projections served to every group (after finish)
+        # Rows of a split projection whose run no group keeps (checked, not copied): a report that
+        # must hold every run's rows (reports/_stream.py) is told there were some.
+        self.rows_of_no_group = 0
+
+    def take(self, name: str, piece: pa.Table, rows: pa.Table) -> None:
+        if name not in self.split:
+            self._held.setdefault(name, []).append(piece)
+            return
+        runs = piece.column("run_id") if "run_id" in piece.column_names else _runs_by_seq(piece, rows)
+        found = pc.index_in(runs, value_set=self._universe)
+        without_run = pc.is_null(runs)
+        # Each row's one group; rows without a run go to every group (_SHARED); null: no group's.
+        owner = pc.if_else(without_run, pa.scalar(_SHARED, pa.int32()), pc.take(self._owner, found))
+        self.rows_of_no_group += owner.null_count
+        low, high = pc.min_max(owner).values()
+        if low.as_py() is None:
+            return  # no row of any group's
+        if low.as_py() != _SHARED:
+            # The usual piece: rows of one group, or of a few, each only theirs. A run's rows are
+            # contiguous in seq, so most pieces are one group's whole; else one stable sort by group
+            # keeps each group's rows in seq order.
+            if owner.null_count:
+                piece, owner = piece.filter(pc.is_valid(owner)), pc.drop_null(owner)
+            if low.as_py() == high.as_py():
+                self._writer(low.as_py(), name, piece.schema).write_table(piece)
+                return
+            order = pc.sort_indices(owner)
+            piece, owner = piece.take(order), pc.take(owner, order)
+            counts = pc.value_counts(owner)  # in the order of first sight: by group, as sorted
+            start = 0
+            for group, count in zip(
+                counts.field("values").to_pylist(), counts.field("counts").to_pylist(), strict=True
+            ):
+                self._writer(group, name, piece.schema).write_table(piece.slice(start, count))
+                start += count
+            return
+        # Rows several groups keep (without a run, or of a validation run): each group's own filter.
+        for group, members in enumerate(self._members):
+            # Null where the run is in no group's scope: dropped by the filter.
+            part = piece.filter(pc.or_kleene(without_run, pc.take(members, found)))
+            if part.num_rows:
+                self._writer(group, name, part.schema).write_table(part)
+
+    def _writer(self, group: int, name: str, schema: pa.Schema) -> pa.ipc.RecordBatchFileWriter:
+        writer = self._writers.get((group, name))
+        if writer is None:
+            writer = pa.ipc.new_file(str(self._path(group, name)), schema)
+            self._writers[group, name] = writer
+        return writer
+
+    def _path(self, group: int, name: str) -> Path:
+        return self.folder / f"{group}.{name}.arrow"
+
+    def finish(self) -> None:
+        """Close the files (the read is over) and join each held projection's pieces."""
+        for writer in self._writers.values():
+            writer.close()
+        self._writers.clear()
+        for name, pieces in self._held.items():
+            self.held[name] = pa.concat_tables(pieces) if len(pieces) > 1 else pieces[0]
+        self._held.clear()
+
+    def tables(self, group: int) -> dict[str, pa.Table]:
+        """The ``group``-th group's projections that have rows: its own, memory-mapped from its
+        files (the pages are the file's, not the process's), and the held ones."""
+        tables = dict(self.held)
+        for name in sorted(self.split):
+            path = self._path(group, name)
+            if path.exists():
+                with pa.memory_map(str(path)) as mapped:
+                    tables[name] = pa.ipc.open_file(mapped).read_all()
+        return tables
+
+    def discard(self, group: int) -> None:
+        """Remove the ``group``-th group's files (its tables read, and let go)."""
+        for name in self.split:
+            self._path(group, name).unlink(missing_ok=True)
+
+    def close(self) -> None:
+        """Remove every file and let the held rows go."""
+        for writer in self._writers.values():
+            writer.close()
+        self._writers.clear()
+        self._held.clear()
+        self.held.clear()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _runs_by_seq(piece: pa.Table, rows: pa.Table) -> pa.ChunkedArray:
+    """Each row of ``piece``'s run, looked up by its seq among ``rows`` (those it was made of)."""
+    seqs = rows.column("seq")
+    at = pc.index_in(piece.column("seq"), value_set=seqs.combine_chunks())
+    return pc.take(rows.column("run_id"), at)
+
+
+class GroupAnalytics(Analytics):
+    """One group's :class:`Analytics`, over the tables a :class:`Partition` made of the one checked
+    read (``shared``'s): the snapshot proven by that read's reader, and no row read again.
+    ``tables``: the group's projections that have rows (:meth:`Partition.tables`); ``on_close``
+    runs once the connection is closed (the group's files removed)."""
+
+    def __init__(
+        self,
+        shared: Analytics,
+        scope: RunScope,
+        tables: Mapping[str, pa.Table],
+        on_close: Callable[[], None],
+    ) -> None:
+        super().__init__(shared.ledger, None, shared.projections, shared.up_to_seq, True, scope)
+        self.snapshot = shared.snapshot
+        self._shared = shared
+        self._tables = dict(tables)
+        self._on_close = on_close
+
+    def _prove(self) -> tuple[list[Path], int]:
+        # Proven once, by the read's reader: its segments serve every group's ``events`` view.
+        derived = self._shared.derived
+        return self.snapshot.segments(), 0 if derived is None else derived.head_seq
+
+    def _derive(self, con: duckdb.DuckDBPyConnection, until: int) -> None:
+        """Each projection as derive_checked leaves it: its table made by its own SQL (DuckDB's
+        types), then its rows served as the Arrow table where DuckDB reads that with the same
+        names and types, else copied into it."""
+        shared = self._shared.derived
+        assert shared is not None
+        derived = Derived(
+            rows=shared.rows,
+            head_seq=shared.head_seq,
+            head_chain=shared.head_chain,
+            seconds=shared.seconds,
+            read_seconds=shared.read_seconds,
+            rows_checked=shared.rows_checked,
+            rows_read_again=shared.rows_read_again,
+        )
+        empty = empty_table(SCHEMA)
+        for name, sql in self.projections.items():
+            con.register("events", empty)
+            con.execute(f"CREATE TABLE {_quote(name)} AS {sql}")
+            con.unregister("events")
+            table = self._tables.pop(name, None)
+            if table is None or not table.num_rows:
+                continue  # no row of its kind: the empty table stays
+            if _same_types(con, name, table):
+                con.execute(f"DROP TABLE {_quote(name)}")
+                con.register(name, table)
+                derived.held[name] = table
+                derived.projections_held += 1
+            else:
+                _copy_pieces(con, name, [table])
+        self.derived, self.checked = derived, self._shared.checked
+
+    def close(self) -> None:
+        super().close()
+        self._tables.clear()
+        self._on_close()
