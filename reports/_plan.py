@@ -47,6 +47,12 @@ def _run_plans(src: Any, run: str | None) -> list[dict[str, Any]]:
               AND {SCOPE.replace("run_id", "r.run_id")} ORDER BY r.seq""",
         {"run": run},
     )
+    scope = getattr(src, "scope", None)
+    if run is None and scope is not None:
+        # A source of some runs' observations, read about every run it holds (reports/_stream.py,
+        # which keeps each run's findings from the source of its group): the runs of other groups
+        # are not judged here, where their requests are not.
+        runs = [r for r in runs if r["run_id"] in scope.runs]
     plans: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for p in src.rows(f"SELECT * FROM kv_plans WHERE {SCOPE} ORDER BY seq", {"run": run}):
         for key in ("order", "requests_per_block", "sizes", "thresholds"):
