@@ -347,8 +347,8 @@ def derive_checked(
         )
 
     mask = mask_of(list(projections.values()))
-    if scope is not None:
-        mask |= 1 << text.index("run_id")  # what the scope keeps is told by it
+    if scope is not None or sink is not None:
+        mask |= 1 << text.index("run_id")  # what the scope keeps, or the sink's groups, are told by it
     empty = empty_table(schema_of(mask))
     # A kind's first projection of typed fields is parsed natively as its rows are read
     # (ledger/_typed.py): its rows' data is then copied only where another projection reads it.

@@ -487,15 +487,14 @@ class GroupSources:
         # Removed on close, or when this object goes (sources left open, the interpreter ending).
         weakref.finalize(self, shutil.rmtree, self.folder, True)
         partition = Partition(self.folder, self.scopes, views)
-        # The rows no group keeps are checked and never copied (the native read keeps the union).
-        every_group = RunScope(SCOPED_KINDS, frozenset().union(*(scope.runs for scope in self.scopes)))
+        # Every row is kept by the read and handed to the partition, which drops (and counts) those
+        # of a run no group holds: a report of every run from the groups would miss them.
         shared = Analytics(
             self.ledger,
             self.snapshot_root,
             views,
             up_to_seq=head_now.seq if head_now else 0,
             from_rows=True,
-            scope=every_group,
             sink=partition,
         )
         try:
@@ -552,6 +551,12 @@ class GroupSources:
                 self._partition.close()
             if self.folder is not None:
                 shutil.rmtree(self.folder, ignore_errors=True)
+
+    @property
+    def rows_of_no_group(self) -> int:
+        """Rows of the scoped kinds whose run no group's scope holds (checked, not kept: a report of
+        every run from these groups would miss them); 0 where each group is opened apart."""
+        return 0 if self._partition is None else self._partition.rows_of_no_group
 
     def __enter__(self) -> GroupSources:
         return self

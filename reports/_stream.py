@@ -23,14 +23,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ledger import Head, Ledger
+from ledger import Analytics, Head, Ledger
+from ledger._snapshot_rows import single_kind
 
 from ._audit import Finding, audit, audit_of_source
 from ._derive import ReportParts, derive_report, merge_report, report_parts
 from ._gc import no_cycle_collection
-from ._source import Source, open_group_sources, open_source
+from ._source import SCOPED_KINDS, GroupSources, Source, open_group_sources, open_source
+from ._views import projections
 
-__all__ = ["Derived", "groups_of_runs", "report_and_audit", "report_and_audit_by_groups", "streams"]
+__all__ = ["ReportAndAudit", "groups_of_runs", "report_and_audit", "report_and_audit_by_groups", "streams"]
 
 
 def groups_of_runs(ledger: Ledger, events_per_group: int, until_seq: int | None = None) -> list[list[str]]:
@@ -135,7 +137,7 @@ EVENTS_PER_GROUP = 1_000_000
 
 
 @dataclass
-class Derived:
+class ReportAndAudit:
     """The whole ledger's report and audit findings, and the verified head they were derived at."""
 
     report: dict[str, Any] | None  # None: asked for the audit alone
@@ -162,7 +164,7 @@ def report_and_audit(
     events_per_group: int | None = None,
     with_report: bool = True,
     with_audit: bool = True,
-) -> Derived:
+) -> ReportAndAudit:
     """The whole ledger's report and audit. Up to :data:`STREAM_PAST_EVENTS` events (or with
     ``events_per_group`` None and a small ledger) from the whole ledger's tables at once; past it,
     group of runs by group of runs (:func:`report_and_audit_by_groups`), the same bytes in
@@ -171,23 +173,48 @@ def report_and_audit(
     groups: list[list[str]] = []
     if events_per_group is not None or streams(ledger, verify):
         groups = groups_of_runs(ledger, events_per_group or EVENTS_PER_GROUP)
-    if len(groups) < 2:
-        src = open_source(ledger, snapshot_root, verify=verify)
-        try:
-            report = derive_report(src, None, pool_replays=pool_replays) if with_report else None
-            return Derived(report, audit(src) if with_audit else [], src.head, 1)
-        finally:
-            src.close()
-    heads: list[Head | None] = []
-    with group_sources(ledger, groups, snapshot_root, verify) as sources:
-        report, findings = report_and_audit_by_groups(
-            _noting_heads(sources, heads), groups, None, pool_replays, with_report, with_audit
-        )
-    if len(set(heads)) != 1:
-        raise RuntimeError(
-            f"the groups' sources were derived at different heads: {sorted(set(map(str, heads)))}"
-        )
-    return Derived(report, findings, heads[0], len(groups))
+    if len(groups) >= 2 and (verify or not _runs_never_started(ledger, snapshot_root)):
+        heads: list[Head | None] = []
+        with group_sources(ledger, groups, snapshot_root, verify) as sources:
+            # Observations of a run that never started (no run.started) belong to no group: the
+            # whole ledger's tables hold them, so they derive it.
+            if not isinstance(sources, GroupSources) or not sources.rows_of_no_group:
+                report, findings = report_and_audit_by_groups(
+                    _noting_heads(sources, heads), groups, None, pool_replays, with_report, with_audit
+                )
+                if len(set(heads)) != 1:
+                    raise RuntimeError(
+                        f"the groups were derived at different heads: {sorted(map(str, heads))}"
+                    )
+                return ReportAndAudit(report, findings, heads[0], len(groups))
+    src = open_source(ledger, snapshot_root, verify=verify)
+    try:
+        report = derive_report(src, None, pool_replays=pool_replays) if with_report else None
+        return ReportAndAudit(report, audit(src) if with_audit else [], src.head, 1)
+    finally:
+        src.close()
+
+
+def _runs_never_started(ledger: Ledger, snapshot_root: Path | None) -> int:
+    """Rows of the kinds a group keeps by run whose run has no run.started, in the snapshot's proven
+    projection files (what a report from the snapshot reads): no group would hold them. (A verified
+    read counts them as it splits the rows: :attr:`GroupSources.rows_of_no_group`.)"""
+    analytics = Analytics(ledger, snapshot_root, projections())
+    try:
+        con = analytics.connection()
+        scoped = [
+            name
+            for name, sql in projections().items()
+            if single_kind(sql) in SCOPED_KINDS
+            and "run_id" in {row[0] for row in con.execute(f"DESCRIBE {name}").fetchall()}
+        ]
+        rows = " UNION ALL ".join(f"SELECT run_id FROM {name} WHERE run_id IS NOT NULL" for name in scoped)
+        ((count,),) = con.execute(
+            f"SELECT count(*) FROM ({rows}) WHERE run_id NOT IN (SELECT run_id FROM kv_src_run_started)"
+        ).fetchall()
+        return int(count)
+    finally:
+        analytics.close()
 
 
 def _noting_heads(sources: Iterable[Source], heads: list[Head | None]) -> Iterator[Source]:

@@ -18,10 +18,10 @@ from ._attest import build_statement, check_statement, open_envelope, report_fil
 from ._audit import BLOCKING, EXAMPLES, audit_json, audit_runs_json, grouped
 from ._derive import derive_report
 from ._source import Source, open_source
-from ._stream import Derived, report_and_audit, streams
+from ._stream import ReportAndAudit, report_and_audit, streams
 
 
-def _audit_object(derived: Derived) -> dict[str, Any]:
+def _audit_object(derived: ReportAndAudit) -> dict[str, Any]:
     """The ``ledger audit --json`` object of a report and audit derived group by group."""
     return {
         "findings": [f.as_dict() for f in derived.findings],

@@ -14,6 +14,7 @@ from ledger import Event, Ledger, open_ledger, query, read_jsonl
 from reports import Source, open_source
 
 from .._cli import ledger_cli
+from ._team import Team
 
 
 @pytest.fixture(autouse=True)
@@ -131,3 +132,17 @@ def build_lite(sqlite_url: str) -> Iterator[Any]:
     for src in src_list:
         src.close()
         src.ledger.close()
+
+
+@pytest.fixture(scope="module")
+def team(tmp_path_factory: pytest.TempPathFactory) -> Team:
+    """The team ledger of tests/reports/_team.py, made once per module that asks for it."""
+    return Team(tmp_path_factory.mktemp("team"))
+
+
+@pytest.fixture
+def team_ledger(team: Team) -> Iterator[Ledger]:
+    """The team ledger, open."""
+    led = open_ledger(team.url, create=False)
+    yield led
+    led.close()

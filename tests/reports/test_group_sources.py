@@ -5,13 +5,11 @@ A whole-ledger report of a large ledger derives group of runs by group of runs, 
 group's tables are in memory at a time. Each group's source must be exactly what a source opened
 for that group gives (``open_source(..., verify=True, runs=group)``: the same tables, report and
 audit), while every row of the ledger is read and checked once for all groups, not once per
-group. The ledger is test_run_scope.py's mixed team ledger.
+group. The ledger is tests/reports/_team.py's mixed team ledger.
 """
 
 from __future__ import annotations
 
-import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,22 +22,9 @@ from ledger._row_sources import SqliteRows
 from reports import derive_report, open_source, to_json
 from reports._audit import audit_json
 from reports._source import Source, open_group_sources, run_scope
-from tests.ledger._helpers import tamper_sqlite
-from tests.reports.test_run_scope import Team
+from tests.reports._team import Team, edited_copy
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def team(tmp_path_factory: pytest.TempPathFactory) -> Team:
-    return Team(tmp_path_factory.mktemp("team"))
-
-
-@pytest.fixture
-def ledger(team: Team) -> Iterator[Ledger]:
-    led = open_ledger(team.url, create=False)
-    yield led
-    led.close()
 
 
 def _groups(team: Team, led: Ledger, count: int = 3) -> list[list[str]]:
@@ -84,21 +69,21 @@ def _derived(src: Source, run: str) -> tuple[str, bytes]:
 
 
 def test_each_group_has_the_tables_report_and_audit_of_a_source_opened_for_it(
-    team: Team, ledger: Ledger, tmp_path: Path
+    team: Team, team_ledger: Ledger, tmp_path: Path
 ) -> None:
-    groups = _groups(team, ledger)
-    whole = open_source(ledger, tmp_path, verify=True)
+    groups = _groups(team, team_ledger)
+    whole = open_source(team_ledger, tmp_path, verify=True)
     try:
         whole_head = whole.head
         whole_requests = whole.scalar("SELECT count(*) FROM kv_requests")
     finally:
         whole.close()
-    with open_group_sources(ledger, groups, tmp_path) as sources:
+    with open_group_sources(team_ledger, groups, tmp_path) as sources:
         assert sources.shared is not None  # the one checked read, not a source opened per group
         for group, src in zip(groups, sources, strict=True):
-            want = open_source(ledger, tmp_path, verify=True, runs=group)
+            want = open_source(team_ledger, tmp_path, verify=True, runs=group)
             try:
-                assert src.scope == want.scope == run_scope(ledger, group)
+                assert src.scope == want.scope == run_scope(team_ledger, group)
                 assert src.head == want.head == whole_head
                 got_tables, want_tables = _tables(src), _tables(want)
                 assert sorted(got_tables) == sorted(want_tables)
@@ -114,10 +99,10 @@ def test_each_group_has_the_tables_report_and_audit_of_a_source_opened_for_it(
 
 
 def test_every_row_is_read_and_checked_once_for_all_groups(
-    team: Team, ledger: Ledger, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    team: Team, team_ledger: Ledger, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The rows the native checked read stepped through, counted at the reader (the real one):
-    the ledger's rows once (and the parts whose rows the native parse was not sure of once
+    the team_ledger's rows once (and the parts whose rows the native parse was not sure of once
     more, as a source of the whole ledger reads them), however many groups."""
     stepped: list[int] = []
     read = SqliteRows.by_kind
@@ -128,10 +113,10 @@ def test_every_row_is_read_and_checked_once_for_all_groups(
         return got
 
     monkeypatch.setattr(SqliteRows, "by_kind", counted)
-    groups = _groups(team, ledger)
-    head = ledger.head()
+    groups = _groups(team, team_ledger)
+    head = team_ledger.head()
     assert head is not None
-    with open_group_sources(ledger, groups, tmp_path) as sources:
+    with open_group_sources(team_ledger, groups, tmp_path) as sources:
         read_by_open = sum(stepped)
         verifications = []
         for src in sources:
@@ -148,15 +133,15 @@ def test_every_row_is_read_and_checked_once_for_all_groups(
     # What a source opened per group reads, for comparison: every row per group.
     stepped.clear()
     for group in groups:
-        open_source(ledger, tmp_path, verify=True, runs=group).close()
+        open_source(team_ledger, tmp_path, verify=True, runs=group).close()
     assert sum(stepped) >= len(groups) * head.seq
 
 
 def test_one_groups_tables_are_open_at_a_time_and_the_spill_goes(
-    team: Team, ledger: Ledger, tmp_path: Path
+    team: Team, team_ledger: Ledger, tmp_path: Path
 ) -> None:
-    groups = _groups(team, ledger)
-    with open_group_sources(ledger, groups, tmp_path) as sources:
+    groups = _groups(team, team_ledger)
+    with open_group_sources(team_ledger, groups, tmp_path) as sources:
         folder = sources.folder
         assert folder is not None and folder.is_dir()
         before: Source | None = None
@@ -179,16 +164,7 @@ def test_one_groups_tables_are_open_at_a_time_and_the_spill_goes(
 
 
 def test_a_tampered_row_blocks_every_groups_audit_naming_its_seq(team: Team, tmp_path: Path) -> None:
-    path = tmp_path / "edited.db"
-    with sqlite3.connect(team.url.removeprefix("sqlite:///")) as source, sqlite3.connect(path) as copy:
-        source.backup(copy)
-    with sqlite3.connect(path) as con:
-        (seq,) = con.execute(
-            "SELECT max(seq) FROM events WHERE kind = 'response.received' AND run_id = ?", (team.leaky,)
-        ).fetchone()
-    url = f"sqlite:///{path}"
-    edit = "UPDATE events SET data = replace(data, '\"status\":200', '\"status\":201') WHERE seq = "
-    tamper_sqlite(url, [f"{edit}{seq}"])
+    url, seq = edited_copy(team, tmp_path, team.leaky)
     led = open_ledger(url, create=False)
     try:
         groups = _groups(team, led)
@@ -209,7 +185,7 @@ def test_a_tampered_row_blocks_every_groups_audit_naming_its_seq(team: Team, tmp
 
 
 def test_an_unknown_run_is_named_before_any_row_is_read(
-    team: Team, ledger: Ledger, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    team: Team, team_ledger: Ledger, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     reads: list[tuple[Any, ...]] = []
     read = SqliteRows.by_kind
@@ -221,6 +197,6 @@ def test_an_unknown_run_is_named_before_any_row_is_read(
     monkeypatch.setattr(SqliteRows, "by_kind", counted)
     groups = [[team.screening], [team.leaky, "no-such-run"]]
     with pytest.raises(ValueError, match="no run 'no-such-run' in the ledger"):
-        open_group_sources(ledger, groups, tmp_path / "snapshots")
+        open_group_sources(team_ledger, groups, tmp_path / "snapshots")
     assert reads == []
     assert not (tmp_path / "snapshots").exists()  # nor the snapshot proven

@@ -14,7 +14,6 @@ driver path and PostgreSQL.
 
 from __future__ import annotations
 
-import lzma
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,73 +29,12 @@ from ledger._jsonl import read_jsonl
 from reports import derive_report, open_source, to_json
 from reports._audit import audit_json
 from reports._source import SCOPED_KINDS, run_scope
-from tests.ledger._helpers import tamper_sqlite
-from tests.reports._sim_shape import FAST, SMALL, VALIDATION
+from tests.reports._sim_shape import SMALL
+from tests.reports._team import Team, _invoke, _run, edited_copy
 
 pytestmark = pytest.mark.slow
 
 DATA = Path(__file__).parent.parent / "data"
-
-
-def _invoke(*args: str) -> Any:
-    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
-
-
-def _run(url: str, experiment: str, *params: str) -> str:
-    """``ledger run`` on the sim into ``url``; the new run's id."""
-    before = _runs(url)
-    result = _invoke("run", experiment, "--db", url, "--target", "sim", *FAST, *params)
-    assert result.exit_code in (0, 1), result.output  # 1: the run itself found a failure
-    (run,) = set(_runs(url)) - set(before)
-    return run
-
-
-def _runs(url: str) -> list[str]:
-    path = url.removeprefix("sqlite:///")
-    if not Path(path).exists():
-        return []
-    with sqlite3.connect(path) as con:
-        rows = con.execute("SELECT run_id FROM events WHERE kind = 'run.started' ORDER BY seq").fetchall()
-    return [str(r[0]) for r in rows]
-
-
-def _append_export(url: str, path: Path) -> None:
-    """A committed export (JSON Lines, ``.xz`` or plain) appended as another study of the ledger."""
-    opener: Any = lzma.open if path.suffix == ".xz" else open
-    with opener(path, "rb") as lines:
-        led = open_ledger(url)
-        try:
-            led.append_sealed(read_jsonl(iter(lines.read().splitlines())))
-        finally:
-            led.close()
-
-
-class Team:
-    """The shared ledger: its URL, the sim runs by role, and every run it holds."""
-
-    def __init__(self, folder: Path) -> None:
-        self.url = f"sqlite:///{folder / 'team.db'}"
-        self.validation = _run(self.url, "validation", *VALIDATION)
-        self.screening = _run(self.url, "screening", *SMALL)
-        result = _invoke("replay", self.screening, "--db", self.url, "--target", "sim", "--no-progress")
-        assert result.exit_code in (0, 1), result.output
-        (self.replay,) = set(_runs(self.url)) - {self.validation, self.screening}
-        self.leaky = _run(self.url, "screening", *SMALL, "--param", "fault=namespace-leak")
-        _append_export(self.url, DATA / "gpu-pooled" / "ledger.jsonl.xz")
-        _append_export(self.url, DATA / "probes" / "pinned_alloc.jsonl")
-        bench = str(DATA / "imports" / "vllm-bench.json")
-        result = _invoke("import", "--from", "vllm-bench", bench, "--db", self.url)
-        assert result.exit_code == 0, result.output
-        self.runs = _runs(self.url)
-        with sqlite3.connect(self.url.removeprefix("sqlite:///")) as con:
-            self.imported = [
-                str(r[0]) for r in con.execute("SELECT run_id FROM events WHERE kind = 'import.recorded'")
-            ]
-
-
-@pytest.fixture(scope="module")
-def team(tmp_path_factory: pytest.TempPathFactory) -> Team:
-    return Team(tmp_path_factory.mktemp("team"))
 
 
 @pytest.fixture
@@ -200,18 +138,8 @@ def test_a_scoped_source_refuses_to_derive_about_other_runs(
 
 def test_a_row_of_another_run_edited_still_blocks_the_runs_audit(team: Team, tmp_path: Path) -> None:
     """The scope spares copies, not checks: the chain is verified over every row."""
-    path = tmp_path / "edited.db"
-    with sqlite3.connect(team.url.removeprefix("sqlite:///")) as source, sqlite3.connect(path) as copy:
-        source.backup(copy)
-    with sqlite3.connect(path) as con:
-        (seq,) = con.execute(
-            "SELECT max(seq) FROM events WHERE kind = 'response.received' AND run_id = ?", (team.leaky,)
-        ).fetchone()
-    tamper_sqlite(
-        f"sqlite:///{path}",
-        [f"UPDATE events SET data = replace(data, '\"status\":200', '\"status\":201') WHERE seq = {seq}"],
-    )
-    result = _invoke("audit", "--run", team.screening, "--publish", "--db", f"sqlite:///{path}")
+    url, seq = edited_copy(team, tmp_path, team.leaky)
+    result = _invoke("audit", "--run", team.screening, "--publish", "--db", url)
     assert result.exit_code == 1, result.output
     assert "chain-broken" in result.output and str(seq) in result.output
 
@@ -355,13 +283,8 @@ def test_several_runs_audited_at_once_say_what_each_runs_audit_says(team: Team) 
 
 def test_a_ledger_edit_is_one_finding_for_several_runs(team: Team, tmp_path: Path) -> None:
     """A finding about the ledger (the chain) is listed once, not once per run audited."""
-    path = tmp_path / "edited.db"
-    with sqlite3.connect(team.url.removeprefix("sqlite:///")) as source, sqlite3.connect(path) as copy:
-        source.backup(copy)
-    with sqlite3.connect(path) as con:
-        (seq,) = con.execute("SELECT max(seq) FROM events WHERE kind = 'response.received'").fetchone()
-    tamper_sqlite(f"sqlite:///{path}", [f"UPDATE events SET data = data || ' ' WHERE seq = {seq}"])
-    findings, _ = _findings(*_runs_args(team.screening, team.replay), "--db", f"sqlite:///{path}")
+    url, seq = edited_copy(team, tmp_path)
+    findings, _ = _findings(*_runs_args(team.screening, team.replay), "--db", url)
     broken = [f for f in findings if f["code"] == "chain-broken"]
     assert len(broken) == 1 and str(seq) in broken[0]["detail"], broken
 
