@@ -83,25 +83,63 @@ def run_scope(ledger: Ledger, runs: Collection[str], until_seq: int | None = Non
     its replays as one series), and of every validation run (the service regression of the
     configs a run measures); see :data:`SCOPED_KINDS`. Read from the runs' start events, which
     the derivation then checks with every other row."""
-    started = {
-        event.run_id: event.data
-        for event in ledger.events(kind="run.started", until_seq=until_seq)
-        if event.run_id is not None
-    }
-    linked: dict[str, set[str]] = {}
-    for run, data in started.items():
-        original = data.get("replay_of")
-        if isinstance(original, str):
-            linked.setdefault(run, set()).add(original)
-            linked.setdefault(original, set()).add(run)
-    scope, todo = set(), list(runs)
-    while todo:
-        run = todo.pop()
-        if run not in scope:
-            scope.add(run)
-            todo.extend(linked.get(run, ()))
-    scope.update(run for run, data in started.items() if data.get("experiment") == "validation")
-    return RunScope(SCOPED_KINDS, frozenset(scope))
+    return Started.read(ledger, until_seq).scope(runs)
+
+
+@dataclass(frozen=True)
+class Started:
+    """The ledger's runs as their run.started events say (read once, for as many scopes or
+    families as are asked of them): each run's start seq and data, in the order they started."""
+
+    runs: dict[str, tuple[int, dict[str, Any]]]
+
+    @classmethod
+    def read(cls, ledger: Ledger, until_seq: int | None = None) -> Started:
+        return cls(
+            {
+                event.run_id: (event.seq, event.data)
+                for event in ledger.events(kind="run.started", until_seq=until_seq)
+                if event.run_id is not None
+            }
+        )
+
+    def linked(self) -> dict[str, set[str]]:
+        """Each run's runs linked to it by replay, either way (a replayed run may be absent)."""
+        links: dict[str, set[str]] = {}
+        for run, (_, data) in self.runs.items():
+            original = data.get("replay_of")
+            if isinstance(original, str):
+                links.setdefault(run, set()).add(original)
+                links.setdefault(original, set()).add(run)
+        return links
+
+    def family(self, runs: Collection[str], links: dict[str, set[str]] | None = None) -> set[str]:
+        """``runs`` and every run linked to one of them by replay, and on."""
+        links = self.linked() if links is None else links
+        found, todo = set(), list(runs)
+        while todo:
+            run = todo.pop()
+            if run not in found:
+                found.add(run)
+                todo.extend(links.get(run, ()))
+        return found
+
+    def scope(self, runs: Collection[str], links: dict[str, set[str]] | None = None) -> RunScope:
+        """:func:`run_scope` of ``runs``: their family, and every validation run."""
+        validation = {run for run, (_, data) in self.runs.items() if data.get("experiment") == "validation"}
+        return RunScope(SCOPED_KINDS, frozenset(self.family(runs, links) | validation))
+
+    def families(self) -> list[list[str]]:
+        """The started runs in families (a run with every run linked to it by replay), each in
+        start order, the families in the order of their first run's start."""
+        links, placed = self.linked(), set()
+        out = []
+        for run in self.runs:
+            if run not in placed:
+                family = sorted(self.family([run], links) & self.runs.keys(), key=lambda r: self.runs[r][0])
+                placed.update(family)
+                out.append(family)
+        return out
 
 
 @dataclass
@@ -461,7 +499,9 @@ class GroupSources:
         self.ledger = ledger
         self.groups = groups
         self.snapshot_root = snapshot_root
-        self.scopes = [run_scope(ledger, group) for group in groups]
+        started = Started.read(ledger)
+        links = started.linked()
+        self.scopes = [started.scope(group, links) for group in groups]
         # The spill files' folder (beside DuckDB's own spill folders), None until the read.
         self.folder: Path | None = None
         # The one checked read's reader (its snapshot, figures and check), its rows by group, and

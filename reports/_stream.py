@@ -29,7 +29,7 @@ from ledger._snapshot_rows import single_kind
 from ._audit import Finding, audit, audit_of_source
 from ._derive import ReportParts, derive_report, merge_report, report_parts
 from ._gc import no_cycle_collection
-from ._source import SCOPED_KINDS, GroupSources, Source, open_group_sources, open_source
+from ._source import SCOPED_KINDS, GroupSources, Source, Started, open_group_sources, open_source
 from ._views import projections
 
 __all__ = ["ReportAndAudit", "groups_of_runs", "report_and_audit", "report_and_audit_by_groups", "streams"]
@@ -42,40 +42,18 @@ def groups_of_runs(ledger: Ledger, events_per_group: int, until_seq: int | None 
     run's start (runs that overlap in time are told roughly; the groups only bound memory)."""
     if events_per_group < 1:
         raise ValueError(f"events_per_group must be at least 1, not {events_per_group}")
-    started = [
-        (event.seq, event.run_id, event.data.get("replay_of"))
-        for event in ledger.events(kind="run.started", until_seq=until_seq)
-        if event.run_id is not None
-    ]
+    started = Started.read(ledger, until_seq)
     head = ledger.head(at_or_before=until_seq) if until_seq is not None else ledger.head()
-    end = head.seq if head is not None else 0
-    size = {
-        run: (started[i + 1][0] if i + 1 < len(started) else end + 1) - seq
-        for i, (seq, run, _) in enumerate(started)
-    }
-    # Runs linked by replay, joined (union-find over the run ids; the earlier start is the root).
-    order = {run: index for index, (_, run, _) in enumerate(started)}
-    root = {run: run for run in order}
-
-    def find(run: str) -> str:
-        while root[run] != run:
-            root[run] = root[root[run]]
-            run = root[run]
-        return run
-
-    for _, run, original in started:
-        if isinstance(original, str) and original in root:
-            a, b = sorted((find(run), find(original)), key=order.__getitem__)
-            root[b] = a
-    components: dict[str, list[str]] = {}
-    for _, run, _ in started:
-        components.setdefault(find(run), []).append(run)
+    starts = [seq for seq, _ in started.runs.values()]
+    ends = [*starts[1:], (head.seq if head is not None else 0) + 1]
+    size = {run: end - start for run, start, end in zip(started.runs, starts, ends, strict=True)}
+    families = started.families()
     # As many groups as events_per_group asks for, about equal: the last is not a remnant.
-    weights = [sum(size[r] for r in members) for members in components.values()]
+    weights = [sum(size[r] for r in members) for members in families]
     target = sum(weights) / max(1, -(-sum(weights) // events_per_group))
     groups: list[list[str]] = []
     events = 0.0
-    for weight, members in zip(weights, components.values(), strict=True):
+    for weight, members in zip(weights, families, strict=True):
         if not groups or (events > 0 and events + weight / 2 > target):
             groups.append([])
             events = 0.0
