@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ledger import Head
+
 from ._gc import no_cycle_collection
 from ._plan import plan_deviations, run_plans
 from ._source import Source
@@ -1111,7 +1113,12 @@ def grouped(findings: list[dict[str, Any]], examples: int = EXAMPLES) -> list[di
 
 def audit_json(src: Source, run: str | None = None) -> dict[str, Any]:
     """The ``ledger audit --json`` object."""
-    return {"findings": [f.as_dict() for f in audit(src, run)], "head": src.head.chain if src.head else None}
+    return audit_object(audit(src, run), src.head)
+
+
+def audit_object(findings: list[Finding], head: Head | None) -> dict[str, Any]:
+    """The ``ledger audit --json`` object of ``findings`` derived at ``head``."""
+    return {"findings": [f.as_dict() for f in findings], "head": head.chain if head else None}
 
 
 def audit_runs(src: Source, runs: list[str]) -> list[Finding]:
@@ -1127,7 +1134,4 @@ def audit_runs(src: Source, runs: list[str]) -> list[Finding]:
 def audit_runs_json(src: Source, runs: list[str]) -> dict[str, Any]:
     """The ``ledger audit --json`` object of :func:`audit_runs` (that of :func:`audit_json` for
     none or one run)."""
-    return {
-        "findings": [f.as_dict() for f in audit_runs(src, runs)],
-        "head": src.head.chain if src.head else None,
-    }
+    return audit_object(audit_runs(src, runs), src.head)

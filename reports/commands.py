@@ -15,18 +15,10 @@ from ledger.cli_options import db_option, events_per_group_option, json_option, 
 
 from . import _render
 from ._attest import build_statement, check_statement, open_envelope, report_files, sign
-from ._audit import BLOCKING, EXAMPLES, audit_json, audit_runs_json, grouped
+from ._audit import BLOCKING, EXAMPLES, audit_json, audit_object, audit_runs_json, grouped
 from ._derive import derive_report
 from ._source import Source, open_source
-from ._stream import ReportAndAudit, report_and_audit, streams
-
-
-def _audit_object(derived: ReportAndAudit) -> dict[str, Any]:
-    """The ``ledger audit --json`` object of a report and audit derived group by group."""
-    return {
-        "findings": [f.as_dict() for f in derived.findings],
-        "head": derived.head.chain if derived.head else None,
-    }
+from ._stream import report_and_audit
 
 
 def _open_source(led: Ledger, run_ids: tuple[str, ...], verify: bool = False) -> Source:
@@ -93,10 +85,10 @@ def report_command(
     """
     if as_json and as_markdown:
         raise click.UsageError("give at most one of --json and --markdown")
-    audit: dict[str, Any] | None = None
     led = open_ledger(db_url, create=False)
-    if run_id is None and (events_per_group or streams(led, verify=html_path is not None)):
-        # A large ledger's report (and audit), group of runs by group of runs: the same bytes.
+    if run_id is None:
+        # The whole ledger's (group of runs by group of runs where it is large: the same bytes); the
+        # HTML page opens with the audit's verdict, its chain checked as the rows are read.
         derived = report_and_audit(
             led,
             verify=html_path is not None,
@@ -106,10 +98,9 @@ def report_command(
         )
         assert derived.report is not None  # asked for
         report = derived.report
-        audit = _audit_object(derived) if html_path is not None else None
+        audit = audit_object(derived.findings, derived.head) if html_path is not None else None
     else:
-        # The HTML page opens with the audit's verdict: its chain check runs beside the derivation.
-        src = _open_source(led, (run_id,) if run_id else (), verify=html_path is not None)
+        src = _open_source(led, (run_id,), verify=html_path is not None)
         try:
             report = derive_report(src, run_id, pool_replays=pool_replays)
             audit = audit_json(src, run_id) if html_path is not None else None
@@ -151,9 +142,10 @@ def audit_command(
         ledger audit --run 0193...a --run 0193...b --publish
     """
     led = open_ledger(db_url, create=False)
-    if not run_ids and (events_per_group or streams(led)):
-        # A large ledger's audit, group of runs by group of runs (the same findings).
-        result = _audit_object(report_and_audit(led, events_per_group=events_per_group, with_report=False))
+    if not run_ids:
+        # The whole ledger's (group of runs by group of runs where it is large: the same findings).
+        derived = report_and_audit(led, events_per_group=events_per_group, with_report=False)
+        result = audit_object(derived.findings, derived.head)
     else:
         src = _open_source(led, run_ids, verify=True)  # the chain is checked while the views are built
         try:
