@@ -33,9 +33,7 @@ from ._rows import SCHEMA, native_table, read_rows, rows_to_table
 from ._snapshot import Proof, Snapshot, _seqs_follow, key_path, sql_literal
 from ._snapshot_rows import _carrow, by_kind, columns_read, single_kind
 from ._store import Ledger
-from ._typed import ENTRIES_SCHEMA, Entries, Typed, entries_table, typed_table
-from ._typed import entries as entries_of
-from ._typed import typed as typed_fields
+from ._typed import ENTRIES_SCHEMA, NativeSpecs, entries_table, native_specs, typed_table
 from ._verify import _NO_LOWER_BOUND, RangeResult
 
 # DuckDB's memory for a report (see duckdb_config): with the chunk of rows in flight and
@@ -351,42 +349,23 @@ def derive_checked(
         mask |= 1 << text.index("run_id")  # what the scope keeps, or the sink's groups, are told by it
     empty = empty_table(schema_of(mask))
     # A kind's first projection of typed fields is parsed natively as its rows are read
-    # (ledger/_typed.py): its rows' data is then copied only where another projection reads it.
-    typed: dict[str, tuple[str, Typed]] = {}
-    for kind, names in kinds.items():
-        for name in names:
-            spec = typed_fields(projections[name])
-            if spec is not None and spec.kind == kind:
-                typed[kind] = (name, spec)
-                break
-    if not hasattr(carrow, "FIELD_TYPES"):
-        typed = {}  # a build older than the typed fields: DuckDB parses every projection
-    # A kind's projection of an object field's entries (ledger/_typed.py entries_sql) is filled in
-    # the same pass, beside its typed fields: its JSON is not copied for DuckDB to parse.
-    unnested: dict[str, tuple[str, Entries]] = {}
-    for kind, names in kinds.items():
-        for name in names:
-            spec_of_entries = entries_of(projections[name])
-            # (Not a field the kind's typed projection reads as well: one pass gives one or the other.)
-            if (
-                spec_of_entries is not None
-                and kind in typed
-                and hasattr(carrow, "ENTRIES")
-                and spec_of_entries.field not in {field[0] for field in typed[kind][1].fields}
-            ):
-                unnested[kind] = (name, spec_of_entries)
-                break
-    native_typed: dict[str, tuple[Any, ...]] = {}
-    for kind, (name, spec) in typed.items():
-        natively = {name, unnested[kind][0]} if kind in unnested else {name}
-        others = [projections[n] for n in kinds[kind] if n not in natively]
+    # (ledger/_typed.py): its rows' data is then copied only where another projection reads it;
+    # beside it, a projection of an object field's entries is filled in the same pass, its JSON not
+    # copied for DuckDB to parse. (A build older than the typed fields: DuckDB parses every one.)
+    specs = (
+        native_specs(kinds, projections, with_entries=hasattr(carrow, "ENTRIES"))
+        if hasattr(carrow, "FIELD_TYPES")
+        else NativeSpecs({}, {})
+    )
+    typed, unnested = specs.typed, specs.unnested
+    kind_masks: dict[str, int] = {}
+    for kind in typed:
+        others = [projections[n] for n in kinds[kind] if n not in specs.names()]
         # run_id and block_id for the typed table; what the kind's other projections read, if any.
-        kind_mask = mask_of(["SELECT run_id, block_id", *others]) & ~(
+        kind_masks[kind] = mask_of(["SELECT run_id, block_id", *others]) & ~(
             0 if others else 1 << text.index("kind")
         )
-        native_typed[kind] = (kind_mask, spec.fields)
-        if kind in unnested:
-            native_typed[kind] += (unnested[kind][1].native(),)
+    native_typed = specs.argument(kind_masks)
     schemas: dict[int, pa.Schema] = {}
 
     # Each chunk is read in two parts side by side; a part after the first starts on the chain the

@@ -22,6 +22,9 @@
  * The fields are kind -> top-level key -> a mask of the JSON types its values have, as
  * DuckDB's json_keys and json_type name them (bits in TYPE_NAMES order), or None where a
  * row's data is anything but a canonical object with plain keys (then DuckDB types them).
+ * Given ``typed`` (as read_checked_by_kind takes it), the kinds it names are also parsed into
+ * their typed fields in the same pass, given last as (groups, unsure) in read_checked_by_kind's
+ * form: a snapshot writes each projection from them rather than parse every row again.
  *
  * read_checked_by_kind(path, after_seq, until_seq, expected_seq, previous_chain[, columns]) ->
  * (rows, [(kind, rows, seqs, columns)], check): the rows checked as read_checked checks them, each
@@ -1346,25 +1349,33 @@ static int in_scope(const Scope *scope, const Source *src) {
     return bsearch(&run, scope->runs, (size_t)scope->nruns, sizeof(Text), text_order) != NULL;
 }
 
-/* One row into seqs and cols, or, where groups is given, into its kind's group; checked first
- * where check is given (reading a column as text may convert it, and the check needs its type). */
+/* The current row into its kind's group (of the scope's kinds, only where its run is kept). */
+static int group_row(const Source *src, Groups *groups) {
+    int outcome;
+    Group *group = group_of(groups, src);
+    if (group == NULL) return READ_NOMEM;
+    if (group->scoped && !in_scope(groups->scope, src)) return READ_OK; /* checked, not kept */
+    if ((outcome = add_row(&group->seqs, group->cols, src, group->rows, group->mask)) != READ_OK) return outcome;
+    if (group->spec != NULL && !group->unsure) {
+        Unnest unnest = {group->spec->entries, group->eouts, &group->key, 0};
+        int typed = extract_row(group->spec, group->outs, group->eouts != NULL ? &unnest : NULL, src);
+        if (typed == READ_NOMEM) return READ_NOMEM;
+        group->unsure = typed != READ_OK;
+    }
+    group->rows++;
+    return READ_OK;
+}
+
+/* One row into seqs and cols and, where groups is given, into its kind's group (groups alone
+ * where seqs is NULL); checked first where check is given (reading a column as text may convert
+ * it, and the check needs its type). */
 static int take_row(const Source *src, int64_t row, Buffer *seqs, Column *cols, Check *check, Fields *fields,
                     Groups *groups) {
     int outcome;
     if (check != NULL && (outcome = check_row(check, src)) != READ_OK) return outcome;
     if (groups != NULL) {
-        Group *group = group_of(groups, src);
-        if (group == NULL) return READ_NOMEM;
-        if (group->scoped && !in_scope(groups->scope, src)) return READ_OK; /* checked, not kept */
-        if ((outcome = add_row(&group->seqs, group->cols, src, group->rows, group->mask)) != READ_OK) return outcome;
-        if (group->spec != NULL && !group->unsure) {
-            Unnest unnest = {group->spec->entries, group->eouts, &group->key, 0};
-            int typed = extract_row(group->spec, group->outs, group->eouts != NULL ? &unnest : NULL, src);
-            if (typed == READ_NOMEM) return READ_NOMEM;
-            group->unsure = typed != READ_OK;
-        }
-        group->rows++;
-        return READ_OK;
+        if ((outcome = group_row(src, groups)) != READ_OK) return outcome;
+        if (seqs == NULL) return READ_OK;
     }
     if ((outcome = add_row(seqs, cols, src, row, ALL_COLUMNS)) != READ_OK) return outcome;
     if (fields != NULL && !fields->unsure) {
@@ -1385,7 +1396,7 @@ static int read_rows(const char *path, int64_t after, int64_t until, Buffer *seq
     sqlite3_stmt *st = NULL;
     int outcome = READ_OK;
     *sqlite_message = NULL;
-    if (groups == NULL && columns_start(cols) != READ_OK) return READ_NOMEM;
+    if (cols != NULL && columns_start(cols) != READ_OK) return READ_NOMEM;
     if (sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX, NULL) != SQLITE_OK) {
         outcome = READ_SQLITE;
         goto done;
@@ -1427,7 +1438,7 @@ done:
  * ``src->error`` says why (the outcome stays READ_OK: a malformed stream is not a verdict). */
 static int read_copy(Source *src, Buffer *seqs, Column *cols, int64_t *rows, Check *check, Fields *fields,
                      Groups *groups) {
-    if (groups == NULL && columns_start(cols) != READ_OK) return READ_NOMEM;
+    if (cols != NULL && columns_start(cols) != READ_OK) return READ_NOMEM;
     if (copy_start(src) < 0) return READ_OK;
     int next, outcome;
     int64_t row = 0;
@@ -1537,22 +1548,32 @@ static PyObject *columns_list(Column *cols, unsigned mask) {
     return columns;
 }
 
+static int specs_parse(PyObject *typed, Specs *specs);
+static PyObject *groups_list(Groups *groups, int *unsure);
+
+/* ``typed`` ({kind: (columns, fields[, entries])}, or NULL): each of those kinds' rows is also
+ * parsed into its typed fields as it is read (the group of a kind without them keeps its seqs
+ * alone), given after the fields as (groups, unsure), as read_checked_by_kind gives them. */
 static PyObject *read_any(const char *path, long long after, long long until, Source *buffered, Check *check,
-                          Fields *fields) {
+                          Fields *fields, PyObject *typed) {
     Buffer seqs = {0};
     Column cols[TEXT_COLUMNS];
     memset(cols, 0, sizeof cols);
     int64_t rows = 0;
     const char *message = NULL;
-    int outcome;
+    int outcome, unsure = 0;
+    Specs specs = {0};
+    Groups kinds = {.specs = &specs, .mask = 0};
+    Groups *groups = typed != NULL && typed != Py_None ? &kinds : NULL;
+    PyObject *result = NULL, *columns = NULL, *grouped = NULL;
+    if (groups != NULL && specs_parse(typed, &specs) < 0) goto done;
     Py_BEGIN_ALLOW_THREADS
     if (buffered == NULL) {
-        outcome = read_rows(path, after, until, &seqs, cols, &rows, &message, check, fields, NULL);
+        outcome = read_rows(path, after, until, &seqs, cols, &rows, &message, check, fields, groups);
     } else {
-        outcome = read_copy(buffered, &seqs, cols, &rows, check, fields, NULL);
+        outcome = read_copy(buffered, &seqs, cols, &rows, check, fields, groups);
     }
     Py_END_ALLOW_THREADS
-    PyObject *result = NULL, *columns = NULL;
     if (buffered != NULL && buffered->error != NULL && outcome == READ_OK) {
         PyErr_Format(PyExc_ValueError, "COPY data: %s", buffered->error);
         goto done;
@@ -1565,14 +1586,26 @@ static PyObject *read_any(const char *path, long long after, long long until, So
     } else {
         PyObject *found = fields->unsure ? (Py_INCREF(Py_None), Py_None) : fields_dict(fields);
         if (found == NULL) goto done;
-        result = Py_BuildValue("(LNO(iLLLs#)N)", (long long)rows, as_memory(&seqs), columns, check->outcome,
-                               check->bad_seq, check->found_seq, check->expected - 1, check->chain,
-                               (Py_ssize_t)check->chain_len, found);
+        if (groups != NULL && (grouped = groups_list(groups, &unsure)) == NULL) {
+            Py_DECREF(found);
+            goto done;
+        }
+        result = groups == NULL
+                     ? Py_BuildValue("(LNO(iLLLs#)N)", (long long)rows, as_memory(&seqs), columns, check->outcome,
+                                     check->bad_seq, check->found_seq, check->expected - 1, check->chain,
+                                     (Py_ssize_t)check->chain_len, found)
+                     : Py_BuildValue("(LNO(iLLLs#)N(OO))", (long long)rows, as_memory(&seqs), columns,
+                                     check->outcome, check->bad_seq, check->found_seq, check->expected - 1,
+                                     check->chain, (Py_ssize_t)check->chain_len, found, grouped,
+                                     unsure ? Py_True : Py_False);
     }
 done:
     Py_XDECREF(columns);
+    Py_XDECREF(grouped);
     free(seqs.p);
     columns_free(cols);
+    groups_free(&kinds);
+    specs_free(&specs);
     return result;
 }
 
@@ -1581,7 +1614,7 @@ static PyObject *read_range(PyObject *self, PyObject *args) {
     const char *path;
     long long after, until;
     if (!PyArg_ParseTuple(args, "sLL", &path, &after, &until)) return NULL;
-    return read_any(path, after, until, NULL, NULL, NULL);
+    return read_any(path, after, until, NULL, NULL, NULL, NULL);
 }
 
 static PyObject *read_checked(PyObject *self, PyObject *args) {
@@ -1589,7 +1622,9 @@ static PyObject *read_checked(PyObject *self, PyObject *args) {
     const char *path, *chain;
     Py_ssize_t chain_len;
     long long after, until, expected;
-    if (!PyArg_ParseTuple(args, "sLLLs#", &path, &after, &until, &expected, &chain, &chain_len)) return NULL;
+    PyObject *typed = NULL;
+    if (!PyArg_ParseTuple(args, "sLLLs#|O", &path, &after, &until, &expected, &chain, &chain_len, &typed))
+        return NULL;
     if (chain_len != HEX_LEN && chain_len != 0) {
         PyErr_SetString(PyExc_ValueError, "previous chain must be 64 hex characters or empty");
         return NULL;
@@ -1597,7 +1632,7 @@ static PyObject *read_checked(PyObject *self, PyObject *args) {
     Check check = {.expected = expected, .chain_len = (size_t)chain_len, .outcome = CHECK_OK};
     memcpy(check.chain, chain, (size_t)chain_len);
     Fields fields = {0};
-    PyObject *result = read_any(path, after, until, NULL, &check, &fields);
+    PyObject *result = read_any(path, after, until, NULL, &check, &fields, typed);
     free(check.envelope.p);
     fields_free(&fields);
     return result;
@@ -1825,6 +1860,43 @@ static PyObject *outs_list(Out *outs, int nouts) {
     return list;
 }
 
+/* Each group as (kind, rows, seq_bytes, columns, typed_columns | None, (entries, entry_columns) | None),
+ * in order of first appearance; *unsure is set where a group's typed parse was not sure of a row
+ * (its typed columns are then None). The buffers pass to Python. */
+static PyObject *groups_list(Groups *g, int *unsure) {
+    PyObject *list = PyList_New((Py_ssize_t)g->used);
+    if (list == NULL) return NULL;
+    for (size_t i = 0; i < g->used; i++) {
+        Group *x = &g->items[i];
+        *unsure |= x->unsure;
+        PyObject *kind = x->kind == NULL ? (Py_INCREF(Py_None), Py_None)
+                                         : PyUnicode_DecodeUTF8((const char *)x->kind, (Py_ssize_t)x->kind_len,
+                                                                "surrogateescape");
+        PyObject *columns = kind == NULL ? NULL : columns_list(x->cols, x->mask);
+        PyObject *fields = columns == NULL                    ? NULL
+                           : x->spec == NULL || x->unsure ? (Py_INCREF(Py_None), Py_None)
+                                                              : outs_list(x->outs, x->spec->nouts);
+        PyObject *entries = fields == NULL                     ? NULL
+                            : x->eouts == NULL || x->unsure ? (Py_INCREF(Py_None), Py_None)
+                                                             : Py_BuildValue("(LN)", (long long)x->eouts[E_SEQ].rows,
+                                                                             outs_list(x->eouts, E_OUTS));
+        PyObject *item = entries == NULL ? NULL
+                                         : Py_BuildValue("(NLNNNN)", kind, (long long)x->rows, as_memory(&x->seqs),
+                                                         columns, fields, entries);
+        if (item == NULL) {
+            if (entries == NULL) {
+                Py_XDECREF(kind);
+                Py_XDECREF(columns);
+                Py_XDECREF(fields);
+            }
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, (Py_ssize_t)i, item);
+    }
+    return list;
+}
+
 /* read_checked_by_kind's work, over the SQLite file at ``path`` (rows after < seq <= until), or,
  * where ``buffered`` is given, over the rows of its COPY data. */
 static PyObject *checked_by_kind(const char *path, long long after, long long until, Source *buffered,
@@ -1858,35 +1930,7 @@ static PyObject *checked_by_kind(const char *path, long long after, long long un
         goto done;
     }
     if (raise_read_error(outcome, message)) goto done;
-    list = PyList_New((Py_ssize_t)groups.used);
-    if (list == NULL) goto done;
-    for (size_t i = 0; i < groups.used; i++) {
-        Group *x = &groups.items[i];
-        unsure |= x->unsure;
-        PyObject *kind = x->kind == NULL ? (Py_INCREF(Py_None), Py_None)
-                                         : PyUnicode_DecodeUTF8((const char *)x->kind, (Py_ssize_t)x->kind_len,
-                                                                "surrogateescape");
-        PyObject *columns = kind == NULL ? NULL : columns_list(x->cols, x->mask);
-        PyObject *fields = columns == NULL                    ? NULL
-                           : x->spec == NULL || x->unsure ? (Py_INCREF(Py_None), Py_None)
-                                                              : outs_list(x->outs, x->spec->nouts);
-        PyObject *entries = fields == NULL                     ? NULL
-                            : x->eouts == NULL || x->unsure ? (Py_INCREF(Py_None), Py_None)
-                                                             : Py_BuildValue("(LN)", (long long)x->eouts[E_SEQ].rows,
-                                                                             outs_list(x->eouts, E_OUTS));
-        PyObject *item = entries == NULL ? NULL
-                                         : Py_BuildValue("(NLNNNN)", kind, (long long)x->rows, as_memory(&x->seqs),
-                                                         columns, fields, entries);
-        if (item == NULL) {
-            if (entries == NULL) {
-                Py_XDECREF(kind);
-                Py_XDECREF(columns);
-                Py_XDECREF(fields);
-            }
-            goto done;
-        }
-        PyList_SET_ITEM(list, (Py_ssize_t)i, item);
-    }
+    if ((list = groups_list(&groups, &unsure)) == NULL) goto done;
     result = Py_BuildValue("(LO(iLLLs#)O)", (long long)rows, list, check.outcome, check.bad_seq, check.found_seq,
                            check.expected - 1, check.chain, (Py_ssize_t)check.chain_len, unsure ? Py_True : Py_False);
 done:
@@ -1971,8 +2015,8 @@ static PyObject *check_copy_rows(PyObject *self, PyObject *args) {
     const char *chain;
     Py_ssize_t chain_len;
     long long expected;
-    PyObject *data;
-    if (!PyArg_ParseTuple(args, "OLs#", &data, &expected, &chain, &chain_len)) return NULL;
+    PyObject *data, *typed = NULL;
+    if (!PyArg_ParseTuple(args, "OLs#|O", &data, &expected, &chain, &chain_len, &typed)) return NULL;
     if (chain_len != HEX_LEN && chain_len != 0) {
         PyErr_SetString(PyExc_ValueError, "previous chain must be 64 hex characters or empty");
         return NULL;
@@ -1983,7 +2027,7 @@ static PyObject *check_copy_rows(PyObject *self, PyObject *args) {
     Check check = {.expected = expected, .chain_len = (size_t)chain_len, .outcome = CHECK_OK};
     memcpy(check.chain, chain, (size_t)chain_len);
     Fields fields = {0};
-    PyObject *result = read_any(NULL, 0, 0, &src, &check, &fields);
+    PyObject *result = read_any(NULL, 0, 0, &src, &check, &fields, typed);
     free(check.envelope.p);
     fields_free(&fields);
     PyBuffer_Release(&view);
@@ -1994,9 +2038,10 @@ static PyMethodDef methods[] = {
     {"read", read_range, METH_VARARGS,
      "read(path, after_seq, until_seq) -> (rows, seq_bytes, [(validity, nulls, offsets, data)] * 8)"},
     {"read_checked", read_checked, METH_VARARGS,
-     "read_checked(path, after_seq, until_seq, expected_seq, previous_chain)\n"
+     "read_checked(path, after_seq, until_seq, expected_seq, previous_chain, typed=None)\n"
      "    -> (rows, seq_bytes, columns, (outcome, bad_seq, found_seq, last_good_seq, last_good_chain),\n"
-     "        {kind: {key: type mask}} | None)"},
+     "        {kind: {key: type mask}} | None[, (groups, unsure) as read_checked_by_kind gives them, where\n"
+     "        typed is given])"},
     {"read_checked_by_kind", read_checked_by_kind, METH_VARARGS,
      "read_checked_by_kind(path, after_seq, until_seq, expected_seq, previous_chain, columns=all, typed=None,\n"
      "                     scope=None)\n"
@@ -2006,7 +2051,7 @@ static PyMethodDef methods[] = {
      "        (outcome, bad_seq, found_seq, last_good_seq, last_good_chain), unsure);\n"
      "    scope=(kinds, runs): rows of those kinds kept only where their run_id is null or one of runs"},
     {"check_copy_rows", check_copy_rows, METH_VARARGS,
-     "check_copy_rows(data, expected_seq, previous_chain)\n"
+     "check_copy_rows(data, expected_seq, previous_chain, typed=None)\n"
      "    -> what read_checked gives, for the rows of ``data`` (PostgreSQL's binary COPY, as check_copy)"},
     {"copy_out", copy_out, METH_VARARGS,
      "copy_out(get_copy_data, free_mem, conn) -> (data, status): a begun COPY TO STDOUT's rows, by that\n"
@@ -2051,6 +2096,8 @@ PyMODINIT_FUNC PyInit__carrow(void) {
     }
     /* read_checked_by_kind and check_copy take a scope (a build before them did not). */
     if (PyModule_AddIntConstant(m, "SCOPES", 1) < 0) goto fail;
+    /* read_checked and check_copy_rows take a typed spec (a build before them did not). */
+    if (PyModule_AddIntConstant(m, "TYPED_ROWS", 1) < 0) goto fail;
     /* A typed spec may name an object field's entries to unnest (a build before it could not). */
     if (PyModule_AddIntConstant(m, "ENTRIES", 1) < 0) goto fail;
     if (PyModule_AddIntConstant(m, "OK", CHECK_OK) || PyModule_AddIntConstant(m, "DELETED", CHECK_DELETED)

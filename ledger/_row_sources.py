@@ -60,9 +60,12 @@ class RowSource(Protocol):
         """Check rows ``after < seq <= until`` only (nothing copied out)."""
         ...
 
-    def rows(self, after: int, until: int, expected: int, previous: str) -> tuple[Any, ...]:
+    def rows(
+        self, after: int, until: int, expected: int, previous: str, typed: dict[str, Any] | None = None
+    ) -> tuple[Any, ...]:
         """Rows ``after < seq <= until`` checked from ``expected`` on ``previous``, all columns in seq
-        order with their data's fields: what ``_carrow.read_checked`` returns."""
+        order with their data's fields (and, given ``typed``, the kinds it names parsed into their
+        typed fields in the same pass): what ``_carrow.read_checked`` returns."""
         ...
 
     def stored_chains(self, seqs: list[int]) -> dict[int, str]:
@@ -95,9 +98,12 @@ class SqliteRows:
         assert _cverify is not None
         return _cverify.scan(self.path, after, until, expected, previous)
 
-    def rows(self, after: int, until: int, expected: int, previous: str) -> tuple[Any, ...]:
+    def rows(
+        self, after: int, until: int, expected: int, previous: str, typed: dict[str, Any] | None = None
+    ) -> tuple[Any, ...]:
         assert _carrow is not None
-        return tuple(_carrow.read_checked(self.path, after, until, expected, previous))
+        extra = () if typed is None else (typed,)
+        return tuple(_carrow.read_checked(self.path, after, until, expected, previous, *extra))
 
     def stored_chains(self, seqs: list[int]) -> dict[int, str]:
         if not seqs:
@@ -265,9 +271,12 @@ class PostgresRows:
         assert _carrow is not None
         return tuple(_carrow.check_copy(self.fetch(after, until), expected, previous, mask, typed, scope))
 
-    def rows(self, after: int, until: int, expected: int, previous: str) -> tuple[Any, ...]:
+    def rows(
+        self, after: int, until: int, expected: int, previous: str, typed: dict[str, Any] | None = None
+    ) -> tuple[Any, ...]:
         assert _carrow is not None
-        return tuple(_carrow.check_copy_rows(self.fetch(after, until), expected, previous))
+        extra = () if typed is None else (typed,)
+        return tuple(_carrow.check_copy_rows(self.fetch(after, until), expected, previous, *extra))
 
     def scan(self, after: int, until: int, expected: int, previous: str) -> Check:
         assert _carrow is not None

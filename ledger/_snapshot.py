@@ -76,8 +76,9 @@ import pyarrow.parquet as pq
 from ._events import GENESIS
 from ._row_sources import row_source
 from ._rows import SCHEMA, read_rows, rows_to_table
-from ._snapshot_rows import by_kind, columns_read, read_checked, single_kind
+from ._snapshot_rows import CheckedRows, _carrow, by_kind, columns_read, read_checked, single_kind
 from ._store import Ledger
+from ._typed import NativeSpecs, native_specs
 from ._verify import RangeResult, _native_range, native_path, scan_rows
 
 __all__ = [
@@ -221,6 +222,7 @@ class Proof:
     write_seconds: float = 0.0  # writing new raw segments (wall, beside the projections)
     derive_seconds: float = 0.0  # deriving the projections of new segments (wall)
     fields_by_duckdb: int = 0  # new segments whose fields DuckDB typed (the native read could not)
+    projected_natively: int = 0  # projection files written from the read's typed tables, not by DuckDB
     unchanged: int = 0  # files whose digest stood: same inode, size and ctime as when last hashed
     # path → [inode, size, ctime_ns, sha256] of files hashed before; empty: hash every file.
     known: dict[str, list[Any]] = field(default_factory=dict)
@@ -611,8 +613,9 @@ class Snapshot:
         # PostgreSQL's binary COPY), else None: rows are read, then checked apart.
         reader = row_source(ledger)
         native = native_path(ledger) if reader is None else None
+        specs = _native_specs(derive) if reader is not None else None
 
-        def read(start: int, previous: str) -> tuple[pa.Table, RangeResult, Any, float]:
+        def read(start: int, previous: str) -> tuple[CheckedRows, RangeResult, Any, float]:
             # The rows are checked as they are written: a segment holds only rows whose digests
             # and links were recomputed, or says that it does not.
             stop = min(start + _SEGMENT_ROWS, until)
@@ -624,8 +627,8 @@ class Snapshot:
             wall = time.perf_counter()
             if reader is not None:
                 # Natively, each row is checked as it is read, in the same pass.
-                rows = read_checked(reader, start, stop, previous)
-                return rows.table, rows.checked, rows.fields, time.perf_counter() - wall
+                rows = read_checked(reader, start, stop, previous, specs=specs)
+                return rows, rows.checked, rows.fields, time.perf_counter() - wall
             # Else the database's range is verified beside the read (natively, off the GIL) and
             # the rows read must be those rows: the same seqs, ending on the same chain.
             with ThreadPoolExecutor(1, thread_name_prefix="kvledger-snapshot-check") as checker:
@@ -633,12 +636,13 @@ class Snapshot:
                 table = read_rows(ledger, start, stop)
                 wall = time.perf_counter()
                 checked = check.result() if check else _scan_table(table, start + 1, previous)
-            return table, checked, None, time.perf_counter() - wall
+            return CheckedRows(table, checked, None), checked, None, time.perf_counter() - wall
 
         with ThreadPoolExecutor(2, thread_name_prefix="kvledger-snapshot") as pool:
             pending = pool.submit(read, start, previous) if start < until else None
             while pending is not None:
-                table, checked, fields, took = pending.result()
+                rows, checked, fields, took = pending.result()
+                table = rows.table
                 pending = None
                 self.proof.write_check_seconds += took
                 if table.num_rows == 0:
@@ -664,7 +668,10 @@ class Snapshot:
                 raw = pool.submit(self._timed_write, table, start + 1, last, chain, proven, fields)
                 try:
                     derived = self._derive(
-                        table, derive, f"events-{start + 1:012d}-{last:012d}.parquet", state
+                        rows if proven else CheckedRows(table, checked, None),
+                        derive,
+                        f"events-{start + 1:012d}-{last:012d}.parquet",
+                        state,
                     )
                     self.proof.derive_seconds += time.perf_counter() - wall
                 finally:
@@ -677,22 +684,40 @@ class Snapshot:
         return written
 
     def _derive(
-        self, table: pa.Table, derive: Mapping[str, str], name: str, state: dict[str, Any]
+        self, rows: CheckedRows, derive: Mapping[str, str], name: str, state: dict[str, Any]
     ) -> list[tuple[str, str, int]]:
         """Each projection of ``derive`` for the segment ``name`` from its rows in memory; returns
-        (SQL, file digest, rows) triples. A projection that reads one kind is given only that
-        kind's rows; where there are none, its file is the one it gave for no rows before."""
+        (SQL, file digest, rows) triples. A projection the read filled natively (``rows.projected``,
+        where DuckDB reads its table with the SQL's own columns and types) is written as it is; any
+        other that reads one kind is given only that kind's rows; where there are none, its file is
+        the one it gave for no rows before."""
         if not derive:
             return []
+        table = rows.table
         kinds = {sql: single_kind(sql) for sql in derive.values()}
-        one_kind = [sql for sql, kind in kinds.items() if kind is not None]
+        filled = {
+            derive[n]: projected
+            for n, projected in rows.projected.items()
+            if n in derive and _reads_as(derive[n], projected, table)
+        }
+        # Split by kind only for what DuckDB derives from rows the segment holds (a stable sort and a
+        # copy of the columns it reads); the kinds present are the read's, where it says.
+        one_kind = [
+            sql
+            for sql, kind in kinds.items()
+            if kind is not None and sql not in filled and (rows.kinds is None or kind in rows.kinds)
+        ]
         parts = by_kind(table, columns_read(one_kind)) if one_kind else {}
+        present = rows.kinds if rows.kinds is not None else frozenset(parts)
 
         def project(sql: str) -> tuple[str, str, int]:
             kind = kinds[sql]
             folder = self._projection_dir(sql)
             folder.mkdir(exist_ok=True)
-            if kind is not None and kind not in parts:
+            if sql in filled:
+                digest, count = _write_parquet(filled[sql], folder / name)
+                return sql, digest, count
+            if kind is not None and kind not in present:
                 empty = self._empty.get(sql) or self._empty_file(sql, state)
                 if empty is not None:
                     # A DuckDB COPY of no rows costs 4 ms or more of CPU; its bytes do not
@@ -723,11 +748,14 @@ class Snapshot:
         # largest first, so that the last to finish is a small one, not one core's long tail.
         def size(sql: str) -> int:
             kind = kinds[sql]
+            if sql in filled:
+                return filled[sql].num_rows
             return table.num_rows if kind is None else parts[kind].num_rows if kind in parts else 0
 
         order = sorted(kinds, key=size, reverse=True)
         with ThreadPoolExecutor(2, thread_name_prefix="kvledger-snapshot-derive") as pool:
             done = dict(zip(order, pool.map(project, order), strict=True))
+        self.proof.projected_natively += len(filled)
         return [done[sql] for sql in kinds]
 
     def _empty_file(self, sql: str, state: dict[str, Any]) -> tuple[bytes, str] | None:
@@ -785,6 +813,63 @@ class Snapshot:
                     segment.path.unlink(missing_ok=True)
             out.append(merged)
         return out
+
+
+def _native_specs(derive: Mapping[str, str]) -> NativeSpecs | None:
+    """The projections of ``derive`` (name → SQL) a segment's read fills natively, or None where
+    the build cannot."""
+    if _carrow is None or not hasattr(_carrow, "TYPED_ROWS"):
+        return None
+    kinds: dict[str, list[str]] = {}
+    for name, sql in derive.items():
+        kind = single_kind(sql)
+        if kind is not None:
+            kinds.setdefault(kind, []).append(name)
+    return native_specs(kinds, derive, with_entries=True)
+
+
+# (SQL, the native table's schema) → whether DuckDB reads that table with the SQL's columns and types.
+_READS_AS: dict[tuple[str, str], bool] = {}
+
+
+def _reads_as(sql: str, projected: pa.Table, rows: pa.Table) -> bool:
+    """Whether DuckDB reads ``projected`` (a natively filled projection) with exactly the column
+    names and types that ``sql`` gives over ``rows``: only then is it written in place of the SQL's
+    own output. Asked once per SQL and schema (a query over no rows each)."""
+    key = (sql, projected.schema.to_string(show_schema_metadata=False))
+    known = _READS_AS.get(key)
+    if known is not None:
+        return known
+    con = _duck()
+    try:
+        # (Slices, not Schema.empty_table: its Python values make pyarrow import pandas.)
+        con.register("events", rows.slice(0, 0))
+        want = con.execute(f"DESCRIBE {sql}").fetchall()
+        con.register("projected", projected.slice(0, 0))
+        got = con.execute("DESCRIBE SELECT * FROM projected").fetchall()
+    finally:
+        con.close()
+    _READS_AS[key] = same = [r[:2] for r in got] == [r[:2] for r in want]
+    return same
+
+
+def _write_parquet(table: pa.Table, path: Path) -> tuple[str, int]:
+    """Write ``table`` to ``path`` (atomically) as the projection's file; returns its SHA-256 and
+    rows. zstd at level 1, as DuckDB's COPY writes the others (the same size, less CPU)."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    # No dictionary pages (these columns' values rarely repeat within a page, and their hashing costs
+    # more than it saves), statistics only where a reader filters (seq bounds, a scope's runs).
+    pq.write_table(
+        table,
+        tmp,
+        compression="zstd",
+        compression_level=1,
+        use_dictionary=False,
+        write_statistics=[name for name in ("seq", "run_id") if name in table.column_names],
+    )
+    digest = file_sha256(tmp)
+    os.replace(tmp, path)
+    return digest, table.num_rows
 
 
 def _copy_parquet(con: duckdb.DuckDBPyConnection, sql: str, path: Path) -> tuple[str, int]:

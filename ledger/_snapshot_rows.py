@@ -16,13 +16,16 @@ from __future__ import annotations
 import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from types import ModuleType
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from ._row_sources import RowSource, SqliteRows
 from ._rows import SCHEMA, native_table
+from ._typed import NativeSpecs, entries_table, typed_table
 from ._verify import _DELETED, _EDITED, _RELINKED, RangeResult
 
 _carrow: ModuleType | None
@@ -37,19 +40,57 @@ _SPLIT = 100_000
 
 @dataclass(frozen=True)
 class CheckedRows:
-    """Rows of a seq range, what their check found, and their fields (None: DuckDB types them)."""
+    """Rows of a seq range, what their check found, and their fields (None: DuckDB types them).
+
+    ``projected``: the projections the read filled natively (name → its rows, as its SQL gives them
+    from these rows), of the kinds present whose every row the native parse was sure of; ``kinds``:
+    the kinds present, where the read says (None: not asked)."""
 
     table: pa.Table
     checked: RangeResult
     fields: dict[str, dict[str, list[str]]] | None
+    projected: dict[str, pa.Table] = dataclass_field(default_factory=dict)
+    kinds: frozenset[str | None] | None = None
+
+
+# The envelope columns a typed table takes from its kind's rows (ledger/_typed.py typed_table).
+_ENVELOPE_MASK = (1 << SCHEMA.names[1:].index("run_id")) | (1 << SCHEMA.names[1:].index("block_id"))
+_ENVELOPE_SCHEMA = pa.schema([SCHEMA.field("seq"), SCHEMA.field("run_id"), SCHEMA.field("block_id")])
+
+
+Projected = tuple[dict[str, pa.Table], set[str], set[str | None]]
+
+
+def _projected(specs: NativeSpecs, groups: list[Any]) -> Projected:
+    """One part's natively filled projections (name → table), the kinds it was not sure of, and
+    the kinds it holds."""
+    tables: dict[str, pa.Table] = {}
+    unsure: set[str] = set()
+    for kind, count, seqs, columns, fields, entries_outs in groups:
+        if kind not in specs.typed:
+            continue
+        if fields is None:
+            unsure.add(kind)
+            continue
+        name, spec = specs.typed[kind]
+        tables[name] = typed_table(spec, native_table(count, seqs, columns, _ENVELOPE_SCHEMA), fields)
+        if kind in specs.unnested:
+            tables[specs.unnested[kind][0]] = entries_table(entries_outs)
+    return tables, unsure, {group[0] for group in groups}
 
 
 def read_checked(
-    source: RowSource | str, after: int, until: int, previous: str, threads: int = 2
+    source: RowSource | str,
+    after: int,
+    until: int,
+    previous: str,
+    threads: int = 2,
+    specs: NativeSpecs | None = None,
 ) -> CheckedRows:
     """Rows ``after < seq <= until`` of ``source`` (an SQLite file's path is taken too), each
     checked against the chain before it (``previous``: the chain at ``after``, proven), as one
-    table in seq order.
+    table in seq order; given ``specs``, the projections they name filled in the same pass
+    (:attr:`CheckedRows.projected`), where the build can.
 
     Threads read parts of the range; a part after the first follows the chain the database
     stores at its first seq minus one, and must start where the part before ended, on that chain.
@@ -63,18 +104,40 @@ def read_checked(
     assert _carrow is not None
     carrow = _carrow
 
-    def read(part: int) -> tuple[pa.Table, tuple[int, int, int, int, str], dict[str, dict[str, int]] | None]:
+    typed = (
+        None
+        if specs is None or not specs.typed or not hasattr(carrow, "TYPED_ROWS")
+        else specs.argument(dict.fromkeys(specs.typed, _ENVELOPE_MASK))
+    )
+
+    def read(
+        part: int,
+    ) -> tuple[pa.Table, tuple[int, int, int, int, str], dict[str, dict[str, int]] | None, Projected | None]:
         a, b = bounds[part]
-        count, seqs, columns, check, fields = rows.rows(a, b, a + 1, starts[part])
-        return native_table(count, seqs, columns), check, fields
+        count, seqs, columns, check, fields, *grouped = rows.rows(a, b, a + 1, starts[part], typed)
+        made = _projected(specs, grouped[0][0]) if grouped and specs is not None else None
+        return native_table(count, seqs, columns), check, fields, made
 
     with ThreadPoolExecutor(len(bounds), thread_name_prefix="kvledger-snapshot-read") as pool:
         results = list(pool.map(read, range(len(bounds))))
     table = pa.concat_tables([r[0] for r in results]) if len(results) > 1 else results[0][0]
+    projected: dict[str, pa.Table] = {}
+    kinds: frozenset[str | None] | None = None
+    made_parts = [r[3] for r in results if r[3] is not None]
+    if specs is not None and typed is not None and len(made_parts) == len(results):
+        unsure = set().union(*(m[1] for m in made_parts))
+        kinds = frozenset().union(*(m[2] for m in made_parts))
+        names = {name for m in made_parts for name in m[0]}
+        doubted = {name for kind, (name, _) in specs.typed.items() if kind in unsure} | {
+            name for kind, (name, _) in specs.unnested.items() if kind in unsure
+        }
+        for name in sorted(names - doubted):
+            pieces = [m[0][name] for m in made_parts if name in m[0]]
+            projected[name] = pa.concat_tables(pieces) if len(pieces) > 1 else pieces[0]
     last_seq, chain = after, previous
     checked: RangeResult | None = None
     merged: dict[str, dict[str, int]] | None = {}
-    for (a, b), start, (_, (outcome, bad, found, last_good, last_chain), fields) in zip(
+    for (a, b), start, (_, (outcome, bad, found, last_good, last_chain), fields, _) in zip(
         bounds, starts, results, strict=True
     ):
         if fields is None:
@@ -103,7 +166,7 @@ def read_checked(
             )
         else:
             last_seq, chain = last_good, last_chain
-    return CheckedRows(table, checked or RangeResult(last_seq, chain), _named(merged))
+    return CheckedRows(table, checked or RangeResult(last_seq, chain), _named(merged), projected, kinds)
 
 
 def _named(masks: dict[str, dict[str, int]] | None) -> dict[str, dict[str, list[str]]] | None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -207,3 +208,53 @@ def entries_table(outs: tuple[int, list[Any]]) -> pa.Table:
     """The entries the native read filled (its buffers wrapped, not copied)."""
     count, columns = outs
     return pa.Table.from_arrays(_arrays(list(ENTRIES_SCHEMA), iter(columns), count), schema=ENTRIES_SCHEMA)
+
+
+@dataclass(frozen=True)
+class NativeSpecs:
+    """The projections a native read fills, by kind: each kind's first projection of typed fields
+    (``typed``: kind → (name, spec)) and, beside it, a projection of the entries of an object field
+    the typed one does not read (``unnested``; one pass gives one or the other per field)."""
+
+    typed: dict[str, tuple[str, Typed]]
+    unnested: dict[str, tuple[str, Entries]]
+
+    def argument(self, masks: Mapping[str, int]) -> dict[str, tuple[Any, ...]]:
+        """The ``typed`` argument of ``ledger/_carrow.c``'s reads: kind → (the text columns its rows
+        keep, by ``masks``, its fields[, its entries])."""
+        argument: dict[str, tuple[Any, ...]] = {}
+        for kind, (_, spec) in self.typed.items():
+            entries_of = (self.unnested[kind][1].native(),) if kind in self.unnested else ()
+            argument[kind] = (masks[kind], spec.fields, *entries_of)
+        return argument
+
+    def names(self) -> set[str]:
+        """The projections filled natively."""
+        return {name for name, _ in self.typed.values()} | {name for name, _ in self.unnested.values()}
+
+
+def native_specs(
+    kinds: Mapping[str, list[str]], projections: Mapping[str, str], with_entries: bool
+) -> NativeSpecs:
+    """What the native read fills of ``projections`` (name → SQL), given each kind's projections
+    (``kinds``: kind → names, in order); ``with_entries``: whether the build unnests entries."""
+    found: dict[str, tuple[str, Typed]] = {}
+    for kind, names in kinds.items():
+        for name in names:
+            spec = typed(projections[name])
+            if spec is not None and spec.kind == kind:
+                found[kind] = (name, spec)
+                break
+    unnested: dict[str, tuple[str, Entries]] = {}
+    for kind, names in kinds.items():
+        for name in names:
+            spec_of_entries = entries(projections[name])
+            if (
+                with_entries
+                and spec_of_entries is not None
+                and kind in found
+                and spec_of_entries.field not in {field[0] for field in found[kind][1].fields}
+            ):
+                unnested[kind] = (name, spec_of_entries)
+                break
+    return NativeSpecs(found, unnested)
