@@ -287,14 +287,16 @@ def empty_table(schema: pa.Schema) -> pa.Table:
     return pa.Table.from_arrays([pa.nulls(0, field.type) for field in schema], schema=schema)
 
 
-def checked_source(ledger: Ledger, projections: Mapping[str, str]) -> RowSource | None:
+def checked_source(
+    ledger: Ledger, projections: Mapping[str, str], rows: RowSource | None = None
+) -> RowSource | None:
     """Where :func:`derive_checked` reads, checks and splits by kind the rows in one native pass
-    (an SQLite file, or PostgreSQL in bulk: ledger/_row_sources.py), or None (the reader or
-    verifier is not native, an older build lacks the call, or a projection reads more than one
-    kind's rows)."""
+    (an SQLite file, or PostgreSQL in bulk: ledger/_row_sources.py; ``rows``, where given, instead
+    of the ledger's own), or None (the reader or verifier is not native, an older build lacks the
+    call, or a projection reads more than one kind's rows)."""
     if _carrow is None or not hasattr(_carrow, "read_checked_by_kind"):
         return None
-    source = row_source_for(ledger)
+    source = rows if rows is not None else row_source_for(ledger)
     return source if source is not None and all(single_kind(sql) for sql in projections.values()) else None
 
 
@@ -576,9 +578,12 @@ class Analytics:
         from_rows: bool = False,
         scope: RunScope | None = None,
         sink: PieceSink | None = None,
+        rows: RowSource | None = None,
     ) -> None:
         self.ledger = ledger
         self.scope = scope
+        # Where a checked read takes the rows (None: the ledger's own; a test double counts them).
+        self.rows = rows
         # Where the checked read hands the projections' rows instead of making tables of them
         # (derive_checked); with one, no table is derived where that read is not available or fails.
         self.sink = sink
@@ -635,7 +640,7 @@ class Analytics:
 
     def _derive(self, con: duckdb.DuckDBPyConnection, until: int) -> None:
         """Derive the projections on ``con`` from the database's rows 1..``until``."""
-        source = checked_source(self.ledger, self.projections)
+        source = checked_source(self.ledger, self.projections, self.rows)
         scope = self.scope
         done = (
             None if source is None else derive_checked(con, source, self.projections, until, scope, self.sink)

@@ -49,6 +49,7 @@ import ledger as ledger_api
 from ledger import Analytics, Head, Ledger, Verification, open_ledger
 from ledger._analytics import RunScope, checked_source
 from ledger._partition import GroupAnalytics, Partition
+from ledger._row_sources import RowSource
 from ledger._snapshot import Mismatch, Proof
 from ledger._verify import read_heads, verify_after
 
@@ -340,6 +341,7 @@ def open_source(
     verify: bool = False,
     rederive_beside: bool | None = None,
     runs: Collection[str] | None = None,
+    rows: RowSource | None = None,
 ) -> Source:
     """Open a ledger for reading and prepare the report views.
 
@@ -351,10 +353,12 @@ def open_source(
     or when the audit first asks, after it (False); by default beside where DuckDB's memory
     leaves room for both (:func:`room_beside`). ``runs``: derive the observations of those runs
     only (:func:`run_scope`), for a report or audit of them; every row is still verified.
+    ``rows``: where a verified read takes the rows it checks (default: the ledger's own,
+    ledger/_row_sources.py); a test double wraps the real one to count what is read.
     """
     ledger = open_ledger(url_or_ledger, create=False) if isinstance(url_or_ledger, str) else url_or_ledger
     with no_cycle_collection():
-        return _open(ledger, snapshot_root, until_seq, verify, rederive_beside, runs)
+        return _open(ledger, snapshot_root, until_seq, verify, rederive_beside, runs, rows)
 
 
 def _open(
@@ -364,10 +368,11 @@ def _open(
     verify: bool,
     rederive_beside: bool | None,
     runs: Collection[str] | None,
+    rows: RowSource | None = None,
 ) -> Source:
     started, verified_from, heads_read = None, None, None
     views = projections()
-    checked_path = checked_source(ledger, views) if verify else None
+    checked_path = checked_source(ledger, views, rows) if verify else None
     if verify:
         # The verification reads the ledger's last seq after this: it covers at least this head,
         # and the snapshot goes no further.
@@ -383,7 +388,7 @@ def _open(
     # projection files: those are proven only against digests kept beside them.
     scope = None if runs is None else run_scope(ledger, runs, until_seq)
     analytics = Analytics(
-        ledger, snapshot_root, views, up_to_seq=verified_from, from_rows=verify, scope=scope
+        ledger, snapshot_root, views, up_to_seq=verified_from, from_rows=verify, scope=scope, rows=rows
     )
     con = analytics.connection()
     if checked_path is not None and heads_read is not None:
@@ -441,7 +446,10 @@ def _with_views(
 
 
 def open_group_sources(
-    ledger: Ledger, groups: Sequence[Collection[str]], snapshot_root: Path | None = None
+    ledger: Ledger,
+    groups: Sequence[Collection[str]],
+    snapshot_root: Path | None = None,
+    rows: RowSource | None = None,
 ) -> GroupSources:
     """One verified source per group of runs, from ONE checked read of the ledger's rows.
 
@@ -468,6 +476,8 @@ def open_group_sources(
     per group, slow but the same tables, and a verification that names the first bad seq as
     ``ledger verify`` does.
 
+    ``rows``: where the read takes the rows it checks, as :func:`open_source` takes it.
+
     Raises ValueError, before any row is read, for a run of ``groups`` that is not in the ledger.
     """
     listed = [list(dict.fromkeys(group)) for group in groups]
@@ -481,7 +491,7 @@ def open_group_sources(
             if run not in known:
                 raise ValueError(f"no run {run!r} in the ledger (group {index})")
     with no_cycle_collection():
-        sources = GroupSources(ledger, listed, snapshot_root)
+        sources = GroupSources(ledger, listed, snapshot_root, rows)
         try:
             sources.read()
         except BaseException:
@@ -495,8 +505,15 @@ class GroupSources:
     closed when the next is; a context manager whose exit closes the last and removes every
     spill file."""
 
-    def __init__(self, ledger: Ledger, groups: list[list[str]], snapshot_root: Path | None) -> None:
+    def __init__(
+        self,
+        ledger: Ledger,
+        groups: list[list[str]],
+        snapshot_root: Path | None,
+        rows: RowSource | None = None,
+    ) -> None:
         self.ledger = ledger
+        self.rows = rows
         self.groups = groups
         self.snapshot_root = snapshot_root
         started = Started.read(ledger)
@@ -516,7 +533,7 @@ class GroupSources:
         """Read and check every row once, splitting the projections' rows by group (or, where that
         read is not available or fails, leave each group to :func:`open_source`)."""
         views = projections()
-        checked_path = checked_source(self.ledger, views)
+        checked_path = checked_source(self.ledger, views, self.rows)
         if checked_path is None or not self.groups:
             return
         # As open_source: the snapshot stops at the head read before the verification starts, and
@@ -536,6 +553,7 @@ class GroupSources:
             up_to_seq=head_now.seq if head_now else 0,
             from_rows=True,
             sink=partition,
+            rows=self.rows,
         )
         try:
             shared.connection()
@@ -562,7 +580,9 @@ class GroupSources:
 
     def _open(self, index: int) -> Source:
         if self.shared is None or self._partition is None:
-            return open_source(self.ledger, self.snapshot_root, verify=True, runs=self.groups[index])
+            return open_source(
+                self.ledger, self.snapshot_root, verify=True, runs=self.groups[index], rows=self.rows
+            )
         partition = self._partition
         analytics = GroupAnalytics(
             self.shared, self.scopes[index], partition.tables(index), lambda: partition.discard(index)

@@ -19,6 +19,7 @@ import pytest
 
 from ledger import Ledger, open_ledger
 from ledger._row_sources import SqliteRows
+from ledger._verify import native_path
 from reports import derive_report, open_source, to_json
 from reports._audit import audit_json
 from reports._source import Source, open_group_sources, run_scope
@@ -98,25 +99,43 @@ def test_each_group_has_the_tables_report_and_audit_of_a_source_opened_for_it(
                 want.close()
 
 
+class _CountedRows:
+    """The ledger's own row source, counting the rows each checked read by kind stepped through
+    (injected where the read takes its rows: ``rows=``)."""
+
+    def __init__(self, led: Ledger) -> None:
+        path = native_path(led)
+        assert path is not None
+        self.inner = SqliteRows(path)
+        self.stepped: list[int] = []
+
+    def by_kind(self, *args: Any) -> tuple[Any, ...]:
+        got = self.inner.by_kind(*args)
+        self.stepped.append(int(got[0]))
+        return got
+
+    def scan(self, after: int, until: int, expected: int, previous: str) -> Any:
+        return self.inner.scan(after, until, expected, previous)
+
+    def rows(self, *args: Any) -> tuple[Any, ...]:
+        return self.inner.rows(*args)
+
+    def stored_chains(self, seqs: list[int]) -> dict[int, str]:
+        return self.inner.stored_chains(seqs)
+
+
 def test_every_row_is_read_and_checked_once_for_all_groups(
-    team: Team, team_ledger: Ledger, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    team: Team, team_ledger: Ledger, tmp_path: Path
 ) -> None:
     """The rows the native checked read stepped through, counted at the reader (the real one):
     the team_ledger's rows once (and the parts whose rows the native parse was not sure of once
     more, as a source of the whole ledger reads them), however many groups."""
-    stepped: list[int] = []
-    read = SqliteRows.by_kind
-
-    def counted(self: SqliteRows, *args: Any) -> Any:
-        got = read(self, *args)
-        stepped.append(int(got[0]))
-        return got
-
-    monkeypatch.setattr(SqliteRows, "by_kind", counted)
+    counted = _CountedRows(team_ledger)
+    stepped = counted.stepped
     groups = _groups(team, team_ledger)
     head = team_ledger.head()
     assert head is not None
-    with open_group_sources(team_ledger, groups, tmp_path) as sources:
+    with open_group_sources(team_ledger, groups, tmp_path, rows=counted) as sources:
         read_by_open = sum(stepped)
         verifications = []
         for src in sources:
@@ -133,7 +152,7 @@ def test_every_row_is_read_and_checked_once_for_all_groups(
     # What a source opened per group reads, for comparison: every row per group.
     stepped.clear()
     for group in groups:
-        open_source(team_ledger, tmp_path, verify=True, runs=group).close()
+        open_source(team_ledger, tmp_path, verify=True, runs=group, rows=counted).close()
     assert sum(stepped) >= len(groups) * head.seq
 
 
@@ -185,18 +204,16 @@ def test_a_tampered_row_blocks_every_groups_audit_naming_its_seq(team: Team, tmp
 
 
 def test_an_unknown_run_is_named_before_any_row_is_read(
-    team: Team, team_ledger: Ledger, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    team: Team, team_ledger: Ledger, tmp_path: Path
 ) -> None:
-    reads: list[tuple[Any, ...]] = []
-    read = SqliteRows.by_kind
-
-    def counted(self: SqliteRows, *args: Any) -> Any:
-        reads.append(args)
-        return read(self, *args)
-
-    monkeypatch.setattr(SqliteRows, "by_kind", counted)
+    counted = _CountedRows(team_ledger)
     groups = [[team.screening], [team.leaky, "no-such-run"]]
     with pytest.raises(ValueError, match="no run 'no-such-run' in the ledger"):
-        open_group_sources(team_ledger, groups, tmp_path / "snapshots")
-    assert reads == []
+        open_group_sources(team_ledger, groups, tmp_path / "snapshots", rows=counted)
+    assert counted.stepped == []
+    # The same counter sees the read of groups that are all in the ledger.
+    known = [[team.screening], [team.leaky]]
+    open_group_sources(team_ledger, known, tmp_path / "known", rows=counted).close()
+    head = team_ledger.head()
+    assert head is not None and sum(counted.stepped) >= head.seq
     assert not (tmp_path / "snapshots").exists()  # nor the snapshot proven
