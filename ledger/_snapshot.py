@@ -440,15 +440,9 @@ class Snapshot:
                         Mismatch(path, "content differs from the digest recorded when it was derived")
                     )
                     continue
-                source = sql_literal(segment.path)
-                con.execute(f"CREATE OR REPLACE TEMP VIEW events AS FROM read_parquet({source})")
-                stored = f"FROM read_parquet({sql_literal(path)})"
-                differing = con.execute(
-                    f"SELECT (SELECT count(*) FROM ({stored} EXCEPT ALL ({sql}))) + "
-                    f"(SELECT count(*) FROM (({sql}) EXCEPT ALL {stored}))"
-                ).fetchone()
-                if differing is None or differing[0]:
-                    count = "?" if differing is None else differing[0]
+                differing = rows_differing(con, sql, segment.path, path)
+                if differing is None or differing:
+                    count = "?" if differing is None else differing
                     self.proof.mismatches.append(
                         Mismatch(path, f"{count} rows differ from its segment derived again")
                     )
@@ -813,6 +807,19 @@ class Snapshot:
                     segment.path.unlink(missing_ok=True)
             out.append(merged)
         return out
+
+
+def rows_differing(con: duckdb.DuckDBPyConnection, sql: str, segment: Path, file: Path) -> int | None:
+    """The rows of the projection ``file`` not in what ``sql`` gives over the raw ``segment``, and of
+    that not in the file, counted with their repeats (0: the same rows; None: no count came back).
+    Leaves ``events`` on ``con`` a view of the segment."""
+    con.execute(f"CREATE OR REPLACE TEMP VIEW events AS FROM read_parquet({sql_literal(segment)})")
+    stored = f"FROM read_parquet({sql_literal(file)})"
+    differing = con.execute(
+        f"SELECT (SELECT count(*) FROM ({stored} EXCEPT ALL ({sql}))) + "
+        f"(SELECT count(*) FROM (({sql}) EXCEPT ALL {stored}))"
+    ).fetchone()
+    return None if differing is None else int(differing[0])
 
 
 def _native_specs(derive: Mapping[str, str]) -> NativeSpecs | None:

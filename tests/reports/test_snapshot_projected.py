@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 
 from ledger import Analytics, Ledger, NewEvent, open_ledger, read_jsonl
-from ledger._snapshot import _native_specs, _reads_as, sql_literal
+from ledger._snapshot import _native_specs, _reads_as, rows_differing, sql_literal
 from ledger._snapshot_rows import single_kind
 from reports._views import projections
 from tests._synthetic import generate
@@ -36,16 +36,11 @@ def _kinds_present(led: Ledger) -> set[str]:
 def _differences(con: duckdb.DuckDBPyConnection, sql: str, segment: Path, file: Path) -> tuple[int, bool]:
     """Rows in one and not the other (both ways, with repeats), and whether the columns and types
     DuckDB reads from the file are those the SQL gives over the segment."""
-    con.execute(f"CREATE OR REPLACE TEMP VIEW events AS FROM read_parquet({sql_literal(segment)})")
-    stored = f"FROM read_parquet({sql_literal(file)})"
-    differing = con.execute(
-        f"SELECT (SELECT count(*) FROM ({stored} EXCEPT ALL ({sql}))) + "
-        f"(SELECT count(*) FROM (({sql}) EXCEPT ALL {stored}))"
-    ).fetchone()
+    differing = rows_differing(con, sql, segment, file)
     assert differing is not None
     want = [r[:2] for r in con.execute(f"DESCRIBE {sql}").fetchall()]
-    got = [r[:2] for r in con.execute(f"DESCRIBE SELECT * {stored}").fetchall()]
-    return int(differing[0]), want == got
+    got = [r[:2] for r in con.execute(f"DESCRIBE SELECT * FROM read_parquet({sql_literal(file)})").fetchall()]
+    return differing, want == got
 
 
 def _every_file_as_its_sql_gives(analytics: Analytics) -> int:
