@@ -862,18 +862,12 @@ def _reads_as(sql: str, projected: pa.Table, rows: pa.Table) -> bool:
 
 def _write_parquet(table: pa.Table, path: Path) -> tuple[str, int]:
     """Write ``table`` to ``path`` (atomically) as the projection's file; returns its SHA-256 and
-    rows. zstd at level 1, as DuckDB's COPY writes the others (the same size, less CPU)."""
+    rows. zstd at level 1, as DuckDB's COPY writes the others (the same size, less CPU); Arrow's
+    dictionary pages and statistics kept: without them the file cost a fifth less to write and
+    DuckDB a third more to join on its ids (0.234 against 0.165 s for the requests and their
+    responses of 500k events; 0.185 s with them)."""
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    # No dictionary pages (these columns' values rarely repeat within a page, and their hashing costs
-    # more than it saves), statistics only where a reader filters (seq bounds, a scope's runs).
-    pq.write_table(
-        table,
-        tmp,
-        compression="zstd",
-        compression_level=1,
-        use_dictionary=False,
-        write_statistics=[name for name in ("seq", "run_id") if name in table.column_names],
-    )
+    pq.write_table(table, tmp, compression="zstd", compression_level=1)
     digest = file_sha256(tmp)
     os.replace(tmp, path)
     return digest, table.num_rows
