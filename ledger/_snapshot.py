@@ -673,6 +673,9 @@ class Snapshot:
                 self._record(segment, derived, state)
                 written.append(segment)
                 start = last
+                # This segment's rows and typed tables go now, not when the next read is done: the
+                # next segment's are being made beside them (at 10M events 400 MB of the peak).
+                del rows, table
                 if not proven:
                     break  # the next refresh reads from here again
         return written
