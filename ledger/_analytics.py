@@ -361,8 +361,9 @@ def derive_checked(
     )
     typed, unnested = specs.typed, specs.unnested
     kind_masks: dict[str, int] = {}
+    natively = specs.names()
     for kind in typed:
-        others = [projections[n] for n in kinds[kind] if n not in specs.names()]
+        others = [projections[n] for n in kinds[kind] if n not in natively]
         # run_id and block_id for the typed table; what the kind's other projections read, if any.
         kind_masks[kind] = mask_of(["SELECT run_id, block_id", *others]) & ~(
             0 if others else 1 << text.index("kind")
@@ -519,14 +520,19 @@ def derive_checked(
         if not pieces_held:
             continue  # no row of its kind: the empty table stays
         # The table created by the projection's SQL gave the types; the Arrow table has them too.
-        con.execute(f"DROP TABLE {_quote(name)}")
-        table = pa.concat_tables(pieces_held) if len(pieces_held) > 1 else pieces_held[0]
-        con.register(name, table)
-        derived.held[name] = table
-        derived.projections_held += 1
+        _hold(con, derived, name, pa.concat_tables(pieces_held) if len(pieces_held) > 1 else pieces_held[0])
     del holding
     derived.seconds = time.perf_counter() - started
     return derived, RangeResult(derived.head_seq, str(derived.head_chain))
+
+
+def _hold(con: duckdb.DuckDBPyConnection, derived: Derived, name: str, table: pa.Table) -> None:
+    """Serve ``table`` (of DuckDB's types for projection ``name``) as that projection, in place of
+    the table its SQL made, and count it held in ``derived``."""
+    con.execute(f"DROP TABLE {_quote(name)}")
+    con.register(name, table)
+    derived.held[name] = table
+    derived.projections_held += 1
 
 
 def _same_types(con: duckdb.DuckDBPyConnection, name: str, table: pa.Table) -> bool:

@@ -21,7 +21,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ._analytics import Analytics, Derived, RunScope, _copy_pieces, _quote, _same_types, empty_table
+from ._analytics import Analytics, Derived, RunScope, _copy_pieces, _hold, _quote, _same_types, empty_table
 from ._rows import SCHEMA
 from ._snapshot_rows import single_kind
 
@@ -199,10 +199,7 @@ class GroupAnalytics(Analytics):
             if table is None or not table.num_rows:
                 continue  # no row of its kind: the empty table stays
             if _same_types(con, name, table):
-                con.execute(f"DROP TABLE {_quote(name)}")
-                con.register(name, table)
-                derived.held[name] = table
-                derived.projections_held += 1
+                _hold(con, derived, name, table)
             else:
                 _copy_pieces(con, name, [table])
         self.derived, self.checked = derived, self._shared.checked

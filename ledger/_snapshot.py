@@ -609,7 +609,7 @@ class Snapshot:
         native = native_path(ledger) if reader is None else None
         specs = _native_specs(derive) if reader is not None else None
 
-        def read(start: int, previous: str) -> tuple[CheckedRows, RangeResult, Any, float]:
+        def read(start: int, previous: str) -> tuple[CheckedRows, float]:
             # The rows are checked as they are written: a segment holds only rows whose digests
             # and links were recomputed, or says that it does not.
             stop = min(start + _SEGMENT_ROWS, until)
@@ -621,8 +621,7 @@ class Snapshot:
             wall = time.perf_counter()
             if reader is not None:
                 # Natively, each row is checked as it is read, in the same pass.
-                rows = read_checked(reader, start, stop, previous, specs=specs)
-                return rows, rows.checked, rows.fields, time.perf_counter() - wall
+                return read_checked(reader, start, stop, previous, specs=specs), time.perf_counter() - wall
             # Else the database's range is verified beside the read (natively, off the GIL) and
             # the rows read must be those rows: the same seqs, ending on the same chain.
             with ThreadPoolExecutor(1, thread_name_prefix="kvledger-snapshot-check") as checker:
@@ -630,13 +629,13 @@ class Snapshot:
                 table = read_rows(ledger, start, stop)
                 wall = time.perf_counter()
                 checked = check.result() if check else _scan_table(table, start + 1, previous)
-            return CheckedRows(table, checked, None), checked, None, time.perf_counter() - wall
+            return CheckedRows(table, checked, None), time.perf_counter() - wall
 
         with ThreadPoolExecutor(2, thread_name_prefix="kvledger-snapshot") as pool:
             pending = pool.submit(read, start, previous) if start < until else None
             while pending is not None:
-                rows, checked, fields, took = pending.result()
-                table = rows.table
+                rows, took = pending.result()
+                table, checked, fields = rows.table, rows.checked, rows.fields
                 pending = None
                 self.proof.write_check_seconds += took
                 if table.num_rows == 0:
