@@ -98,8 +98,15 @@ def _halve(path: Path, column: str | None = None) -> str:
         column_type = table.schema.field(name).type
         changed = pc.divide(table.column(name), pa.scalar(2, column_type)).cast(column_type)
     table = table.set_column(table.schema.get_field_index(name), name, changed)
-    pq.write_table(table, path, compression="zstd")
+    _rewrite(table, path)
     return name
+
+
+def _rewrite(table: pa.Table, path: Path) -> None:
+    """Write ``table`` over ``path``, keeping the file's own key-value metadata (a raw segment's
+    first, last, chain and fields, which a reader checks)."""
+    kept = {k: v for k, v in (pq.read_metadata(path).metadata or {}).items() if k != b"ARROW:schema"}
+    pq.write_table(table.replace_schema_metadata(kept), path, compression="zstd")
 
 
 def _halve_ttft_in_raw(path: Path) -> None:
@@ -110,7 +117,7 @@ def _halve_ttft_in_raw(path: Path) -> None:
         for text, d in ((t, json.loads(t)) for t in table.column("data").to_pylist())
     ]
     table = table.set_column(table.schema.get_field_index("data"), "data", pa.array(data, pa.string()))
-    pq.write_table(table, path, compression="zstd")
+    _rewrite(table, path)
 
 
 def _halve_at(name: str, folder: Path) -> None:
