@@ -602,6 +602,8 @@ class Analytics:
         # or None where the tables were derived from rows read apart from any check.
         self.checked: RangeResult | None = None
         self._con: duckdb.DuckDBPyConnection | None = None
+        # Views whose rows are served as Arrow tables registered on the connection (hold_view).
+        self._views_held: dict[str, pa.Table] = {}
         self._spill: Path | None = None
 
     @property
@@ -676,7 +678,15 @@ class Analytics:
         cursor = self.connection().cursor()
         for name, table in (self.derived.held if self.derived is not None else {}).items():
             cursor.register(name, table)
+        for name, table in self._views_held.items():
+            cursor.register(name, table)
         return cursor
+
+    def hold_view(self, name: str, table: pa.Table) -> None:
+        """Serve ``table`` as ``name`` on the connection, and on each cursor made after (a view's
+        rows made once as Arrow, in place of a DuckDB table of them: reports/_views.py)."""
+        self.connection().register(name, table)
+        self._views_held[name] = table
 
     @property
     def held(self) -> frozenset[str]:
@@ -716,6 +726,7 @@ class Analytics:
             self._con = None
         if self.derived is not None:
             self.derived.held.clear()
+        self._views_held.clear()
         if self._spill is not None:
             shutil.rmtree(self._spill, ignore_errors=True)
             self._spill = None

@@ -415,7 +415,7 @@ def _with_views(
     """The source of ``analytics``' projections (derived on ``con``): the views built, the
     projections only they read released, the head they were derived at, and the audit's
     re-derivations started beside where asked and there is room."""
-    create_views(con, until_seq)
+    create_views(con, until_seq, hold=analytics.hold_view)
     for name in release_extractions(con, analytics.held):
         analytics.release(name)
     derived = analytics.derived

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any
 
 import duckdb
+import pyarrow as pa
 
 from ledger import view_name
 from ledger._typed import entries_sql
@@ -989,21 +990,52 @@ ORDERED_METHODS = ("wait_then_fallback", "memcpy_async_current_stream", "same_st
 VIEWS_NOT_MATERIALISED = {"kv_measured", "kv_assertions"}
 
 
-def create_views(con: duckdb.DuckDBPyConnection, until_seq: int | None = None) -> None:
+def create_views(
+    con: duckdb.DuckDBPyConnection,
+    until_seq: int | None = None,
+    hold: Callable[[str, pa.Table], None] | None = None,
+) -> None:
     """Materialise every view as a table on ``con`` (an in-memory DuckDB; the ledger is untouched).
 
     Tables, not views: each report and audit query would otherwise re-parse
     every event's JSON; materialised once, the whole report is a few scans.
     Plain (not TEMP) objects of the in-memory database, so that another cursor
     of it sees them: the audit's re-derivations are built on one beside the report.
+
+    ``hold``: where given, each view's rows are made as an Arrow table and handed to it to serve
+    (registered on ``con`` and on each cursor made after, :meth:`ledger.Analytics.hold_view`)
+    in place of a table, where DuckDB reads it back with the same columns and types. DuckDB's
+    own table costs its sink a string copy, a UTF-8 check and a distinct-count sample per value:
+    ``kv_requests`` at 1M events 0.29 s as a table, 0.21 s as Arrow.
     """
     # As of one event: attestation checks re-derive at the attested head.
     bound = "" if until_seq is None else f" WHERE seq <= {int(until_seq)}"
     for name in EXTRACTIONS:
         con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM {_source_name(name)}{bound}")
     for name, sql in VIEWS:
-        kind = "VIEW" if name in VIEWS_NOT_MATERIALISED else "TABLE"
-        con.execute(f"CREATE OR REPLACE {kind} {name} AS {sql.strip()}")
+        if name in VIEWS_NOT_MATERIALISED:
+            con.execute(f"CREATE OR REPLACE VIEW {name} AS {sql.strip()}")
+            continue
+        table = _as_arrow(con, sql) if hold is not None else None
+        if hold is not None and table is not None:
+            hold(name, table)
+        else:
+            con.execute(f"CREATE OR REPLACE TABLE {name} AS {sql.strip()}")
+
+
+def _as_arrow(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table | None:
+    """The rows of ``sql`` as Arrow, or None where DuckDB would read them back with other column
+    names or types than the query's own (none of the views here, as built; a check, not a hope)."""
+    relation = con.sql(sql.strip())
+    want = list(zip(relation.columns, (str(t) for t in relation.types), strict=True))
+    table = relation.to_arrow_table()
+    con.register("kv_arrow_types_probe", table.slice(0, 0))
+    try:
+        probe = con.sql("SELECT * FROM kv_arrow_types_probe")
+        got = list(zip(probe.columns, (str(t) for t in probe.types), strict=True))
+    finally:
+        con.unregister("kv_arrow_types_probe")
+    return table if got == want else None
 
 
 def release_extractions(con: duckdb.DuckDBPyConnection, held: Collection[str] = ()) -> list[str]:
