@@ -990,6 +990,11 @@ ORDERED_METHODS = ("wait_then_fallback", "memcpy_async_current_stream", "same_st
 VIEWS_NOT_MATERIALISED = {"kv_measured", "kv_assertions"}
 
 
+# The most requests whose views are held as Arrow tables (about 2M events of a screening's ledger:
+# kv_requests at 1M events, 204k requests, is 118 MB as Arrow).
+HELD_VIEW_REQUESTS_MAX = 500_000
+
+
 def create_views(
     con: duckdb.DuckDBPyConnection,
     until_seq: int | None = None,
@@ -1012,6 +1017,12 @@ def create_views(
     bound = "" if until_seq is None else f" WHERE seq <= {int(until_seq)}"
     for name in EXTRACTIONS:
         con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM {_source_name(name)}{bound}")
+    if hold is not None:
+        # Held outside DuckDB's memory limit: only where they are small enough (as the projections
+        # are held only up to ledger/_analytics.py _HELD_ROWS_MAX rows); past that DuckDB's tables,
+        # which it moves to disk past its limit.
+        ((requests,),) = con.execute("SELECT count(*) FROM kv_x_request_sent").fetchall()
+        hold = hold if int(requests) <= HELD_VIEW_REQUESTS_MAX else None
     for name, sql in VIEWS:
         if name in VIEWS_NOT_MATERIALISED:
             con.execute(f"CREATE OR REPLACE VIEW {name} AS {sql.strip()}")

@@ -11,9 +11,9 @@ from typing import Any
 import duckdb
 import pytest
 
-import reports._source
+import reports._views
 from reports import audit, derive_report, open_source, to_json
-from reports._views import VIEWS, VIEWS_NOT_MATERIALISED, _as_arrow, create_views
+from reports._views import VIEWS, VIEWS_NOT_MATERIALISED, _as_arrow
 
 from .._synthetic import Flaws, generate
 from .conftest import import_envelopes
@@ -56,10 +56,8 @@ def test_views_held_as_arrow_give_the_report_and_findings_of_tables(
     codes = {code for code, *_ in as_arrow[1]}
     assert {"assertion-inconsistent", "hits-inconsistent", "namespace-leak"} <= codes  # the flaws found
 
-    def as_tables(con: duckdb.DuckDBPyConnection, until_seq: int | None = None, hold: Any = None) -> None:
-        create_views(con, until_seq)  # ``hold`` withheld: DuckDB tables, as before
-
-    monkeypatch.setattr(reports._source, "create_views", as_tables)
+    # Past the size views are held at, DuckDB's tables, as before.
+    monkeypatch.setattr(reports._views, "HELD_VIEW_REQUESTS_MAX", 0)
     src = open_source(url, tmp_path / "tables", verify=verify, rederive_beside=True if verify else None)
     try:
         assert not src.analytics._views_held
