@@ -63,7 +63,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -95,8 +95,6 @@ __all__ = [
 _MAX_SEGMENTS = 24
 # Rows per segment written: a segment is read into memory whole when it is written.
 _SEGMENT_ROWS = 500_000
-# Rows read, checked and written (as one row group of the segment's file) at a time.
-_PART_ROWS = 125_000
 _VERSION = 2
 _META_KEY = b"kvledger.segment"
 # The raw segment's columns with few distinct values (dictionary-encoded) and those worth
@@ -585,6 +583,13 @@ class Snapshot:
         self.proof.remember(self.directory / name, digest)
         return Segment(self.directory / name, digest, first, last, chain, fields, proven)
 
+    def _timed_write(self, *args: Any) -> Segment:
+        wall = time.perf_counter()
+        try:
+            return self._write(*args)
+        finally:
+            self.proof.write_seconds += time.perf_counter() - wall
+
     def _append_segments(
         self,
         ledger: Ledger,
@@ -594,35 +599,25 @@ class Snapshot:
         state: dict[str, Any],
     ) -> list[Segment]:
         """Segments of the rows after the last kept one, up to ``until``, each projected (``derive``:
-        SQL over ``events``) from its rows while they are in memory.
-
-        A segment's rows are read, checked and written in parts (:data:`_PART_ROWS`), one row group
-        each: the next part is read while the one before is written, and the next segment's first
-        part while a segment's projections are derived. (A segment read whole left one core idle
-        while its first rows were read, and again while its raw file was written after the last
-        projection was done.)"""
+        SQL over ``events``) from its rows while they are in memory."""
         start = kept[-1].last if kept else 0
         previous = kept[-1].chain if kept else GENESIS
-        written: list[Segment] = []
+        written = []
         # Where a segment's rows are read and checked in one native pass (an SQLite file, or
         # PostgreSQL's binary COPY), else None: rows are read, then checked apart.
         reader = row_source(ledger)
         native = native_path(ledger) if reader is None else None
         specs = _native_specs(derive) if reader is not None else None
-        part_rows = _PART_ROWS if reader is not None else _SEGMENT_ROWS
 
-        def segment_end(start: int) -> int:
+        def read(start: int, previous: str) -> tuple[CheckedRows, float]:
+            # The rows are checked as they are written: a segment holds only rows whose digests
+            # and links were recomputed, or says that it does not.
             stop = min(start + _SEGMENT_ROWS, until)
             if until - stop <= _SEGMENT_ROWS // 8:
                 # A few rows left after this segment (up to an eighth of one) join it rather than
                 # make one of their own: each segment costs a write and a COPY per projection,
                 # whatever its size.
                 stop = until
-            return stop
-
-        def read(start: int, stop: int, previous: str) -> tuple[CheckedRows, float]:
-            # The rows are checked as they are written: a segment holds only rows whose digests
-            # and links were recomputed, or says that it does not.
             wall = time.perf_counter()
             if reader is not None:
                 # Natively, each row is checked as it is read, in the same pass.
@@ -636,82 +631,49 @@ class Snapshot:
                 checked = check.result() if check else _scan_table(table, start + 1, previous)
             return CheckedRows(table, checked, None), time.perf_counter() - wall
 
-        def submit_read(after: int, chain: str, stop: int) -> Any:
-            # The next part: of this segment up to ``stop``, else the next segment's first.
-            end = stop if after < stop else segment_end(after)
-            return pool.submit(read, after, min(after + part_rows, end), chain)
-
-        with (
-            ThreadPoolExecutor(1, thread_name_prefix="kvledger-snapshot-read") as pool,
-            ThreadPoolExecutor(1, thread_name_prefix="kvledger-snapshot-write") as writing,
-        ):
-            pending = submit_read(start, previous, segment_end(start)) if start < until else None
+        with ThreadPoolExecutor(2, thread_name_prefix="kvledger-snapshot") as pool:
+            pending = pool.submit(read, start, previous) if start < until else None
             while pending is not None:
-                stop = segment_end(start)
-                out = _RawSegment(self, start + 1)
-                parts: list[CheckedRows] = []
-                writes = []
-                at, chain, proven = start, previous, True
+                rows, took = pending.result()
+                table, checked, fields = rows.table, rows.checked, rows.fields
+                pending = None
+                self.proof.write_check_seconds += took
+                if table.num_rows == 0:
+                    break
+                self.proof.rows_checked += table.num_rows
+                last = int(table.column("seq")[-1].as_py())
+                chain = str(table.column("chain")[-1].as_py())
+                proven = (
+                    checked.bad_seq is None
+                    and checked.last_seq == last == start + table.num_rows
+                    and checked.last_chain == chain
+                    and _seqs_follow(table, start + 1)
+                )
+                if proven and last < until:
+                    # The next segment's rows are read and checked while this one is written.
+                    pending = pool.submit(read, last, chain)
+                if not proven or fields is None:
+                    self.proof.fields_by_duckdb += 1
+                    fields = table_fields(table)
+                # The raw segment is written (Arrow, off the GIL) while DuckDB derives the
+                # projections from the same rows; their records name the segment's digest.
+                wall = time.perf_counter()
+                raw = pool.submit(self._timed_write, table, start + 1, last, chain, proven, fields)
                 try:
-                    while pending is not None:
-                        rows, took = pending.result()
-                        pending = None
-                        table, checked = rows.table, rows.checked
-                        self.proof.write_check_seconds += took
-                        if table.num_rows == 0:
-                            break
-                        self.proof.rows_checked += table.num_rows
-                        last = int(table.column("seq")[-1].as_py())
-                        last_chain = str(table.column("chain")[-1].as_py())
-                        proven = (
-                            checked.bad_seq is None
-                            and checked.last_seq == last == at + table.num_rows
-                            and checked.last_chain == last_chain
-                            and _seqs_follow(table, at + 1)
-                        )
-                        if proven and last < until:
-                            # The next part's rows are read and checked while this one is written.
-                            pending = submit_read(last, last_chain, stop)
-                        # Written in seq order, off the GIL, on the one writer thread.
-                        writes.append(writing.submit(out.write, table))
-                        parts.append(rows)
-                        at, chain = last, last_chain
-                        if not proven or last >= stop:
-                            break
-                    if not parts:
-                        break
-                    rows = _joined(parts, specs)
-                    del parts
-                    table, checked, fields = rows.table, rows.checked, rows.fields
-                    if not proven or fields is None:
-                        self.proof.fields_by_duckdb += 1
-                        fields = table_fields(table)
-                    # The raw segment is finished (Arrow, off the GIL) while DuckDB derives the
-                    # projections from the same rows; their records name the segment's digest.
-                    wall = time.perf_counter()
-                    raw = writing.submit(out.close, start + 1, at, chain, proven, fields)
-                    try:
-                        derived = self._derive(
-                            rows if proven else CheckedRows(table, checked, None),
-                            derive,
-                            f"events-{start + 1:012d}-{at:012d}.parquet",
-                            state,
-                        )
-                        self.proof.derive_seconds += time.perf_counter() - wall
-                    finally:
-                        for done in writes:
-                            done.result()
-                        segment = raw.result()
-                except BaseException:
-                    for done in writes:
-                        done.exception()
-                    out.discard()
-                    raise
+                    derived = self._derive(
+                        rows if proven else CheckedRows(table, checked, None),
+                        derive,
+                        f"events-{start + 1:012d}-{last:012d}.parquet",
+                        state,
+                    )
+                    self.proof.derive_seconds += time.perf_counter() - wall
+                finally:
+                    segment = raw.result()
                 self._record(segment, derived, state)
                 written.append(segment)
-                start, previous = at, chain
-                # This segment's rows and typed tables go now: the next segment's are being made
-                # beside them (at 10M events 400 MB of the peak).
+                start = last
+                # This segment's rows and typed tables go now, not when the next read is done: the
+                # next segment's are being made beside them (at 10M events 400 MB of the peak).
                 del rows, table
                 if not proven:
                     break  # the next refresh reads from here again
@@ -898,90 +860,6 @@ def _reads_as(sql: str, projected: pa.Table, rows: pa.Table) -> bool:
         con.close()
     _READS_AS[key] = same = [r[:2] for r in got] == [r[:2] for r in want]
     return same
-
-
-class _RawSegment:
-    """A raw segment's file written part by part, one row group each (on one thread, in seq
-    order), and named and recorded once its last part is in."""
-
-    def __init__(self, snapshot: Snapshot, first: int) -> None:
-        self.snapshot = snapshot
-        self.tmp = snapshot.directory / f"events-{first:012d}.{os.getpid()}.{threading.get_ident()}.tmp"
-        self.writer: pq.ParquetWriter | None = None
-
-    def write(self, table: pa.Table) -> None:
-        wall = time.perf_counter()
-        try:
-            if self.writer is None:
-                # Dictionary pages only where values repeat (the others fall back to plain after a
-                # page of hashing), statistics only on the columns a reader filters: 5 % less CPU,
-                # same size.
-                self.writer = pq.ParquetWriter(
-                    self.tmp,
-                    table.schema,
-                    compression="zstd",
-                    use_dictionary=_DICTIONARY,
-                    write_statistics=_STATISTICS,
-                )
-            self.writer.write_table(table, row_group_size=max(1, table.num_rows))
-        finally:
-            self.snapshot.proof.write_seconds += time.perf_counter() - wall
-
-    def close(
-        self, first: int, last: int, chain: str, proven: bool, fields: dict[str, dict[str, list[str]]]
-    ) -> Segment:
-        wall = time.perf_counter()
-        try:
-            assert self.writer is not None, "a segment is closed only after its first part is written"
-            meta = {"first": first, "last": last, "chain": chain, "fields": fields, "proven": proven}
-            self.writer.add_key_value_metadata({_META_KEY: json.dumps(meta).encode()})
-            self.writer.close()
-            self.writer = None
-            name = f"events-{first:012d}-{last:012d}.parquet"
-            digest = file_sha256(self.tmp)
-            os.replace(self.tmp, self.snapshot.directory / name)
-            self.snapshot.proof.remember(self.snapshot.directory / name, digest)
-            return Segment(self.snapshot.directory / name, digest, first, last, chain, fields, proven)
-        finally:
-            self.snapshot.proof.write_seconds += time.perf_counter() - wall
-
-    def discard(self) -> None:
-        """Drop what was written (a build cut off by an error leaves no partial file)."""
-        if self.writer is not None:
-            with suppress(OSError, pa.ArrowException):
-                self.writer.close()
-            self.writer = None
-        self.tmp.unlink(missing_ok=True)
-
-
-def _joined(parts: list[CheckedRows], specs: NativeSpecs | None) -> CheckedRows:
-    """One segment's rows from the parts it was read in, in order (each after the part before,
-    on its chain): the last part's check (those before it passed), the fields of all, and each
-    natively filled projection whose kind every part either filled or did not hold."""
-    if len(parts) == 1:
-        return parts[0]
-    table = pa.concat_tables([part.table for part in parts])
-    fields: dict[str, dict[str, list[str]]] | None = {}
-    for part in parts:
-        if part.fields is None or fields is None:
-            fields = None
-        else:
-            _merge_fields(fields, part.fields)
-    kinds: frozenset[str | None] | None = None
-    projected: dict[str, pa.Table] = {}
-    if specs is not None and all(part.kinds is not None for part in parts):
-        kinds = frozenset().union(*(part.kinds or () for part in parts))
-        kind_of = {name: kind for kind, (name, _) in specs.typed.items()}
-        kind_of.update({name: kind for kind, (name, _) in specs.unnested.items()})
-        for name in sorted({name for part in parts for name in part.projected}):
-            kind = kind_of.get(name)
-            if kind is None or any(
-                name not in part.projected and part.kinds is not None and kind in part.kinds for part in parts
-            ):
-                continue  # a part held rows of its kind that the native parse was not sure of
-            pieces = [part.projected[name] for part in parts if name in part.projected]
-            projected[name] = pa.concat_tables(pieces) if len(pieces) > 1 else pieces[0]
-    return CheckedRows(table, parts[-1].checked, fields, projected, kinds)
 
 
 def _write_parquet(table: pa.Table, path: Path) -> tuple[str, int]:

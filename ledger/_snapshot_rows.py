@@ -35,7 +35,7 @@ except ImportError:  # installed without a C compiler or headers: read, then che
     _carrow = None
 
 # Threads split a range only when each part is at least this long.
-_SPLIT = 50_000
+_SPLIT = 100_000
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,6 @@ from pathlib import Path
 import duckdb
 import orjson
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from ledger import Analytics, Ledger, NewEvent, open_ledger, read_jsonl
@@ -61,26 +60,15 @@ def _every_file_as_its_sql_gives(analytics: Analytics) -> int:
     return compared
 
 
-def _row_groups(analytics: Analytics) -> list[int]:
-    return [pq.ParquetFile(path).metadata.num_row_groups for path in analytics.snapshot.segments()]
-
-
-@pytest.mark.parametrize(("segment_rows", "part_rows"), [(None, None), (700, None), (700, 150)])
+@pytest.mark.parametrize("segment_rows", [None, 700])
 def test_files_from_the_reads_tables_equal_what_the_sql_gives(
-    ledger_url: str,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    segment_rows: int | None,
-    part_rows: int | None,
+    ledger_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, segment_rows: int | None
 ) -> None:
-    """On both backends, in one segment or several, each read in one part or several (a row group of
-    the segment's file each): every projection of a kind the ledger holds is written from the read's
-    tables, and DuckDB reads each file as the SQL's own output over its segment (the rows, the
-    columns, the types); the full proof finds nothing."""
+    """On both backends, in one segment or several: every projection of a kind the ledger holds is
+    written from the read's tables, and DuckDB reads each file as the SQL's own output over its
+    segment (the rows, the columns, the types); the full proof finds nothing."""
     if segment_rows is not None:
         monkeypatch.setattr("ledger._snapshot._SEGMENT_ROWS", segment_rows)
-    if part_rows is not None:
-        monkeypatch.setattr("ledger._snapshot._PART_ROWS", part_rows)
     led = _study(ledger_url)
     present = _kinds_present(led)
     specs = _native_specs(projections())
@@ -90,7 +78,6 @@ def test_files_from_the_reads_tables_equal_what_the_sql_gives(
     analytics.connection()
     segments = len(analytics.snapshot.segments())
     assert (segments > 1) == (segment_rows is not None)
-    assert (max(_row_groups(analytics)) > 1) == (part_rows is not None)
     # Every typed projection of a kind present, in every segment that holds its kind (at least once).
     assert analytics.proof.projected_natively >= len(natively) > 10
     assert _every_file_as_its_sql_gives(analytics) == segments * len(projections())
@@ -99,20 +86,14 @@ def test_files_from_the_reads_tables_equal_what_the_sql_gives(
     led.close()
 
 
-@pytest.mark.parametrize("part_rows", [None, 4])
 def test_a_kind_the_read_was_not_sure_of_is_projected_by_duckdb(
     awkward: Ledger,  # noqa: F811
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-    part_rows: int | None,
 ) -> None:
     """request.sent and metrics.scraped rows the native parse leaves to DuckDB (U+0000 in a string, an
     integer of 20 digits, a counter's value as text): their projections are DuckDB's, the others'
-    the read's; every file is what its SQL gives, and the same contents as the driver path's. Read
-    in parts of a few rows, parts whose rows of those kinds the parse was sure of do not make their
-    projections native: the segment's file is one projection's rows whole, or DuckDB's."""
-    if part_rows is not None:
-        monkeypatch.setattr("ledger._snapshot._PART_ROWS", part_rows)
+    the read's; every file is what its SQL gives, and the same contents as the driver path's."""
     specs = _native_specs(projections())
     assert specs is not None
     present = _kinds_present(awkward)
@@ -121,7 +102,6 @@ def test_a_kind_the_read_was_not_sure_of_is_projected_by_duckdb(
     analytics = Analytics(awkward, tmp_path / "native", projections())
     analytics.connection()
     assert analytics.proof.projected_natively == len(natively)
-    assert (_row_groups(analytics)[0] > 1) == (part_rows is not None)
     _every_file_as_its_sql_gives(analytics)
     con = analytics.connection()
     contents = {n: con.execute(f'SELECT * FROM "{n}" ORDER BY ALL').fetchall() for n in analytics.projections}

@@ -98,15 +98,8 @@ def _halve(path: Path, column: str | None = None) -> str:
         column_type = table.schema.field(name).type
         changed = pc.divide(table.column(name), pa.scalar(2, column_type)).cast(column_type)
     table = table.set_column(table.schema.get_field_index(name), name, changed)
-    _rewrite(table, path)
+    pq.write_table(table, path, compression="zstd")
     return name
-
-
-def _rewrite(table: pa.Table, path: Path) -> None:
-    """Write ``table`` over ``path``, keeping the file's own key-value metadata (a raw segment's
-    first, last, chain and fields, which a reader checks)."""
-    kept = {k: v for k, v in (pq.read_metadata(path).metadata or {}).items() if k != b"ARROW:schema"}
-    pq.write_table(table.replace_schema_metadata(kept), path, compression="zstd")
 
 
 def _halve_ttft_in_raw(path: Path) -> None:
@@ -117,7 +110,7 @@ def _halve_ttft_in_raw(path: Path) -> None:
         for text, d in ((t, json.loads(t)) for t in table.column("data").to_pylist())
     ]
     table = table.set_column(table.schema.get_field_index("data"), "data", pa.array(data, pa.string()))
-    _rewrite(table, path)
+    pq.write_table(table, path, compression="zstd")
 
 
 def _halve_at(name: str, folder: Path) -> None:
