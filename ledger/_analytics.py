@@ -30,7 +30,7 @@ from ._events import GENESIS
 from ._row_sources import RowSource
 from ._row_sources import row_source as row_source_for
 from ._rows import SCHEMA, native_table, read_rows, rows_to_table
-from ._snapshot import Proof, Snapshot, _seqs_follow, key_path, sql_literal
+from ._snapshot import Proof, Snapshot, _seqs_follow, arrow_read_as, columns_read_as, key_path, sql_literal
 from ._snapshot_rows import _carrow, by_kind, columns_read, single_kind
 from ._store import Ledger
 from ._typed import ENTRIES_SCHEMA, NativeSpecs, entries_table, native_specs, typed_table
@@ -539,13 +539,7 @@ def _same_types(con: duckdb.DuckDBPyConnection, name: str, table: pa.Table) -> b
     """Whether DuckDB reads ``table`` with exactly the column names and types of its table
     ``name`` (made by the projection's own SQL), so that serving one for the other changes no
     query."""
-    con.register("held_types_probe", table.slice(0, 0))
-    try:
-        got = con.execute("DESCRIBE SELECT * FROM held_types_probe").fetchall()
-    finally:
-        con.unregister("held_types_probe")
-    want = con.execute(f"DESCRIBE SELECT * FROM {_quote(name)}").fetchall()
-    return [(r[0], r[1]) for r in got] == [(r[0], r[1]) for r in want]
+    return arrow_read_as(con, table) == columns_read_as(con, f"SELECT * FROM {_quote(name)}")
 
 
 def _copy_pieces(con: duckdb.DuckDBPyConnection, name: str, pieces: Sequence[pa.Table]) -> None:

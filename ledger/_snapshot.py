@@ -837,6 +837,21 @@ def _native_specs(derive: Mapping[str, str]) -> NativeSpecs | None:
     return native_specs(kinds, derive, with_entries=True)
 
 
+def columns_read_as(con: duckdb.DuckDBPyConnection, sql: str) -> list[tuple[str, str]]:
+    """The column names and DuckDB types of ``sql``'s output (bound, not run)."""
+    return [(str(r[0]), str(r[1])) for r in con.execute(f"DESCRIBE {sql}").fetchall()]
+
+
+def arrow_read_as(con: duckdb.DuckDBPyConnection, table: pa.Table) -> list[tuple[str, str]]:
+    """The column names and types DuckDB reads ``table`` with (its schema alone is registered: a
+    slice of no rows, not ``Schema.empty_table``, whose Python values make pyarrow import pandas)."""
+    con.register("kv_arrow_read_as_probe", table.slice(0, 0))
+    try:
+        return columns_read_as(con, "SELECT * FROM kv_arrow_read_as_probe")
+    finally:
+        con.unregister("kv_arrow_read_as_probe")
+
+
 # (SQL, the native table's schema) → whether DuckDB reads that table with the SQL's columns and types.
 _READS_AS: dict[tuple[str, str], bool] = {}
 
@@ -851,14 +866,11 @@ def _reads_as(sql: str, projected: pa.Table, rows: pa.Table) -> bool:
         return known
     con = _duck()
     try:
-        # (Slices, not Schema.empty_table: its Python values make pyarrow import pandas.)
+        # (A slice, not Schema.empty_table: its Python values make pyarrow import pandas.)
         con.register("events", rows.slice(0, 0))
-        want = con.execute(f"DESCRIBE {sql}").fetchall()
-        con.register("projected", projected.slice(0, 0))
-        got = con.execute("DESCRIBE SELECT * FROM projected").fetchall()
+        _READS_AS[key] = same = arrow_read_as(con, projected) == columns_read_as(con, sql)
     finally:
         con.close()
-    _READS_AS[key] = same = [r[:2] for r in got] == [r[:2] for r in want]
     return same
 
 

@@ -21,6 +21,7 @@ import duckdb
 import pyarrow as pa
 
 from ledger import view_name
+from ledger._snapshot import arrow_read_as, columns_read_as
 from ledger._typed import entries_sql
 
 # Each kind the views read, as rows with typed data fields: ``kv_x_<kind>`` → SQL over
@@ -1038,14 +1039,8 @@ def _as_arrow(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table | None:
     """The rows of ``sql`` as Arrow, or None (the query not run) where DuckDB would read them back
     with other column names or types than the query's own: a JSON column comes back VARCHAR."""
     relation = con.sql(sql.strip())
-    want = list(zip(relation.columns, (str(t) for t in relation.types), strict=True))
-    con.register("kv_arrow_types_probe", relation.limit(0).to_arrow_table())
-    try:
-        probe = con.sql("SELECT * FROM kv_arrow_types_probe")
-        got = list(zip(probe.columns, (str(t) for t in probe.types), strict=True))
-    finally:
-        con.unregister("kv_arrow_types_probe")
-    return relation.to_arrow_table() if got == want else None
+    same = arrow_read_as(con, relation.limit(0).to_arrow_table()) == columns_read_as(con, sql.strip())
+    return relation.to_arrow_table() if same else None
 
 
 def release_extractions(con: duckdb.DuckDBPyConnection, held: Collection[str] = ()) -> list[str]:
