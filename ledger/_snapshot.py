@@ -62,7 +62,7 @@ import re
 import threading
 import time
 from collections.abc import Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -609,15 +609,16 @@ class Snapshot:
         native = native_path(ledger) if reader is None else None
         specs = _native_specs(derive) if reader is not None else None
 
+        def stop_after(start: int) -> int:
+            stop = min(start + _SEGMENT_ROWS, until)
+            # A few rows left after this segment (up to an eighth of one) join it rather than make
+            # one of their own: each segment costs a write and a COPY per projection, whatever its size.
+            return until if until - stop <= _SEGMENT_ROWS // 8 else stop
+
         def read(start: int, previous: str) -> tuple[CheckedRows, float]:
             # The rows are checked as they are written: a segment holds only rows whose digests
             # and links were recomputed, or says that it does not.
-            stop = min(start + _SEGMENT_ROWS, until)
-            if until - stop <= _SEGMENT_ROWS // 8:
-                # A few rows left after this segment (up to an eighth of one) join it rather than
-                # make one of their own: each segment costs a write and a COPY per projection,
-                # whatever its size.
-                stop = until
+            stop = stop_after(start)
             wall = time.perf_counter()
             if reader is not None:
                 # Natively, each row is checked as it is read, in the same pass.
@@ -631,52 +632,79 @@ class Snapshot:
                 checked = check.result() if check else _scan_table(table, start + 1, previous)
             return CheckedRows(table, checked, None), time.perf_counter() - wall
 
+        # The raw write of the segment before the last waits to run beside the last one's: a raw
+        # write is one thread (Arrow's Parquet writer) and longer than the projections beside it, so
+        # the last segment's alone left a core idle at the end (at 1M events 0.45 s of a 3.4 s
+        # build). Only that one waits: the rows it holds are those the last read overlapped anyway.
+        # (the write's arguments, the projections derived from its rows)
+        waiting: tuple[tuple[Any, ...], list[tuple[str, str, int]]] | None = None
+
+        def record(raw: Future[Segment], derived: list[tuple[str, str, int]]) -> None:
+            segment = raw.result()
+            self._record(segment, derived, state)
+            written.append(segment)
+
         with ThreadPoolExecutor(2, thread_name_prefix="kvledger-snapshot") as pool:
             pending = pool.submit(read, start, previous) if start < until else None
-            while pending is not None:
-                rows, took = pending.result()
-                table, checked, fields = rows.table, rows.checked, rows.fields
-                pending = None
-                self.proof.write_check_seconds += took
-                if table.num_rows == 0:
-                    break
-                self.proof.rows_checked += table.num_rows
-                last = int(table.column("seq")[-1].as_py())
-                chain = str(table.column("chain")[-1].as_py())
-                proven = (
-                    checked.bad_seq is None
-                    and checked.last_seq == last == start + table.num_rows
-                    and checked.last_chain == chain
-                    and _seqs_follow(table, start + 1)
-                )
-                if proven and last < until:
-                    # The next segment's rows are read and checked while this one is written.
-                    pending = pool.submit(read, last, chain)
-                if not proven or fields is None:
-                    self.proof.fields_by_duckdb += 1
-                    fields = table_fields(table)
-                # The raw segment is written (Arrow, off the GIL) while DuckDB derives the
-                # projections from the same rows; their records name the segment's digest.
-                wall = time.perf_counter()
-                raw = pool.submit(self._timed_write, table, start + 1, last, chain, proven, fields)
-                try:
-                    derived = self._derive(
-                        rows if proven else CheckedRows(table, checked, None),
-                        derive,
-                        f"events-{start + 1:012d}-{last:012d}.parquet",
-                        state,
+            try:
+                while pending is not None:
+                    rows, took = pending.result()
+                    table, checked, fields = rows.table, rows.checked, rows.fields
+                    pending = None
+                    self.proof.write_check_seconds += took
+                    if table.num_rows == 0:
+                        break
+                    self.proof.rows_checked += table.num_rows
+                    last = int(table.column("seq")[-1].as_py())
+                    chain = str(table.column("chain")[-1].as_py())
+                    proven = (
+                        checked.bad_seq is None
+                        and checked.last_seq == last == start + table.num_rows
+                        and checked.last_chain == chain
+                        and _seqs_follow(table, start + 1)
                     )
-                    self.proof.derive_seconds += time.perf_counter() - wall
-                finally:
-                    segment = raw.result()
-                self._record(segment, derived, state)
-                written.append(segment)
-                start = last
-                # This segment's rows and typed tables go now, not when the next read is done: the
-                # next segment's are being made beside them (at 10M events 400 MB of the peak).
-                del rows, table
-                if not proven:
-                    break  # the next refresh reads from here again
+                    if proven and last < until:
+                        # The next segment's rows are read and checked while this one is written.
+                        pending = pool.submit(read, last, chain)
+                    if not proven or fields is None:
+                        self.proof.fields_by_duckdb += 1
+                        fields = table_fields(table)
+                    args = (table, start + 1, last, chain, proven, fields)
+                    earlier = None
+                    if waiting is not None:  # the segment before this one, written beside it
+                        earlier = (pool.submit(self._timed_write, *waiting[0]), waiting[1])
+                        waiting = None
+                    # The raw segment is written (Arrow, off the GIL) while DuckDB derives the
+                    # projections from the same rows; their records name the segment's digest.
+                    wall = time.perf_counter()
+                    wait = pending is not None and stop_after(last) == until
+                    raw = None if wait else pool.submit(self._timed_write, *args)
+                    try:
+                        derived = self._derive(
+                            rows if proven else CheckedRows(table, checked, None),
+                            derive,
+                            f"events-{start + 1:012d}-{last:012d}.parquet",
+                            state,
+                        )
+                        self.proof.derive_seconds += time.perf_counter() - wall
+                    finally:
+                        if earlier is not None:
+                            record(*earlier)  # the records keep the segments' order
+                        if raw is not None:
+                            raw.result()
+                    if raw is None:
+                        waiting = (args, derived)
+                    else:
+                        record(raw, derived)
+                    start = last
+                    # This segment's rows and typed tables go now, not when the next read is done:
+                    # the next segment's are being made beside them (at 10M events 400 MB of the peak).
+                    del rows, table, args
+                    if not proven:
+                        break  # the next refresh reads from here again
+            finally:
+                if waiting is not None:  # the last segment's read failed or gave no rows
+                    record(pool.submit(self._timed_write, *waiting[0]), waiting[1])
         return written
 
     def _derive(

@@ -21,8 +21,8 @@ PARAMS: dict[str, Any] = {
     "size": 1000,
     "victim": 1,
     "victim_pid": None,  # the victim's API server pid; None: the managed target's own process
-    "stream_tokens": 2500,
-    "kill_after_s": 0.2,
+    "stream_tokens": 2800,  # with the prompt (about 1,000 tokens) inside max_model_len 4096
+    "kill_after_s": 0.0,
     "warmup_tokens": 300,
     "stop_on_block_failure": True,
 }
@@ -62,20 +62,27 @@ def engine_worker(api_pid: int) -> tuple[int, str]:
     raise RuntimeError(f"no engine process under {api_pid}: {[(p, _cmdline(p)) for p in seen]}")
 
 
+def _metric(text: str, name: str) -> float:
+    """The sum of a Prometheus metric's samples over its labels (0.0 when absent)."""
+    prefixes = (name + "{", name + " ")
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefixes))
+
+
 async def _kill_when_streaming(ctx: Any, replica: int, delay: float) -> None:
     url = ctx.target.endpoint(replica)
     # Found before the stream starts: the /proc walk blocks the event loop, and on a loaded
     # machine it took long enough that a 2,500-token stream had ended before the signal.
     api_pid = ctx.params["victim_pid"] or ctx.target.process(replica).pid
     pid, title = engine_worker(api_pid)
-    while True:  # until the victim runs a request
+    generated = _metric((await ctx.client.get(url + "/metrics")).text, "vllm:generation_tokens_total")
+    # Until the victim has streamed tokens of this request: its first chunk (and HTTP 200) is out.
+    # Waiting on a running request plus a fixed delay raced the stream's end under load.
+    while True:
         text = (await ctx.client.get(url + "/metrics")).text
-        if any(
-            line.startswith("vllm:num_requests_running") and not line.rstrip().endswith(" 0.0")
-            for line in text.splitlines()
-        ):
+        running = _metric(text, "vllm:num_requests_running")
+        if running > 0 and _metric(text, "vllm:generation_tokens_total") > generated:
             break
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.02)
     await asyncio.sleep(delay)
     os.kill(pid, signal.SIGILL)
     # The ledger says what was injected: this death is the test's doing, not the engine's.

@@ -153,6 +153,46 @@ def test_segments_split_at_their_size_and_a_few_last_rows_join_the_last(
     more.close()
 
 
+def test_the_segment_before_the_last_is_written_and_recorded_when_the_last_fails_its_check(
+    synthetic: Ledger, sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The raw write of the segment before the last waits to run beside the last one's: when the
+    last segment's rows fail their check, the one before is still written, proven and recorded
+    with its projections, in order, and a build of the good ledger gives the same files."""
+    import ledger._snapshot as snapshot_module
+
+    head = synthetic.head()
+    assert head is not None and head.seq > 400
+    size = (head.seq - 2) // 3
+    monkeypatch.setattr(snapshot_module, "_SEGMENT_ROWS", size)
+    good = Analytics(synthetic, tmp_path / "good", projections())
+    good.connection()
+    good_files = {
+        p.relative_to(good.snapshot.directory): p.read_bytes()
+        for p in good.snapshot.directory.rglob("*.parquet")
+    }
+    good.close()
+    edited = head.seq - 3  # in the last segment
+    tamper_sqlite(sqlite_url, [f"UPDATE events SET data = '{{\"x\":1}}' WHERE seq = {edited}"])
+    cut = Analytics(synthetic, tmp_path / "cut", projections())
+    cut.connection()
+    folder = cut.snapshot.directory
+    metas = [snapshot_module._segment_meta(p) for p in cut.snapshot.segments()]
+    assert [(m["first"], m["last"], m["proven"]) for m in metas if m is not None] == [
+        (1, size, True),
+        (size + 1, 2 * size, True),
+        (2 * size + 1, head.seq, False),
+    ]
+    state = json.loads((folder / "state.json").read_text())
+    names = [f"events-{1:012d}-{size:012d}.parquet", f"events-{size + 1:012d}-{2 * size:012d}.parquet"]
+    for entry in state["projections"].values():
+        assert list(entry["files"])[:2] == names  # both recorded, in order
+    for name in names:  # the proven segments and their projections: the good build's bytes
+        for path in folder.rglob(name):
+            assert path.read_bytes() == good_files[path.relative_to(folder)]
+    cut.close()
+
+
 def test_incremental_refresh_projects_only_the_new_rows(synthetic: Ledger, tmp_path: Path) -> None:
     root = tmp_path / "snapshots"
     first = Analytics(synthetic, root, projections())
