@@ -94,10 +94,12 @@ def report_and_audit_by_groups(
             if with_audit:
                 findings.extend(f for f in audit_of_source(src, run) if keep(f.run_id))
             count += 1
-    if count != len(groups) or not groups:
-        raise ValueError(f"{count} sources for {len(groups)} groups")
-    report = merge_report(parts, run) if with_report else None
-    return report, sorted(findings, key=Finding.sort_key)
+        if count != len(groups) or not groups:
+            raise ValueError(f"{count} sources for {len(groups)} groups")
+        # Still paused: the groups' parts are millions of live objects, which each collection the
+        # merge's fresh rows set off would walk (at 10M events 1.40 s of merge against 0.23 s).
+        report = merge_report(parts, run) if with_report else None
+        return report, sorted(findings, key=Finding.sort_key)
 
 
 def _owned_by(owner: dict[str, int], index: int) -> Callable[[str | None], bool]:
