@@ -21,7 +21,7 @@ import duckdb
 import pyarrow as pa
 
 from ledger import view_name
-from ledger._snapshot import arrow_read_as, columns_read_as
+from ledger._snapshot import arrow_read_as
 from ledger._typed import entries_sql
 
 # Each kind the views read, as rows with typed data fields: ``kv_x_<kind>`` → SQL over
@@ -1036,11 +1036,19 @@ def create_views(
 
 
 def _as_arrow(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table | None:
-    """The rows of ``sql`` as Arrow, or None (the query not run) where DuckDB would read them back
-    with other column names or types than the query's own: a JSON column comes back VARCHAR."""
+    """The rows of ``sql`` as Arrow, or None where DuckDB would read them back with other column
+    names or types than the query's own (told by binding it, not running it): a JSON column, which
+    comes back VARCHAR, is refused before the query runs; any other difference once it has run
+    (the caller then builds a table of it)."""
     relation = con.sql(sql.strip())
-    same = arrow_read_as(con, relation.limit(0).to_arrow_table()) == columns_read_as(con, sql.strip())
-    return relation.to_arrow_table() if same else None
+    own = list(zip(relation.columns, (str(kind) for kind in relation.types), strict=True))
+    if any(_JSON_TYPE.search(kind) for _, kind in own):
+        return None
+    table = relation.to_arrow_table()
+    return table if arrow_read_as(con, table) == own else None
+
+
+_JSON_TYPE = re.compile(r"\bJSON\b")
 
 
 def release_extractions(con: duckdb.DuckDBPyConnection, held: Collection[str] = ()) -> list[str]:

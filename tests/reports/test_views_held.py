@@ -73,5 +73,10 @@ def test_a_query_read_back_with_other_types_stays_a_table() -> None:
         assert _as_arrow(con, "SELECT CAST(1 AS HUGEINT) AS n") is None
         table = _as_arrow(con, "SELECT 1::BIGINT AS n, 'a' AS s, [1, 2] AS l, {'k': 1.5} AS st")
         assert table is not None and table.to_pylist() == [{"n": 1, "s": "a", "l": [1, 2], "st": {"k": 1.5}}]
+        # A JSON column, at the top or nested, is refused as bound: the query never runs.
+        assert _as_arrow(con, "SELECT CAST(error('the query ran') AS JSON) AS j") is None
+        assert _as_arrow(con, "SELECT {'j': CAST(error('the query ran') AS JSON)} AS st") is None
+        with pytest.raises(duckdb.Error, match="the query ran"):
+            _as_arrow(con, "SELECT CAST(error('the query ran') AS VARCHAR) AS s")
     finally:
         con.close()
