@@ -30,7 +30,7 @@ from ._events import GENESIS
 from ._row_sources import RowSource
 from ._row_sources import row_source as row_source_for
 from ._rows import SCHEMA, native_table, read_rows, rows_to_table
-from ._snapshot import Proof, Snapshot, _seqs_follow, arrow_read_as, columns_read_as, key_path, sql_literal
+from ._snapshot import Proof, Snapshot, _reads_as, _seqs_follow, key_path, sql_literal
 from ._snapshot_rows import _carrow, by_kind, columns_read, single_kind
 from ._store import Ledger
 from ._typed import ENTRIES_SCHEMA, NativeSpecs, entries_table, native_specs, typed_table
@@ -497,8 +497,11 @@ def derive_checked(
                             continue
                         if native is not None:
                             first = held_schemas.get(name)
+                            # Read by DuckDB with the types its table (the projection's SQL) has:
+                            # asked once per SQL and schema in a process.
+                            sql = projections[name]
                             if name in holding and (
-                                native.schema.equals(first) if first else _same_types(con, name, native)
+                                native.schema.equals(first) if first else _reads_as(sql, native, empty)
                             ):
                                 held_schemas[name] = native.schema
                                 holding[name].append(native)
@@ -533,13 +536,6 @@ def _hold(con: duckdb.DuckDBPyConnection, derived: Derived, name: str, table: pa
     con.register(name, table)
     derived.held[name] = table
     derived.projections_held += 1
-
-
-def _same_types(con: duckdb.DuckDBPyConnection, name: str, table: pa.Table) -> bool:
-    """Whether DuckDB reads ``table`` with exactly the column names and types of its table
-    ``name`` (made by the projection's own SQL), so that serving one for the other changes no
-    query."""
-    return arrow_read_as(con, table) == columns_read_as(con, f"SELECT * FROM {_quote(name)}")
 
 
 def _copy_pieces(con: duckdb.DuckDBPyConnection, name: str, pieces: Sequence[pa.Table]) -> None:

@@ -21,8 +21,9 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ._analytics import Analytics, Derived, RunScope, _copy_pieces, _hold, _quote, _same_types, empty_table
+from ._analytics import Analytics, Derived, RunScope, _copy_pieces, _hold, _quote, empty_table
 from ._rows import SCHEMA
+from ._snapshot import _reads_as
 from ._snapshot_rows import single_kind
 
 # A row's group where several groups keep it (reports/_source.py run_scope: the validation runs).
@@ -198,7 +199,9 @@ class GroupAnalytics(Analytics):
             table = self._tables.pop(name, None)
             if table is None or not table.num_rows:
                 continue  # no row of its kind: the empty table stays
-            if _same_types(con, name, table):
+            # DuckDB reads the table with the types the projection's own SQL gives (asked once per
+            # SQL and schema in a process: each group after the first is told without a query).
+            if _reads_as(sql, table, empty):
                 _hold(con, derived, name, table)
             else:
                 _copy_pieces(con, name, [table])
