@@ -866,18 +866,31 @@ def _native_specs(derive: Mapping[str, str]) -> NativeSpecs | None:
 
 
 def columns_read_as(con: duckdb.DuckDBPyConnection, sql: str) -> list[tuple[str, str]]:
-    """The column names and DuckDB types of ``sql``'s output (bound, not run)."""
-    return [(str(r[0]), str(r[1])) for r in con.execute(f"DESCRIBE {sql}").fetchall()]
+    """The column names and DuckDB types of ``sql``'s output (bound, not run: what DESCRIBE says)."""
+    relation = con.sql(sql)
+    return list(zip(relation.columns, (str(kind) for kind in relation.types), strict=True))
+
+
+# An Arrow schema (serialized: every field, type, nesting and metadata) → the names and types DuckDB
+# reads a table of it with, which the schema alone decides.
+_ARROW_READ_AS: dict[bytes, list[tuple[str, str]]] = {}
 
 
 def arrow_read_as(con: duckdb.DuckDBPyConnection, table: pa.Table) -> list[tuple[str, str]]:
     """The column names and types DuckDB reads ``table`` with (its schema alone is registered: a
-    slice of no rows, not ``Schema.empty_table``, whose Python values make pyarrow import pandas)."""
+    slice of no rows, not ``Schema.empty_table``, whose Python values make pyarrow import pandas),
+    asked once per schema in a process."""
+    key = table.schema.serialize().to_pybytes()
+    known = _ARROW_READ_AS.get(key)
+    if known is not None:
+        return list(known)
     con.register("kv_arrow_read_as_probe", table.slice(0, 0))
     try:
-        return columns_read_as(con, "SELECT * FROM kv_arrow_read_as_probe")
+        read_as = columns_read_as(con, "SELECT * FROM kv_arrow_read_as_probe")
     finally:
         con.unregister("kv_arrow_read_as_probe")
+    _ARROW_READ_AS[key] = read_as
+    return list(read_as)
 
 
 # (SQL, the native table's schema) → whether DuckDB reads that table with the SQL's columns and types.

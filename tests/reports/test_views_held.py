@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import pyarrow as pa
 import pytest
 
 import reports._views
@@ -78,5 +79,38 @@ def test_a_query_read_back_with_other_types_stays_a_table() -> None:
         assert _as_arrow(con, "SELECT {'j': CAST(error('the query ran') AS JSON)} AS st") is None
         with pytest.raises(duckdb.Error, match="the query ran"):
             _as_arrow(con, "SELECT CAST(error('the query ran') AS VARCHAR) AS s")
+    finally:
+        con.close()
+
+
+def test_what_duckdb_reads_an_arrow_schema_as_is_told_per_schema() -> None:
+    """``arrow_read_as`` is asked once per schema: tables of the same names but other types, nesting
+    or nullability each get their own answer, and the answer is DuckDB's."""
+    from ledger._snapshot import arrow_read_as
+
+    con = duckdb.connect()
+    try:
+        tables = [
+            pa.table({"a": pa.array([1], pa.int64())}),
+            pa.table({"a": pa.array(["x"], pa.string())}),
+            pa.table({"a": pa.array([[1]], pa.list_(pa.int32()))}),
+            pa.table({"a": pa.array([{"k": 1.5}])}),
+            pa.table({"a": pa.array([1], pa.decimal128(38, 0))}),
+        ]
+        told = [arrow_read_as(con, t) for t in tables]
+        assert told == [arrow_read_as(con, t) for t in tables]  # asked again: the same
+        for table, read_as in zip(tables, told, strict=True):
+            con.register("t", table)
+            assert read_as == [
+                (str(r[0]), str(r[1])) for r in con.execute("DESCRIBE SELECT * FROM t").fetchall()
+            ]
+            con.unregister("t")
+        assert [kind for ((_, kind),) in told] == [
+            "BIGINT",
+            "VARCHAR",
+            "INTEGER[]",
+            "STRUCT(k DOUBLE)",
+            "DECIMAL(38,0)",
+        ]
     finally:
         con.close()
