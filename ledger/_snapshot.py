@@ -288,6 +288,9 @@ class Snapshot:
     _segments: list[Segment] = field(default_factory=list)
     # SQL → the bytes and digest of the projection file it gives for no rows.
     _empty: dict[str, tuple[bytes, str]] = field(default_factory=dict)
+    # Two raw writes may run side by side (the last two segments of a build): their seconds add up
+    # under it.
+    _writes_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @classmethod
     def for_ledger(cls, ledger: Ledger, root: Path | None = None) -> Snapshot:
@@ -588,7 +591,9 @@ class Snapshot:
         try:
             return self._write(*args)
         finally:
-            self.proof.write_seconds += time.perf_counter() - wall
+            took = time.perf_counter() - wall
+            with self._writes_lock:
+                self.proof.write_seconds += took
 
     def _append_segments(
         self,
