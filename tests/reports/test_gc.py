@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import weakref
 
 from reports._gc import no_cycle_collection
 
@@ -12,24 +13,24 @@ class _Node:
         self.me = self  # a reference cycle: only the collector frees it
 
 
-def test_the_collector_resumes_without_a_young_generation_of_everything_made_while_paused() -> None:
+def test_cycles_made_while_paused_are_left_to_the_young_collections() -> None:
+    """Resumed as it was: what was made while paused is young, so the collector's most frequent
+    collections free its cycles. (Moving it all to the oldest generation on resume, to spare the
+    first young collection its walk, left them to full collections, which reports in a long-lived
+    process never set off: 4,600 more objects tracked after each report of a 250k-event ledger.)"""
     gc.collect()
-    assert gc.isenabled()
     with no_cycle_collection():
         assert not gc.isenabled()
-        made = [{"row": i} for i in range(50_000)]
+        node = _Node()
+        alive = weakref.ref(node)
+        del node
         with no_cycle_collection():  # nested: the outer one resumes it
             assert not gc.isenabled()
         assert not gc.isenabled()
-        assert gc.get_count()[0] > 50_000  # all of it young while paused
-        _Node()
+        assert alive() is not None
     assert gc.isenabled()
-    # Resumed with the young generation empty (else its first collection walks all of `made`),
-    # and nothing left frozen: the cycle made while paused is still the collector's to free.
-    assert gc.get_count()[0] < gc.get_threshold()[0]
-    assert gc.get_freeze_count() == 0
-    assert gc.collect() >= 1
-    assert len(made) == 50_000
+    gc.collect(0)
+    assert alive() is None
 
 
 def test_a_paused_collector_stays_paused() -> None:
