@@ -870,10 +870,14 @@ def _native_specs(derive: Mapping[str, str]) -> NativeSpecs | None:
     return native_specs(kinds, derive, with_entries=True)
 
 
-def columns_read_as(con: duckdb.DuckDBPyConnection, sql: str) -> list[tuple[str, str]]:
-    """The column names and DuckDB types of ``sql``'s output (bound, not run: what DESCRIBE says)."""
-    relation = con.sql(sql)
+def relation_read_as(relation: duckdb.DuckDBPyRelation) -> list[tuple[str, str]]:
+    """The column names and DuckDB types of a relation's output (bound, not run: what DESCRIBE says)."""
     return list(zip(relation.columns, (str(kind) for kind in relation.types), strict=True))
+
+
+def columns_read_as(con: duckdb.DuckDBPyConnection, sql: str) -> list[tuple[str, str]]:
+    """The column names and DuckDB types of ``sql``'s output (bound, not run)."""
+    return relation_read_as(con.sql(sql))
 
 
 # An Arrow schema (serialized: every field, type, nesting and metadata) → the names and types DuckDB

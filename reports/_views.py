@@ -21,7 +21,7 @@ import duckdb
 import pyarrow as pa
 
 from ledger import view_name
-from ledger._snapshot import arrow_read_as
+from ledger._snapshot import arrow_read_as, relation_read_as
 from ledger._typed import entries_sql
 
 # Each kind the views read, as rows with typed data fields: ``kv_x_<kind>`` → SQL over
@@ -1041,7 +1041,7 @@ def _as_arrow(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table | None:
     comes back VARCHAR, is refused before the query runs; any other difference once it has run
     (the caller then builds a table of it)."""
     relation = con.sql(sql.strip())
-    own = list(zip(relation.columns, (str(kind) for kind in relation.types), strict=True))
+    own = relation_read_as(relation)
     if any(_JSON_TYPE.search(kind) for _, kind in own):
         return None
     table = relation.to_arrow_table()
