@@ -9,6 +9,12 @@ private folder, and read back memory-mapped when the group is opened
 (:class:`GroupAnalytics`); the other projections (few rows: runs, blocks, probes...) are held
 once, in memory, and served to every group. So every row is read and checked once, and a
 group's tables are what a reader scoped to that group derives, in the same order (seq).
+
+A projection's text columns whose values repeat (run and block ids, config digests, counter
+names...) are written dictionary-encoded: at 10M events the files are 2.9 GB written and read
+back once each, and the kernel's copy of every byte into the page cache was a fifth of the read.
+DuckDB reads a dictionary column as the text column it encodes (the group's tables are checked
+to read with the projection's own types, as any held table is), with the same values.
 """
 
 from __future__ import annotations
@@ -49,7 +55,10 @@ class Partition:
         # The one group that keeps each run, or _SHARED where several do (the validation runs).
         holders = [[g for g, scope in enumerate(scopes) if run in scope.runs] for run in universe]
         self._owner = pa.array([h[0] if len(h) == 1 else _SHARED for h in holders], pa.int32())
-        self._writers: dict[tuple[int, str], pa.ipc.RecordBatchFileWriter] = {}
+        self._writers: dict[tuple[int, str], pa.ipc.RecordBatchStreamWriter] = {}
+        # Each split projection's text columns written dictionary-encoded, told by its first piece
+        # (every file of a projection keeps one schema).
+        self._encoded: dict[str, frozenset[str]] = {}
         self._held: dict[str, list[pa.Table]] = {}
         self.held: dict[str, pa.Table] = {}  # the projections served to every group (after finish)
         # Rows of a split projection whose run no group keeps (checked, not copied): a report that
@@ -65,6 +74,11 @@ class Partition:
                 pc.take(piece, pa.array(range(piece.num_rows), pa.int64()))
             )
             return
+        encoded = self._encoded.get(name)
+        if encoded is None:
+            encoded = self._encoded[name] = _repeating(piece)
+        # Encoded first: a run id's group is then looked up once per distinct id, not per row.
+        piece = _encode(piece, encoded)
         runs = piece.column("run_id") if "run_id" in piece.column_names else _runs_by_seq(piece, rows)
         found = pc.index_in(runs, value_set=self._universe)
         without_run = pc.is_null(runs)
@@ -100,10 +114,12 @@ class Partition:
             if part.num_rows:
                 self._writer(group, name, part.schema).write_table(part)
 
-    def _writer(self, group: int, name: str, schema: pa.Schema) -> pa.ipc.RecordBatchFileWriter:
+    def _writer(self, group: int, name: str, schema: pa.Schema) -> pa.ipc.RecordBatchStreamWriter:
         writer = self._writers.get((group, name))
         if writer is None:
-            writer = pa.ipc.new_file(str(self._path(group, name)), schema)
+            # A stream, not a file: each piece's dictionaries are its own (replaced, which the
+            # file format does not allow).
+            writer = pa.ipc.new_stream(str(self._path(group, name)), schema)
             self._writers[group, name] = writer
         return writer
 
@@ -127,7 +143,7 @@ class Partition:
             path = self._path(group, name)
             if path.exists():
                 with pa.memory_map(str(path)) as mapped:
-                    tables[name] = pa.ipc.open_file(mapped).read_all()
+                    tables[name] = pa.ipc.open_stream(mapped).read_all()
         return tables
 
     def discard(self, group: int) -> None:
@@ -143,6 +159,28 @@ class Partition:
         self._held.clear()
         self.held.clear()
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _repeating(piece: pa.Table) -> frozenset[str]:
+    """The text columns of ``piece`` whose values repeat: at most half as many distinct values as
+    rows (ids of a request or digests of a payload, nearly all distinct, are left as they are)."""
+    return frozenset(
+        field.name
+        for field, column in zip(piece.schema, piece.columns, strict=True)
+        if pa.types.is_string(field.type)
+        and 2 * pc.count_distinct(column, mode="all").as_py() <= piece.num_rows
+    )
+
+
+def _encode(piece: pa.Table, names: frozenset[str]) -> pa.Table:
+    """``piece`` with the text columns ``names`` dictionary-encoded (the same values)."""
+    if not names:
+        return piece
+    columns = [
+        pc.dictionary_encode(column) if field.name in names else column
+        for field, column in zip(piece.schema, piece.columns, strict=True)
+    ]
+    return pa.Table.from_arrays(columns, names=piece.column_names)
 
 
 def _runs_by_seq(piece: pa.Table, rows: pa.Table) -> pa.ChunkedArray:

@@ -15,6 +15,7 @@ from typing import Any
 
 import duckdb
 import orjson
+import pyarrow as pa
 import pytest
 
 from ledger import Ledger, open_ledger
@@ -180,6 +181,29 @@ def test_one_groups_tables_are_open_at_a_time_and_the_spill_goes(
             before.scalar("SELECT 1")  # the last is closed once the iteration ends
         assert folder.is_dir() and not any(folder.iterdir())
     assert not folder.exists()
+
+
+def test_repeating_text_is_spilled_dictionary_encoded_and_read_as_the_projections_text(
+    team: Team, team_ledger: Ledger, tmp_path: Path
+) -> None:
+    """The spill files keep a projection's repeating text columns (run and block ids...) as Arrow
+    dictionaries; a group's source serves them so, and DuckDB reads them with the projection's own
+    types and values (the tables of a source opened for the group, above, compare equal)."""
+    groups = _groups(team, team_ledger)
+    with open_group_sources(team_ledger, groups, tmp_path) as sources:
+        for group, src in zip(groups, sources, strict=True):
+            derived = src.analytics.derived
+            assert derived is not None
+            responses = derived.held["kv_src_response_received"]
+            assert pa.types.is_dictionary(responses.schema.field("run_id").type)
+            # Ids of requests are (nearly) all distinct: left as they are.
+            assert pa.types.is_string(responses.schema.field("request_id").type)
+            described = dict(
+                src.tuples("SELECT column_name, column_type FROM (DESCRIBE kv_src_response_received)")
+            )
+            assert described["run_id"] == described["request_id"] == "VARCHAR"
+            runs = {str(r[0]) for r in src.tuples("SELECT DISTINCT run_id FROM kv_src_response_received")}
+            assert src.scope is not None and runs and runs <= src.scope.runs and set(group) & runs
 
 
 def test_a_tampered_row_blocks_every_groups_audit_naming_its_seq(team: Team, tmp_path: Path) -> None:
