@@ -81,5 +81,5 @@ def events_per_group_option(fn: F) -> F:
         default=None,
         help="Derive the whole ledger's tables group of runs by group of runs, about N events a group "
         "(the same output; memory bounded by one group's tables). Default: past 2,000,000 events, "
-        "1,000,000 a group.",
+        "at most 1,600,000 a group.",
     )(fn)
