@@ -74,17 +74,17 @@ async def _kill_when_streaming(ctx: Any, replica: int, delay: float) -> None:
     # machine it took long enough that a 2,500-token stream had ended before the signal.
     api_pid = ctx.params["victim_pid"] or ctx.target.process(replica).pid
     pid, title = engine_worker(api_pid)
-    generated = _metric((await ctx.client.get(url + "/metrics")).text, "vllm:generation_tokens_total")
-    # Until the victim has streamed tokens of this request: its first chunk (and HTTP 200) is out.
-    # Waiting on a running request plus a fixed delay raced the stream's end under load.
-    while True:
-        text = (await ctx.client.get(url + "/metrics")).text
-        running = _metric(text, "vllm:num_requests_running")
-        if running > 0 and _metric(text, "vllm:generation_tokens_total") > generated:
-            break
+    # Until the victim runs the request (its HTTP 200 is out: the server sends it before the body's
+    # first read, which hands the request to the engine), then the worker frozen at once. Waiting
+    # for the request's tokens to show in /metrics before the signal raced the stream's end under
+    # load (once in CI: the signal sent, the stream whole, 2,800 of 2,800 tokens and no error).
+    # A stopped process cannot finish the stream, and the SIGILL sent to it is delivered on SIGCONT.
+    while _metric((await ctx.client.get(url + "/metrics")).text, "vllm:num_requests_running") <= 0:
         await asyncio.sleep(0.02)
+    os.kill(pid, signal.SIGSTOP)
     await asyncio.sleep(delay)
     os.kill(pid, signal.SIGILL)
+    os.kill(pid, signal.SIGCONT)
     # The ledger says what was injected: this death is the test's doing, not the engine's.
     ctx.sink.emit_run(
         "note.added",
