@@ -1,10 +1,10 @@
-"""An experiment for the fault test: the worker of one replica dies by SIGILL mid-stream.
+"""An experiment for the fault test: the worker of one replica dies by SIGILL after HTTP 200.
 
 A fresh replica whose first request was a cross-replica hit was seen to die
 with SIGILL after answering HTTP 200 (experiments/targets/vllm/NOTES.md). That
-did not reproduce here, so the death is injected: while the cross-replica request streams
-from replica ``victim``, SIGILL goes to that replica's engine worker process
-(a descendant of its API server, found through /proc). Everything else is the
+did not reproduce here, so the death is injected: once replica ``victim`` runs the
+cross-replica request (its HTTP 200 out, the stream not ended), SIGILL goes to that replica's
+engine worker process (a descendant of its API server, found through /proc). Everything else is the
 ordinary runner path: warmups on every replica, single-request windows, checks.
 """
 
@@ -89,7 +89,8 @@ async def _kill_when_streaming(ctx: Any, replica: int, delay: float) -> None:
     ctx.sink.emit_run(
         "note.added",
         {
-            "text": f"fault injected: SIGILL to {title} pid {pid} of replica {replica} while it streamed",
+            "text": f"fault injected: SIGILL to {title} pid {pid} of replica {replica} "
+            "while it ran the request",
             "topic": "fault-injection",
             "replica": replica,
             "process": title,
