@@ -216,9 +216,9 @@ class GroupAnalytics(Analytics):
         return self.snapshot.segments(), 0 if derived is None else derived.head_seq
 
     def _derive(self, con: duckdb.DuckDBPyConnection, until: int) -> None:
-        """Each projection as derive_checked leaves it: its table made by its own SQL (DuckDB's
-        types), then its rows served as the Arrow table where DuckDB reads that with the same
-        names and types, else copied into it."""
+        """Each projection as derive_checked leaves it: its rows served as the Arrow table where
+        DuckDB reads that with the names and types the projection's own SQL gives, else copied into
+        the table that SQL makes (DuckDB's types), which is left empty where it has no rows."""
         shared = self._shared.derived
         assert shared is not None
         derived = Derived(
@@ -232,17 +232,16 @@ class GroupAnalytics(Analytics):
         )
         empty = empty_table(SCHEMA)
         for name, sql in self.projections.items():
+            table = self._tables.pop(name, None)
+            # DuckDB reads the table with the types the projection's own SQL gives (asked once per
+            # SQL and schema in a process: each group after the first is told without a query).
+            if table is not None and table.num_rows and _reads_as(sql, table, empty):
+                _hold(con, derived, name, table)
+                continue
             con.register("events", empty)
             con.execute(f"CREATE TABLE {_quote(name)} AS {sql}")
             con.unregister("events")
-            table = self._tables.pop(name, None)
-            if table is None or not table.num_rows:
-                continue  # no row of its kind: the empty table stays
-            # DuckDB reads the table with the types the projection's own SQL gives (asked once per
-            # SQL and schema in a process: each group after the first is told without a query).
-            if _reads_as(sql, table, empty):
-                _hold(con, derived, name, table)
-            else:
+            if table is not None and table.num_rows:
                 _copy_pieces(con, name, [table])
         self.derived, self.checked = derived, self._shared.checked
 

@@ -12,6 +12,7 @@ tables in an in-memory DuckDB: nothing is written to the ledger.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Callable, Collection
@@ -991,6 +992,14 @@ ORDERED_METHODS = ("wait_then_fallback", "memcpy_async_current_stream", "same_st
 VIEWS_NOT_MATERIALISED = {"kv_measured", "kv_assertions"}
 
 
+# The views held as Arrow tables where create_views is given a hold: those with a row per request,
+# pair of requests or session, whose DuckDB table costs more per row than Arrow's round trip (at 1M
+# events kv_requests 0.42 against 0.24 s, kv_pairs 0.22 against 0.15 s). The others, a row per
+# block, run, window or config, are DuckDB tables: for a few thousand rows the round trip (bind,
+# export, registration, type check) cost 1 to 5 ms more than the copy, for every source and group.
+VIEWS_HELD = frozenset({"kv_requests", "kv_hits", "kv_pairs", "kv_ttft", "kv_ttft_pairs", "kv_sessions"})
+
+
 # The most requests whose views are held as Arrow tables (about 2M events of a screening's ledger:
 # kv_requests at 1M events, 204k requests, is 118 MB as Arrow).
 HELD_VIEW_REQUESTS_MAX = 500_000
@@ -1008,11 +1017,12 @@ def create_views(
     Plain (not TEMP) objects of the in-memory database, so that another cursor
     of it sees them: the audit's re-derivations are built on one beside the report.
 
-    ``hold``: where given, each view's rows are made as an Arrow table and handed to it to serve
-    (registered on ``con`` and on each cursor made after, :meth:`ledger.Analytics.hold_view`)
-    in place of a table, where DuckDB reads it back with the same columns and types. DuckDB's
-    own table costs its sink a string copy, a UTF-8 check and a distinct-count sample per value:
-    ``kv_requests`` at 1M events 0.29 s as a table, 0.21 s as Arrow.
+    ``hold``: where given, the rows of each view of :data:`VIEWS_HELD` are made as an Arrow
+    table and handed to it to serve (registered on ``con`` and on each cursor made after,
+    :meth:`ledger.Analytics.hold_view`) in place of a table, where DuckDB reads it back with the
+    same columns and types. DuckDB's own table costs its sink a string copy, a UTF-8 check and a
+    distinct-count sample per value: ``kv_requests`` at 1M events 0.29 s as a table, 0.21 s as
+    Arrow.
     """
     # As of one event: attestation checks re-derive at the attested head.
     bound = "" if until_seq is None else f" WHERE seq <= {int(until_seq)}"
@@ -1028,7 +1038,7 @@ def create_views(
         if name in VIEWS_NOT_MATERIALISED:
             con.execute(f"CREATE OR REPLACE VIEW {name} AS {sql.strip()}")
             continue
-        table = _as_arrow(con, sql) if hold is not None else None
+        table = _as_arrow(con, sql) if hold is not None and name in VIEWS_HELD else None
         if hold is not None and table is not None:
             hold(name, table)
         else:
@@ -1060,20 +1070,27 @@ def release_extractions(con: duckdb.DuckDBPyConnection, held: Collection[str] = 
     files are views and stay too. ``held``: projections served as Arrow tables registered on
     ``con``; those dropped are the caller's to release. The names dropped (their ``kv_x_`` views
     go with them)."""
-    # What is read after this: the re-derivations, and the views left as views.
-    audit_sql = " ".join(
-        [*(sql for _, sql in AUDIT_VIEWS), *(sql for name, sql in VIEWS if name in VIEWS_NOT_MATERIALISED)]
-    )
+    read_after = _extractions_read_after_views()
     tables = {row[0] for row in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
     dropped = []
     for name in EXTRACTIONS:
         source = _source_name(name)
-        if (source in tables or source in held) and not re.search(rf"\b{name}\b", audit_sql):
+        if (source in tables or source in held) and name not in read_after:
             con.execute(f"DROP VIEW IF EXISTS {name}")
             if source in tables:
                 con.execute(f"DROP TABLE {source}")
             dropped.append(source)
     return dropped
+
+
+@functools.cache
+def _extractions_read_after_views() -> frozenset[str]:
+    """The extractions read once the views are made: by the re-derivations, and by the views left
+    as views (told once per process: the SQL is the code's own)."""
+    sql = " ".join(
+        [*(sql for _, sql in AUDIT_VIEWS), *(sql for name, sql in VIEWS if name in VIEWS_NOT_MATERIALISED)]
+    )
+    return frozenset(name for name in EXTRACTIONS if re.search(rf"\b{name}\b", sql))
 
 
 # Views: each re-derivation of every row is read by the audit only through the materialised
