@@ -115,3 +115,32 @@ def test_what_duckdb_reads_an_arrow_schema_as_is_told_per_schema() -> None:
         ]
     finally:
         con.close()
+
+
+def test_a_verified_source_makes_no_table_it_would_not_read(ledger_path: Path, tmp_path: Path) -> None:
+    """A verified source serves each projection the read parsed as its Arrow table, with no DuckDB
+    table of that name made beside it (a projection with no row is an empty table of its SQL's
+    types, which the views are then made over), and the per-kind views over the cache's rows,
+    which nothing it derives reads, are made only for a plain reader (`ledger sql`'s
+    ``request_sent``...)."""
+    url = f"sqlite:///{ledger_path}"
+    plain = open_source(url, tmp_path / "snap")  # builds the snapshot whose kinds the views name
+    try:
+        views = {r[0] for r in plain.con.execute("SELECT view_name FROM duckdb_views()").fetchall()}
+        assert {"request_sent", "response_received", "hits_observed"} <= views
+    finally:
+        plain.close()
+    src = open_source(url, tmp_path / "snap", verify=True, rederive_beside=False)
+    try:
+        derived = src.analytics.derived
+        assert derived is not None and len(derived.held) >= 4  # the typed projections the read parsed
+        tables = {r[0] for r in src.con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
+        views = {r[0] for r in src.con.execute("SELECT view_name FROM duckdb_views()").fetchall()}
+        assert not set(derived.held) & tables
+        assert not {"request_sent", "response_received", "hits_observed"} & views
+        # The projections of kinds this ledger has no row of (checkpoints, imports...) made the
+        # views over them: those views are there, and empty.
+        assert src.scalar("SELECT count(*) FROM kv_checkpoints") == 0
+        assert src.scalar("SELECT count(*) FROM kv_imports") == 0
+    finally:
+        src.close()
