@@ -205,12 +205,15 @@ def test_deadline_interrupts_the_run_and_exports_what_exists(tmp_path: Path) -> 
 def test_a_smaller_final_reserve_gives_the_run_its_seconds_and_the_report_can_be_left_out(
     tmp_path: Path,
 ) -> None:
-    # The same 60 s deadline as above, with 15 s kept for the final steps instead of 45: the
-    # screening's limit is the deadline less that reserve, and without the report the export
-    # still comes back whole.
-    proc, summary = _drive(tmp_path, *SIM_SCREENING_IN_60_S, "--final-reserve-s", "15", "--no-final-report")
+    # Half the deadline above, with 15 s kept for the final steps instead of 45: the screening's
+    # limit is the deadline less that reserve (15 s, where the default reserve would leave none),
+    # and without the report the export still comes back whole. (The same 60 s deadline gave the
+    # screening 45 s of a workload that needs more, for the same assertions.)
+    deadline = SIM_SCREENING_IN_60_S.index("--deadline-s") + 1
+    args = [*SIM_SCREENING_IN_60_S[:deadline], "30", *SIM_SCREENING_IN_60_S[deadline + 1 :]]
+    proc, summary = _drive(tmp_path, *args, "--final-reserve-s", "15", "--no-final-report")
     assert proc.returncode == 0, proc.stderr
-    assert "screening: start (limit 45 s)" in proc.stdout or "screening: start (limit 44 s)" in proc.stdout
+    assert "screening: start (limit 15 s)" in proc.stdout or "screening: start (limit 14 s)" in proc.stdout
     steps = {s["name"]: s for s in summary["steps"]}
     assert steps["report"]["rc"] is None and "--no-final-report" in steps["report"]["skipped"]
     assert [steps[n]["rc"] for n in ("verify", "audit", "export")] == [0, 0, 0]
