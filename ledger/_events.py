@@ -110,6 +110,15 @@ def _json_str(value: str | None) -> str:
     return orjson.dumps(value).decode()
 
 
+def _name_json(value: str, field: str) -> str:
+    """:func:`_json_str` of an envelope name (``run_id``, ``block_id``); a string that is not
+    Unicode text, such as one with a lone surrogate, has no UTF-8 form to hash or store."""
+    try:
+        return _json_str(value)
+    except TypeError as exc:  # orjson: "str is not valid UTF-8: surrogates not allowed"
+        raise EventError(f"not valid Unicode text ({exc})", field) from exc
+
+
 def envelope_text(
     id: str, ts: str, kind: str, run_id: str | None, block_id: str | None, data_json: str
 ) -> str:
@@ -187,8 +196,8 @@ def seal(event: NewEvent) -> Sealed:
     encoded, parsed = canonical_and_parsed(data)
     data_json = encoded.decode()
     # id and ts matched their patterns and kind is in the vocabulary: no escaping needed.
-    run_text = "null" if run_id is None else _json_str(run_id)
-    block_text = "null" if block_id is None else _json_str(block_id)
+    run_text = "null" if run_id is None else _name_json(run_id, "run_id")
+    block_text = "null" if block_id is None else _name_json(block_id, "block_id")
     text = (
         f'{{"block_id":{block_text},"data":{data_json},"id":"{id_}",'
         f'"kind":"{kind}","run_id":{run_text},"ts":"{ts}"}}'

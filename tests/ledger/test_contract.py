@@ -212,6 +212,18 @@ class LedgerContract(VerifyContract):
             led.append_many([note("a"), NewEvent("no.such.kind", {})])
         assert led.count() == 1
 
+    def test_a_name_that_is_not_unicode_text_is_refused_by_name(self, led: Ledger) -> None:
+        """A run or block id with a lone surrogate has no UTF-8 form to hash or store: refused as
+        an EventError naming the field, by append_many and extend alike, and nothing written."""
+        led.append(note("before"))
+        for field in ("run_id", "block_id"):
+            odd = NewEvent("note.added", {"text": "t"}, **{field: "run-\ud800"})
+            for write in (led.append_many, led.extend):
+                with pytest.raises(EventError) as info:
+                    write([*notes(3), odd])
+                assert info.value.field == field and "not valid Unicode text" in str(info.value)
+        assert led.count() == 1 and verify(led).ok
+
     def test_idempotent_reappend(self, led: Ledger) -> None:
         event = note("once")
         recorded = led.append(event)

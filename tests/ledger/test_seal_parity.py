@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ledger import GENESIS, NewEvent, new_id, utc_now
+from ledger import GENESIS, EventError, NewEvent, new_id, utc_now
 from ledger._events import _cseal, link, seal, seal_many
 from ledger._vocabulary import KINDS
 
@@ -108,6 +108,19 @@ def test_native_seal_matches_python(event: NewEvent) -> None:
     assert _outcome(lambda e: seal_many([e])[0], event) == _outcome(seal, event)
     # Unparsed (Ledger.extend): the same text, digest and errors, without the copy of the data.
     assert _text_outcome(lambda e: seal_many([e], parsed=False)[0], event) == _text_outcome(seal, event)
+
+
+@pytest.mark.parametrize("field", ["run_id", "block_id"])
+def test_a_name_with_a_lone_surrogate_is_refused_alike(field: str) -> None:
+    """The failure that random names found once: Python's seal raised orjson's TypeError and the
+    native one a UnicodeEncodeError. Both now raise the same EventError naming the field."""
+    event = NewEvent("note.added", {"text": "t"}, **{field: "\ud800"})
+    expected = _outcome(seal, event)
+    assert expected[0] is EventError and expected[1].startswith(f"{field}: not valid Unicode text")
+    assert _outcome(lambda e: seal_many([e])[0], event) == expected
+    assert _text_outcome(lambda e: seal_many([e], parsed=False)[0], event) == expected
+    with pytest.raises(EventError, match=field):
+        seal_many([NewEvent("note.added", {"text": "a"}), event])
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
