@@ -2,17 +2,20 @@
 
 A fresh replica whose first request was a cross-replica hit was seen to die
 with SIGILL after answering HTTP 200 (experiments/targets/vllm/NOTES.md). That
-did not reproduce here, so the death is injected: once replica ``victim`` runs the
-cross-replica request (its HTTP 200 out, the stream not ended), SIGILL goes to that replica's
-engine worker process (a descendant of its API server, found through /proc). Everything else is the
-ordinary runner path: warmups on every replica, single-request windows, checks.
+did not reproduce here, so the death is injected: replica ``victim``'s engine worker process (a
+descendant of its API server, found through /proc) is stopped before the cross-replica request is
+sent, and once the engine has taken the request in (its HTTP 200 out, the stream not ended) it gets
+SIGILL. Everything else is the ordinary runner path: warmups on every replica, single-request
+windows, checks.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -68,29 +71,32 @@ def _metric(text: str, name: str) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefixes))
 
 
-async def _kill_when_streaming(ctx: Any, replica: int, delay: float) -> None:
+async def _kill_when_streaming(ctx: Any, replica: int, pid: int, title: str, delay: float) -> None:
+    """SIGILL to the replica's engine process ``pid`` (stopped before the request was sent) once the
+    engine has taken the request in."""
     url = ctx.target.endpoint(replica)
-    # Found before the stream starts: the /proc walk blocks the event loop, and on a loaded
-    # machine it took long enough that a 2,500-token stream had ended before the signal.
-    api_pid = ctx.params["victim_pid"] or ctx.target.process(replica).pid
-    pid, title = engine_worker(api_pid)
-    # Until the victim runs the request (its HTTP 200 is out: the server sends it before the body's
-    # first read, which hands the request to the engine), then the worker frozen at once. Waiting
-    # for the request's tokens to show in /metrics before the signal raced the stream's end under
-    # load (once in CI: the signal sent, the stream whole, 2,800 of 2,800 tokens and no error).
-    # A stopped process cannot finish the stream, and the SIGILL sent to it is delivered on SIGCONT.
-    while _metric((await ctx.client.get(url + "/metrics")).text, "vllm:num_requests_running") <= 0:
+    # The engine has the request once /metrics counts it waiting or running: the server sent its
+    # HTTP 200 before the body's first read, which hands the request to the engine. The process runs
+    # only 10 ms at a time between two looks, so the stream cannot end before the signal. Watching
+    # a running engine instead raced the stream's end under load: this client, starved of CPU, took
+    # 6 s to read one /metrics answer while the server streamed all 2,800 tokens (twice in CI).
+    while True:
+        text = (await ctx.client.get(url + "/metrics")).text
+        if _metric(text, "vllm:num_requests_running") + _metric(text, "vllm:num_requests_waiting") > 0:
+            break
+        os.kill(pid, signal.SIGCONT)
+        time.sleep(0.01)  # blocking on purpose: the window must not stretch with this loop's load
+        os.kill(pid, signal.SIGSTOP)
         await asyncio.sleep(0.02)
-    os.kill(pid, signal.SIGSTOP)
     await asyncio.sleep(delay)
     os.kill(pid, signal.SIGILL)
-    os.kill(pid, signal.SIGCONT)
+    os.kill(pid, signal.SIGCONT)  # the SIGILL sent to a stopped process is delivered on SIGCONT
     # The ledger says what was injected: this death is the test's doing, not the engine's.
     ctx.sink.emit_run(
         "note.added",
         {
             "text": f"fault injected: SIGILL to {title} pid {pid} of replica {replica} "
-            "while it ran the request",
+            "once it had taken the request in",
             "topic": "fault-injection",
             "replica": replica,
             "process": title,
@@ -117,7 +123,16 @@ async def run(ctx: Any) -> None:
             fixture=fx,
             prompt_tokens=fx.prompt_tokens,
         )
-        killer = asyncio.create_task(_kill_when_streaming(ctx, victim, p["kill_after_s"]))
+        # The victim's engine process, found before the request is sent: the /proc walk blocks the
+        # event loop. Done inside the killer task, it ran once the request was out, and on a loaded
+        # machine it took so long that the whole stream was answered and sat unread in the socket
+        # (in CI: time to first token 7.6 s, then 2,800 of 2,800 tokens, no signal sent).
+        api_pid = p["victim_pid"] or ctx.target.process(victim).pid
+        pid, title = engine_worker(api_pid)
+        # Stopped before the request leaves (the scrapes around it read the API server's own
+        # /metrics, which a stopped engine does not hold up).
+        os.kill(pid, signal.SIGSTOP)
+        killer = asyncio.create_task(_kill_when_streaming(ctx, victim, pid, title, p["kill_after_s"]))
         try:
             await b.request(
                 fx.messages,
@@ -133,6 +148,8 @@ async def run(ctx: Any) -> None:
             )
         finally:
             killer.cancel()
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)  # never left stopped, whatever ended the request
         # Not reached when the replica died: the block has failed.
         await b.request(
             fx.messages,
