@@ -412,7 +412,14 @@ static int matches(PyObject *v, const unsigned char *shape, Py_ssize_t length) {
 }
 
 static int optional_name(PyObject *v) {
-    return v == Py_None || (PyUnicode_CheckExact(v) && PyUnicode_GET_LENGTH(v) > 0);
+    if (v == Py_None) return 1;
+    if (!PyUnicode_CheckExact(v) || PyUnicode_GET_LENGTH(v) == 0) return 0;
+    if (PyUnicode_IS_ASCII(v)) return 1;
+    /* A name with no UTF-8 form (a lone surrogate) goes to Python's seal, which names the field.
+     * The UTF-8 made here is kept in the string, for put_optional_name. */
+    if (PyUnicode_AsUTF8AndSize(v, NULL) != NULL) return 1;
+    PyErr_Clear();
+    return 0;
 }
 
 /* ``value`` is in a frozenset; an unhashable value is left to the Python path. */
@@ -491,14 +498,6 @@ static PyObject *make_sealed(PyObject **fields) {
 
 static PyObject *get(PyObject *event, PyObject *name) { return PyObject_GetAttr(event, name); }
 
-/* Whether the error just raised is a name with no UTF-8 form (a lone surrogate): cleared, so that
- * the event goes to Python's seal, which names the field as it refuses it. */
-static int not_utf8(void) {
-    if (!PyErr_ExceptionMatches(PyExc_UnicodeEncodeError)) return 0;
-    PyErr_Clear();
-    return 1;
-}
-
 /* One event on the fast path: a Sealed, Py_None to ask Python, or NULL on an error. Without
  * ``parsed`` the Sealed carries None for the data (no recorded Event will be built from it). */
 static PyObject *seal_fast(Buffer *b, PyObject *event, int parsed) {
@@ -519,8 +518,7 @@ static PyObject *seal_fast(Buffer *b, PyObject *event, int parsed) {
     }
     b->len = 0;
     if (PUT_LITERAL(b, "{\"block_id\":") || put_optional_name(b, block_id) || PUT_LITERAL(b, ",\"data\":")) {
-        if (PyErr_Occurred() && not_utf8()) result = Py_NewRef(Py_None);
-        else if (!PyErr_Occurred()) PyErr_NoMemory();
+        if (!PyErr_Occurred()) PyErr_NoMemory();
         goto done;
     }
     size_t data_start = b->len;
@@ -534,8 +532,7 @@ static PyObject *seal_fast(Buffer *b, PyObject *event, int parsed) {
     if (PUT_LITERAL(b, ",\"id\":\"") || put_ascii(b, id) || PUT_LITERAL(b, "\",\"kind\":\"")
         || put_ascii(b, kind) || PUT_LITERAL(b, "\",\"run_id\":") || put_optional_name(b, run_id)
         || PUT_LITERAL(b, ",\"ts\":\"") || put_ascii(b, ts) || PUT_LITERAL(b, "\"}")) {
-        if (PyErr_Occurred() && not_utf8()) result = Py_NewRef(Py_None);
-        else if (!PyErr_Occurred()) PyErr_NoMemory();
+        if (!PyErr_Occurred()) PyErr_NoMemory();
         goto done;
     }
     char digest[HEX_LEN];
