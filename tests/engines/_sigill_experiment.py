@@ -79,7 +79,7 @@ async def _kill_when_streaming(ctx: Any, replica: int, pid: int, title: str, del
     # HTTP 200 before the body's first read, which hands the request to the engine. The process runs
     # only 10 ms at a time between two looks, so the stream cannot end before the signal. Watching
     # a running engine instead raced the stream's end under load: this client, starved of CPU, took
-    # 6 s to read one /metrics answer while the server streamed all 2,800 tokens (twice in CI).
+    # 6 s to read one /metrics answer while the server streamed all 2,800 tokens.
     while True:
         text = (await ctx.client.get(url + "/metrics")).text
         if _metric(text, "vllm:num_requests_running") + _metric(text, "vllm:num_requests_waiting") > 0:
@@ -123,14 +123,10 @@ async def run(ctx: Any) -> None:
             fixture=fx,
             prompt_tokens=fx.prompt_tokens,
         )
-        # The victim's engine process, found before the request is sent: the /proc walk blocks the
-        # event loop. Done inside the killer task, it ran once the request was out, and on a loaded
-        # machine it took so long that the whole stream was answered and sat unread in the socket
-        # (in CI: time to first token 7.6 s, then 2,800 of 2,800 tokens, no signal sent).
+        # The victim's engine process, stopped before the request leaves (the scrapes around it
+        # read the API server's own /metrics, which a stopped engine does not hold up).
         api_pid = p["victim_pid"] or ctx.target.process(victim).pid
         pid, title = engine_worker(api_pid)
-        # Stopped before the request leaves (the scrapes around it read the API server's own
-        # /metrics, which a stopped engine does not hold up).
         os.kill(pid, signal.SIGSTOP)
         killer = asyncio.create_task(_kill_when_streaming(ctx, victim, pid, title, p["kill_after_s"]))
         try:
