@@ -907,7 +907,8 @@ def metrics_missing(src: Source, run: str | None) -> list[Finding]:
                    h.external_hit_tokens IS NULL AS external_hit_tokens,
                    any_value(l.engine_version) AS engine_version, count(DISTINCT h.seq) AS windows
             FROM kv_hits h
-            JOIN kv_scrape_windows w ON w.block_id IS NOT DISTINCT FROM h.block_id AND w.replica = h.replica
+            JOIN kv_scrape_windows w ON w.run_id IS NOT DISTINCT FROM h.run_id
+             AND w.block_id IS NOT DISTINCT FROM h.block_id AND w.replica = h.replica
              AND w.request_id IS NOT DISTINCT FROM h.request_id AND w."window" IS NOT DISTINCT FROM h."window"
             LEFT JOIN kv_launches l ON l.block_id = h.block_id AND l.replica = h.replica
             WHERE NOT w.failed AND w.befores > 0 AND w.afters > 0

@@ -828,7 +828,8 @@ FROM (SELECT *, befores = 1 AND afters = 1 AND NOT failed AS complete FROM kv_sc
 LEFT JOIN d ON d.wid = w.before_seq""",
     ),
     # Every hits.observed beside the deltas its window's scrapes give (inconsistent: they differ,
-    # or no scrape window stands behind it).
+    # or no scrape window stands behind it). A window is its run's: the envelope's block_id is
+    # optional, and two runs' blockless windows of one name are not one window.
     (
         "kv_hits_rederived",
         """
@@ -844,8 +845,8 @@ SELECT h.seq, h.run_id, h.block_id, h.arm, h.request_id, h."window", h.replica,
        OR h.external_hit_tokens IS DISTINCT FROM w.external_hit_tokens
        OR coalesce(h.counter_reset, false) <> coalesce(w.counter_reset, false) AS inconsistent
 FROM kv_hits h LEFT JOIN kv_scrape_deltas w
-  ON w.block_id IS NOT DISTINCT FROM h.block_id AND w.replica = h.replica
- AND w.scope = coalesce(h.request_id, 'window ' || h."window")""",
+  ON w.run_id IS NOT DISTINCT FROM h.run_id AND w.block_id IS NOT DISTINCT FROM h.block_id
+ AND w.replica = h.replica AND w.scope = coalesce(h.request_id, 'window ' || h."window")""",
     ),
     # The inconsistent rows of kv_hits_rederived, the only ones the audit reads (materialised: a
     # copy of every hits record's twenty columns cost more than comparing them).

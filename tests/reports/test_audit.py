@@ -253,3 +253,83 @@ def test_exact_values_are_rederived_from_the_requests_first_response(tmp_path: P
         led.close()
     assert derived == (forged == "second",)
     assert bool(inconsistent) == (forged == "first")
+
+
+def _window_events(run_id: str, scraped: bool, queries: int | None = 100) -> list[dict[str, Any]]:
+    """A window-level hits.observed with no block (the envelope's block_id is optional), and where
+    ``scraped`` the two scrapes of its window whose counters give exactly what it records."""
+    ids = iter(range(1, 100))
+
+    def event(kind: str, data: dict[str, Any]) -> dict[str, Any]:
+        n = next(ids)
+        return {
+            "id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"{run_id}/{n}")),
+            "ts": f"2026-09-{12 if run_id == 'run-a' else 13}T00:00:{n:02d}.000000Z",
+            "kind": kind,
+            "run_id": run_id,
+            "block_id": None,
+            "data": data,
+        }
+
+    def scrape(phase: str, queries: float, local: float) -> dict[str, Any]:
+        samples = {
+            'vllm:prefix_cache_queries_total{engine="0"}': queries,
+            'vllm:prefix_cache_hits_total{engine="0"}': local,
+            'vllm:external_prefix_cache_hits_total{engine="0"}': 0.0,
+        }
+        return event(
+            "metrics.scraped",
+            {
+                "replica": 0,
+                "endpoint": "e",
+                "samples": samples,
+                "phase": phase,
+                "request_id": None,
+                "window": "w",
+                "error": None,
+            },
+        )
+
+    out = []
+    if scraped:
+        out.append(scrape("before", 0.0, 0.0))
+        out.append(scrape("after", 100.0, 50.0))
+    out.append(
+        event(
+            "hits.observed",
+            {
+                "request_id": None,
+                "window": "w",
+                "replica": 0,
+                "prefix_queries": queries,
+                "local_hit_tokens": 50,
+                "external_hit_tokens": 0,
+            },
+        )
+    )
+    return out
+
+
+def test_hits_are_held_to_their_own_runs_scrapes(build_lite: Any) -> None:
+    """A window's scrapes stand behind the hits records of their own run only: two runs' blockless
+    windows of one name and replica are not one window. Run B recorded hits that no scrape of its
+    own gives; run A's scrapes of a window of the same name give the same deltas, and must not
+    stand in for them."""
+    src = build_lite([*_window_events("run-a", scraped=True), *_window_events("run-b", scraped=False)])
+    found = [f for f in audit(src) if f.code == "hits-inconsistent"]
+    assert [f.run_id for f in found] == ["run-b"]
+    assert "no metrics.scraped before/after stands behind it" in found[0].detail
+    rows = src.tuples("SELECT run_id, scraped, inconsistent FROM kv_hits_rederived ORDER BY run_id")
+    assert rows == [("run-a", True, False), ("run-b", False, True)]
+
+
+def test_a_runs_missing_counters_are_judged_by_its_own_scrapes(build_lite: Any) -> None:
+    """metrics-missing reads the scrapes of the hits record's own run: run B, never scraped, recorded
+    no prefix queries; run A's scrapes of a window of the same name do not make that a missing
+    counter of B's (it is B's hits that no scrape stands behind)."""
+    src = build_lite(
+        [*_window_events("run-a", scraped=True), *_window_events("run-b", scraped=False, queries=None)]
+    )
+    findings = audit(src)
+    assert [f.run_id for f in findings if f.code == "metrics-missing"] == []
+    assert [f.run_id for f in findings if f.code == "hits-inconsistent"] == ["run-b"]
