@@ -35,6 +35,7 @@ SEVERITY: dict[str, str] = {
     "chain-broken": BLOCKING,
     "snapshot-mismatch": BLOCKING,
     "run-incomplete": BLOCKING,
+    "request-id-reused": BLOCKING,
     "namespace-leak": BLOCKING,
     "unpaired-request": BLOCKING,
     "pair-payload-mismatch": BLOCKING,
@@ -182,6 +183,38 @@ def run_incomplete(src: Source, run: str | None) -> list[Finding]:
                 if r["unpaired"]
                 else ""
             ),
+        )
+        for r in rows
+    ]
+
+
+def request_id_reused(src: Source, run: str | None) -> list[Finding]:
+    """A request id that more than one request.sent carries among the rows the tables were derived
+    from, once per run that sent it: every table joins a request's response, single-request hits
+    and assertions by its id (kv_requests takes the first of each by seq), so such a request's
+    figures may be another request's, of its own run or another. Request ids are made fresh for
+    each request; a repeat comes of an imported or edited ledger."""
+    rows = src.rows(
+        f"""WITH q AS (SELECT seq, run_id, coalesce(run_id, '(no run)') AS run, request_id FROM kv_requests
+                       WHERE request_id IN (SELECT request_id FROM kv_requests
+                                            GROUP BY request_id HAVING count(*) > 1)),
+                 reused AS (SELECT request_id, count(*) AS sends, list(DISTINCT run ORDER BY run) AS runs
+                            FROM q GROUP BY request_id)
+            SELECT q.run_id, q.request_id, any_value(r.sends) AS sends, any_value(r.runs) AS runs,
+                   count(*) AS own, min(q.seq) AS seq
+            FROM q JOIN reused r USING (request_id)
+            WHERE {SCOPE.replace("run_id", "q.run_id")}
+            GROUP BY q.run_id, q.request_id ORDER BY seq""",
+        {"run": run},
+    )
+    return [
+        finding(
+            "request-id-reused",
+            r,
+            r["request_id"],
+            f"{r['sends']} request.sent carry this request id ({r['own']} of them this run's; runs: "
+            f"{', '.join(r['runs'])}): a request's response, hits and assertions are joined by its id, "
+            "so its figures may be another request's",
         )
         for r in rows
     ]
@@ -1019,6 +1052,7 @@ CHECKS: tuple[Check, ...] = (
     chain_broken,
     snapshot_mismatch,
     run_incomplete,
+    request_id_reused,
     namespace_leak,
     pairing,
     warmup_in_measurement,

@@ -85,6 +85,7 @@ def test_every_design_code_has_a_severity() -> None:
         "plan-unregistered",
         "metrics-missing",
         "known-incompatible-stack",
+        "request-id-reused",
     } == codes
     assert SEVERITY["assertion-not-independent"] == SEVERITY["declared-exclusion"] == "info"
 

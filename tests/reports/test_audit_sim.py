@@ -873,5 +873,41 @@ def test_a_tampered_snapshot_file(sim: Sim, build_lite: Any, tmp_path: Path) -> 
         src.close()
 
 
+def _sent(envs: list[Envelope], run_id: str) -> list[Envelope]:
+    """The measured request.sent of ``run_id``."""
+    return [
+        e for e in envs if e["kind"] == "request.sent" and e["run_id"] == run_id and not e["data"]["warmup"]
+    ]
+
+
+@plants("request-id-reused")
+def test_a_request_id_sent_twice_in_a_run_is_found(sim: Sim, found: Any) -> None:
+    # A measured ON request's request.sent re-labelled with an OFF request's id: two request.sent
+    # carry that id, and every table would join the first response, hits and assertions of that
+    # id to both.
+    envs = sim.clean()
+    run = _screening_run(envs)
+    taken = _request(envs, "OFF", "cold")["data"]["request_id"]
+    _request(envs, "ON", "cold")["data"]["request_id"] = taken
+    reused = [f for f in found(envs) if f.code == "request-id-reused"]
+    assert [(f.run_id, f.target) for f in reused] == [(run, taken)]
+    assert reused[0].severity == "blocking"
+    assert "2 request.sent carry this request id (2 of them this run's" in reused[0].detail
+
+
+def test_a_request_id_sent_by_two_runs_is_found_in_each(sim: Sim, found: Any) -> None:
+    # A screening request re-labelled with a request id of the validation run: one finding for each
+    # run that sent it, each naming both runs.
+    envs = sim.clean()
+    run = _screening_run(envs)
+    validation = next(e["run_id"] for e in envs if e["kind"] == "run.started" and e["run_id"] != run)
+    taken = _sent(envs, validation)[0]["data"]["request_id"]
+    _sent(envs, run)[0]["data"]["request_id"] = taken
+    reused = [f for f in found(envs) if f.code == "request-id-reused"]
+    assert sorted((f.run_id, f.target) for f in reused) == sorted([(run, taken), (validation, taken)])
+    assert all(", ".join(sorted([run, validation])) in f.detail for f in reused)
+    assert all(f.severity == "blocking" for f in reused)
+
+
 def test_every_audit_code_is_planted_in_a_sim_ledger() -> None:
     assert set(SEVERITY) == PLANTED, sorted(set(SEVERITY) ^ PLANTED)
