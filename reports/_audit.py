@@ -36,6 +36,7 @@ SEVERITY: dict[str, str] = {
     "snapshot-mismatch": BLOCKING,
     "run-incomplete": BLOCKING,
     "request-id-reused": BLOCKING,
+    "block-id-reused": BLOCKING,
     "namespace-leak": BLOCKING,
     "unpaired-request": BLOCKING,
     "pair-payload-mismatch": BLOCKING,
@@ -195,9 +196,11 @@ def request_id_reused(src: Source, run: str | None) -> list[Finding]:
     figures may be another request's, of its own run or another. Request ids are made fresh for
     each request; a repeat comes of an imported or edited ledger."""
     rows = src.rows(
-        f"""WITH q AS (SELECT seq, run_id, coalesce(run_id, '(no run)') AS run, request_id FROM kv_requests
+        f"""WITH q AS (SELECT DISTINCT seq, run_id, coalesce(run_id, '(no run)') AS run, request_id
+                       FROM kv_requests
+                       -- Two request.sent (two seqs), not one row met twice by a join.
                        WHERE request_id IN (SELECT request_id FROM kv_requests
-                                            GROUP BY request_id HAVING count(*) > 1)),
+                                            GROUP BY request_id HAVING min(seq) <> max(seq))),
                  reused AS (SELECT request_id, count(*) AS sends, list(DISTINCT run ORDER BY run) AS runs
                             FROM q GROUP BY request_id)
             SELECT q.run_id, q.request_id, any_value(r.sends) AS sends, any_value(r.runs) AS runs,
@@ -215,6 +218,36 @@ def request_id_reused(src: Source, run: str | None) -> list[Finding]:
             f"{r['sends']} request.sent carry this request id ({r['own']} of them this run's; runs: "
             f"{', '.join(r['runs'])}): a request's response, hits and assertions are joined by its id, "
             "so its figures may be another request's",
+        )
+        for r in rows
+    ]
+
+
+def block_id_reused(src: Source, run: str | None) -> list[Finding]:
+    """A block id that more than one block.started carries (within a run or across runs), once per
+    run that started it: a block's arm, pair and position, and so every request's, are joined by
+    its id, so its requests would be counted once for each block of that id."""
+    rows = src.rows(
+        f"""WITH b AS (SELECT seq, run_id, coalesce(run_id, '(no run)') AS run, block_id FROM kv_run_blocks
+                       WHERE block_id IN (SELECT block_id FROM kv_run_blocks
+                                          GROUP BY block_id HAVING count(*) > 1)),
+                 reused AS (SELECT block_id, count(*) AS starts, list(DISTINCT run ORDER BY run) AS runs
+                            FROM b GROUP BY block_id)
+            SELECT b.run_id, b.block_id, any_value(r.starts) AS starts, any_value(r.runs) AS runs,
+                   count(*) AS own, min(b.seq) AS seq
+            FROM b JOIN reused r USING (block_id)
+            WHERE {SCOPE.replace("run_id", "b.run_id")}
+            GROUP BY b.run_id, b.block_id ORDER BY seq""",
+        {"run": run},
+    )
+    return [
+        finding(
+            "block-id-reused",
+            r,
+            r["block_id"],
+            f"{r['starts']} block.started carry this block id ({r['own']} of them this run's; runs: "
+            f"{', '.join(r['runs'])}): a block's arm, pair and position are joined to its requests by "
+            "its id, so they would be counted once for each block of the id",
         )
         for r in rows
     ]
@@ -1053,6 +1086,7 @@ CHECKS: tuple[Check, ...] = (
     snapshot_mismatch,
     run_incomplete,
     request_id_reused,
+    block_id_reused,
     namespace_leak,
     pairing,
     warmup_in_measurement,

@@ -86,6 +86,7 @@ def test_every_design_code_has_a_severity() -> None:
         "metrics-missing",
         "known-incompatible-stack",
         "request-id-reused",
+        "block-id-reused",
     } == codes
     assert SEVERITY["assertion-not-independent"] == SEVERITY["declared-exclusion"] == "info"
 

@@ -909,5 +909,27 @@ def test_a_request_id_sent_by_two_runs_is_found_in_each(sim: Sim, found: Any) ->
     assert all(f.severity == "blocking" for f in reused)
 
 
+@plants("block-id-reused")
+def test_a_block_id_started_by_two_runs_is_found_in_each(sim: Sim, found: Any) -> None:
+    # The screening run's first block, every event of it, re-labelled with the id of the validation
+    # run's block (as two ledgers merged by hand could carry it): one finding for each run, and no
+    # request-id-reused for the requests the joins then meet twice.
+    envs = sim.clean()
+    run = _screening_run(envs)
+    (validation_block,) = {e["block_id"] for e in envs if e["kind"] == "block.started" and e["run_id"] != run}
+    first = next(e["block_id"] for e in envs if e["kind"] == "block.started" and e["run_id"] == run)
+    for e in envs:
+        if e["block_id"] == first:
+            e["block_id"] = validation_block
+    findings = found(envs)
+    reused = [f for f in findings if f.code == "block-id-reused"]
+    assert sorted(f.run_id for f in reused) == sorted(
+        {e["run_id"] for e in envs if e["kind"] == "run.started"}
+    )
+    assert {f.target for f in reused} == {validation_block}
+    assert all(f.severity == "blocking" and "2 block.started carry this block id" in f.detail for f in reused)
+    assert not [f for f in findings if f.code == "request-id-reused"]
+
+
 def test_every_audit_code_is_planted_in_a_sim_ledger() -> None:
     assert set(SEVERITY) == PLANTED, sorted(set(SEVERITY) ^ PLANTED)
