@@ -689,25 +689,125 @@ def validation_missing(src: Source, run: str | None) -> list[Finding]:
     return out
 
 
+def _isolation_rederived(src: Source, run: str | None) -> dict[int, list[str]]:
+    """Each isolation certificate of the runs in scope re-derived from its own run's probes (seq →
+    the conditions that fail; empty: it passes), by experiments/_isolation.py's rules over what
+    the ledger holds of each probe it names: its request.sent (``probe`` isolation), its first
+    response and its hits.observed (kv_requests). LMCache's lookup and per-salt hit tokens are the
+    certificate's own records of each probe (deltas of scrapes the projections do not unnest); every
+    other tier is the probe's observation. The replicas to cover are the block's launches."""
+    certs = src.rows(
+        f"""SELECT seq, run_id, block_id, prime_request_id, repeat_request_id, "repeat", other_salt
+            FROM kv_isolation WHERE {SCOPE}""",
+        {"run": run},
+    )
+    if not certs:
+        return {}
+    probes = {
+        (r["run_id"], r["request_id"]): r
+        for r in src.rows(
+            f"""SELECT run_id, request_id, replica, status, error, cached_tokens, has_hits,
+                       local_hit_tokens, external_hit_tokens
+                FROM kv_requests WHERE probe = 'isolation' AND {SCOPE}""",
+            {"run": run},
+        )
+    }
+    replicas = {
+        r["block_id"]: set(r["replicas"])
+        for r in src.rows(
+            "SELECT block_id, list(DISTINCT replica) AS replicas FROM kv_launches "
+            "WHERE block_id IS NOT NULL AND replica IS NOT NULL GROUP BY block_id"
+        )
+    }
+    out: dict[int, list[str]] = {}
+    for c in certs:
+        problems: list[str] = []
+
+        def probe(request_id: Any, what: str, run_id: Any = c["run_id"], found: list[str] = problems) -> Any:
+            row = probes.get((run_id, request_id)) if isinstance(request_id, str) else None
+            if row is None:
+                found.append(f"the {what} is no isolation probe of this run's")
+            elif row["status"] != 200 or row["error"] is not None:
+                found.append(f"the {what} failed: status {row['status']}, error {row['error']}")
+            return row
+
+        probe(c["prime_request_id"], "prime under salt A")
+        repeat = probe(c["repeat_request_id"], "repeat under salt A")
+        recorded = json.loads(c["repeat"] or "null") or {}
+        if repeat is not None:
+            hits = repeat["has_hits"]
+            reused = (
+                repeat["local_hit_tokens"] if hits else None,
+                repeat["external_hit_tokens"] if hits else None,
+                repeat["cached_tokens"],
+                recorded.get("lmcache_hit_tokens"),
+            )
+            if not any(reused):
+                problems.append("the repeat under salt A hit nothing on any tier")
+        others = json.loads(c["other_salt"] or "null") or []
+        covered: set[str] = set()
+        for other in others:
+            row = probe(other.get("request_id"), f"probe under salt B on replica {other.get('replica')}")
+            if row is None:
+                continue
+            replica, hits = str(row["replica"]), row["has_hits"]
+            covered.add(replica)
+            tiers = {
+                "local hit tokens": row["local_hit_tokens"] if hits else None,
+                "external hit tokens": row["external_hit_tokens"] if hits else None,
+                "cached tokens": row["cached_tokens"],
+                "LMCache lookup hit tokens": other.get("lmcache_hit_tokens"),
+                "LMCache hit tokens of its salt": other.get("lmcache_salt_hit_tokens"),
+            }
+            problems += [
+                f"replica {replica} under salt B saw {value} {tier}" for tier, value in tiers.items() if value
+            ]
+            problems += [
+                f"replica {replica} under salt B: {tier} not read"
+                for tier in ("local hit tokens", "external hit tokens")
+                if tiers[tier] is None
+            ]
+        uncovered = sorted(replicas.get(c["block_id"], set()) - covered)
+        if not others or uncovered:
+            problems.append(
+                "no probe under salt B" + (f" on replica {', '.join(uncovered)}" if uncovered else "")
+            )
+        out[int(c["seq"])] = problems
+    return out
+
+
 def isolation_missing(src: Source, run: str | None) -> list[Finding]:
     """ON configs with performance results and no passing isolation certificate in the ledger,
-    or whose own run's certificate failed (its problems named)."""
+    whose own run's certificate failed (its problems named), or whose own run's certificate is
+    recorded as passed while its probes' observations fail it (re-derived: _isolation_rederived).
+    A run with no certificate of its own is certified by another run's as recorded; that one is
+    re-derived in its own run's audit, where its run's probes are."""
+    derived = _isolation_rederived(src, run)
     rows = src.rows(
         f"""SELECT o.run_id, o.config_sha256,
                    EXISTS (SELECT 1 FROM kv_isolation i
                            WHERE i.config_sha256 = o.config_sha256 AND i.passed) AS certified,
                    (SELECT arg_max(i.problems, i.seq) FROM kv_isolation i
                     WHERE i.config_sha256 = o.config_sha256 AND i.run_id = o.run_id AND NOT i.passed)
-                   AS failed
+                   AS failed,
+                   (SELECT list(i.seq ORDER BY i.seq) FROM kv_isolation i
+                    WHERE i.config_sha256 = o.config_sha256 AND i.run_id = o.run_id AND i.passed)
+                   AS own_passed
             FROM (SELECT DISTINCT run_id, config_sha256 FROM kv_on_configs) o
             WHERE {SCOPE.replace("run_id", "o.run_id")} ORDER BY o.run_id, o.config_sha256""",
         {"run": run},
     )
     out = []
     for r in rows:
+        contradicted = [p for seq in r["own_passed"] or [] for p in derived.get(int(seq), [])]
         if r["failed"] is not None:
             problems = "; ".join(str(p) for p in json.loads(r["failed"]) or [])
             detail = f"ON config's isolation certificate failed in this run: {problems}"
+        elif contradicted:
+            detail = (
+                "ON config's isolation certificate is recorded as passed, but its own probes' observations "
+                f"fail it: {'; '.join(dict.fromkeys(contradicted))}"
+            )
         elif not r["certified"]:
             detail = (
                 "ON config has performance results but no isolation certificate (a repeat under one "

@@ -538,12 +538,15 @@ FROM kv_windows o JOIN kv_windows f
 WHERE o.arm = 'ON' AND f.arm = 'OFF' AND NOT o.excluded AND NOT f.excluded AND o.tokens_per_s IS NOT NULL
   AND f.tokens_per_s > 0""",
     ),
-    # Isolation certificates: one per ON config and run (the runner's, before it measures).
+    # Isolation certificates: one per ON config and run (the runner's, before it measures), with
+    # the probes it names (the audit re-derives each from their observations) and the tiers it
+    # recorded of each.
     (
         "kv_isolation",
         f"""
 SELECT seq, run_id, block_id, config_sha256, passed, CAST(problems AS VARCHAR) AS problems,
-       repeat_hit_tokens, other_salt_hit_tokens
+       repeat_hit_tokens, other_salt_hit_tokens, prime_request_id, repeat_request_id,
+       CAST("repeat" AS VARCHAR) AS "repeat", CAST(other_salt AS VARCHAR) AS other_salt
 FROM ({
             _extract(
                 "isolation.certified",
@@ -553,6 +556,10 @@ FROM ({
                     "problems": "JSON",
                     "repeat_hit_tokens": "BIGINT",
                     "other_salt_hit_tokens": "BIGINT",
+                    "prime_request_id": "VARCHAR",
+                    "repeat_request_id": "VARCHAR",
+                    "repeat": "JSON",
+                    "other_salt": "JSON",
                 },
             )
         })""",

@@ -579,16 +579,41 @@ class Screening:
         return self.run_id
 
     def certificate(self, block_id: str) -> None:
-        """The runner's isolation certificate of the ON config, before it is measured."""
+        """The runner's isolation certificate of the ON config, before it is measured: its probes
+        (a prime and a repeat under salt A on replica 0, one under salt B on each replica, each a
+        single-request window as the runner records it), then the certificate naming them."""
         if self.g._plant("isolation_missing", self.config):
             return
+
+        def probe(step: str, replica: int, local: int = 0) -> str:
+            req = _Req(
+                "isolation", step, replica, 8192, "isolation", 0.5, local=local, extra={"probe": "isolation"}
+            )
+            return self.single(req)
+
+        prime = probe("isolation-prime", 0)
+        repeat = probe("isolation-repeat", 0, local=8176)
+        others = [probe("isolation-other-salt", replica) for replica in (0, 1)]
+        zero = {"local_hit_tokens": 0, "external_hit_tokens": 0, "cached_tokens": 0}
         self.g.emit(
             "isolation.certified",
             {
                 "config_sha256": self.config,
                 "passed": True,
                 "problems": [],
+                "prime_request_id": prime,
+                "repeat_request_id": repeat,
+                "repeat": {
+                    **zero,
+                    "local_hit_tokens": 8176,
+                    "cached_tokens": 8176,
+                    "lmcache_hit_tokens": None,
+                },
                 "repeat_hit_tokens": 8176,
+                "other_salt": [
+                    {"replica": replica, "request_id": rid, **zero, "lmcache_hit_tokens": None}
+                    for replica, rid in enumerate(others)
+                ],
                 "other_salt_hit_tokens": 0,
             },
             self.run_id,
@@ -780,7 +805,7 @@ class Screening:
             self.last_hits = (local, external * 3)
         else:
             self.hits(req, rid, prompt, local, external, queries)
-        if not req.warmup:
+        if not req.warmup and "probe" not in req.extra:
             self.assertions(req, rid, prompt)
         return rid
 
@@ -993,7 +1018,11 @@ def _with_plans(out: list[Envelope]) -> list[Envelope]:
     for e in out:
         if e["kind"] == "block.started":
             blocks[e["run_id"]].append(e)
-        elif e["kind"] == "request.sent" and finished.get(e["block_id"]) == "completed":
+        elif (
+            e["kind"] == "request.sent"
+            and finished.get(e["block_id"]) == "completed"
+            and e["data"].get("probe") is None  # a probe is no part of a plan (reports/_plan.py)
+        ):
             d = e["data"]
             if d["warmup"]:
                 warmups[e["run_id"]][e["block_id"]] += 1

@@ -309,6 +309,43 @@ def test_a_tier_that_ignores_the_salt_fails_the_isolation_certificate(sim: Sim, 
     assert "isolation-missing" in _blocking(found(envs))
 
 
+def test_a_certificate_recorded_as_passed_is_held_to_its_probes_leak(sim: Sim, found: Any) -> None:
+    # The tier that ignores the salt, its certificate rewritten as passing (every recorded tier
+    # zeroed, no problems): replica 1's probe under salt B still saw external hits in its own
+    # hits.observed, and those fail the certificate again.
+    envs = sim.fault("--param", "sim_fault=namespace-leak@tier")
+    (cert,) = _screening(envs, "isolation.certified")
+    data = cert["data"]
+    data.update(passed=True, problems=[], other_salt_hit_tokens=0)
+    for other in data["other_salt"]:
+        other.update(local_hit_tokens=0, external_hit_tokens=0, cached_tokens=0)
+    finding = _one(found(envs), "isolation-missing", data["config_sha256"])
+    assert "recorded as passed, but its own probes' observations fail it" in finding.detail
+    assert "replica 1 under salt B saw" in finding.detail and "external hit tokens" in finding.detail
+
+
+def test_a_certificate_recorded_as_passed_is_held_to_its_probes_cache_off(sim: Sim, found: Any) -> None:
+    # Caching off, its certificate rewritten as passing with a repeat that hit: the repeat's own
+    # response and hits.observed say it hit nothing.
+    envs = sim.fault("--param", "sim_fault=cache-off")
+    (cert,) = _screening(envs, "isolation.certified")
+    data = cert["data"]
+    data.update(passed=True, problems=[], repeat_hit_tokens=4096)
+    data["repeat"].update(local_hit_tokens=4096)
+    finding = _one(found(envs), "isolation-missing", data["config_sha256"])
+    assert "the repeat under salt A hit nothing on any tier" in finding.detail
+
+
+def test_a_certificate_whose_probes_are_gone_proves_nothing(sim: Sim, found: Any) -> None:
+    # A clean run's certificate, its probes' request.sent dropped: what it names is no longer there.
+    envs = sim.clean()
+    (cert,) = _screening(envs, "isolation.certified")
+    named = {cert["data"]["prime_request_id"], cert["data"]["repeat_request_id"]}
+    kept = [e for e in envs if not (e["kind"] == "request.sent" and e["data"]["request_id"] in named)]
+    finding = _one(found(kept), "isolation-missing", cert["data"]["config_sha256"])
+    assert "the prime under salt A is no isolation probe of this run's" in finding.detail
+
+
 def test_a_clean_run_certifies_each_on_config_once_before_measuring(sim: Sim, found: Any) -> None:
     envs = copy.deepcopy(sim.screening)
     (cert,) = _screening(envs, "isolation.certified")
