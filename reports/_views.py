@@ -624,11 +624,19 @@ GROUP BY r.run_id, r.validated_config, r.finish_status, r.seq""",
         "kv_probe_copy",
         f"""
 SELECT run_id, method, direction, delay_cycles > 0 AS delayed, count(*) AS checks,
-       count(*) FILTER (WHERE passed) AS passed, min(seq) AS seq
+       -- A check passes on its observation (no byte differed), its recorded verdict only
+       -- cross-checked: one that says passed over mismatching bytes is counted failed.
+       count(*) FILTER (WHERE passed AND mismatching_bytes = 0) AS passed, min(seq) AS seq
 FROM ({
             _extract(
                 "probe.copy",
-                {"method": "VARCHAR", "direction": "VARCHAR", "delay_cycles": "BIGINT", "passed": "BOOLEAN"},
+                {
+                    "method": "VARCHAR",
+                    "direction": "VARCHAR",
+                    "delay_cycles": "BIGINT",
+                    "mismatching_bytes": "BIGINT",
+                    "passed": "BOOLEAN",
+                },
             )
         })
 GROUP BY run_id, method, direction, delay_cycles > 0""",

@@ -335,3 +335,22 @@ def test_a_runs_missing_counters_are_judged_by_its_own_scrapes(build_lite: Any) 
     findings = audit(src)
     assert [f.run_id for f in findings if f.code == "metrics-missing"] == []
     assert [f.run_id for f in findings if f.code == "hits-inconsistent"] == ["run-b"]
+
+
+def test_a_copy_probe_is_judged_by_its_bytes(build_lite: Any) -> None:
+    """A probe.copy of an ordered method recorded as passed over mismatching bytes counts as the
+    failed check its observation makes it: the bytes layer fails and publishing blocks."""
+    events, planted = generate(shape=GPU_SHAPE)
+    assert planted == {}
+    forged = next(
+        e
+        for e in events
+        if e["kind"] == "probe.copy" and e["data"]["method"] == "wait_then_fallback" and e["data"]["passed"]
+    )
+    forged["data"]["mismatching_bytes"] = 4096
+    src = build_lite(events)
+    ((checks, passed),) = src.tuples(
+        "SELECT sum(checks), sum(passed) FROM kv_probe_copy WHERE method = 'wait_then_fallback'"
+    )
+    assert passed == checks - 1
+    assert "validation-missing" in {f.code for f in audit(src) if f.severity == "blocking"}
