@@ -669,13 +669,17 @@ FROM ({
         f"""
 SELECT run_id, lmcache_version, allocator, with_ops, copy, transfer_path, direction,
        delay_cycles > 0 AS delayed, bytes, count(*) AS checks,
-       count(*) FILTER (WHERE passed) AS passed,
-       count(*) FILTER (WHERE NOT passed AND error IS NULL) AS failed,
+       -- A check passes on its observations (no byte differed, none landed bad, no error), its
+       -- recorded verdict only cross-checked: one that says passed over bad bytes is failed.
+       count(*) FILTER (WHERE ok) AS passed,
+       count(*) FILTER (WHERE NOT ok AND error IS NULL) AS failed,
        count(*) FILTER (WHERE error IS NOT NULL) AS errored,
        min(first_bad_offset) AS first_bad_offset, max(mismatching_bytes) AS max_mismatching_bytes,
        list(DISTINCT gpu->>'uuid' ORDER BY gpu->>'uuid') FILTER (WHERE gpu->>'uuid' IS NOT NULL) AS gpus,
        min(seq) AS seq
-FROM ({
+FROM (SELECT *, coalesce(passed AND error IS NULL AND mismatching_bytes = 0
+                          AND coalesce(copy_landed_bad_bytes, 0) = 0, false) AS ok
+      FROM ({
             _extract(
                 "probe.helper",
                 {
@@ -688,13 +692,14 @@ FROM ({
                     "passed": "BOOLEAN",
                     "mismatching_bytes": "BIGINT",
                     "first_bad_offset": "BIGINT",
+                    "copy_landed_bad_bytes": "BIGINT",
                     "error": "VARCHAR",
                     "transfer_path": "VARCHAR",
                     "lmcache_version": "VARCHAR",
                     "gpu": "JSON",
                 },
             )
-        })
+        }))
 GROUP BY ALL""",
     ),
     # LMCache's local CPU pool (probe.pinned), one row per size and setting.

@@ -354,3 +354,23 @@ def test_a_copy_probe_is_judged_by_its_bytes(build_lite: Any) -> None:
     )
     assert passed == checks - 1
     assert "validation-missing" in {f.code for f in audit(src) if f.severity == "blocking"}
+
+
+def test_a_helper_probe_is_judged_by_its_bytes(build_lite: Any) -> None:
+    """A probe.helper check recorded as passed over mismatching bytes counts as failed: the helper
+    layer of the config on the path the seed found sound (the mixed allocator) then fails."""
+    events, planted = generate(shape=GPU_SHAPE)
+    assert planted == {}
+    forged = next(
+        e
+        for e in events
+        if e["kind"] == "probe.helper" and e["data"]["allocator"] == "mixed" and e["data"]["passed"]
+    )
+    forged["data"]["mismatching_bytes"] = 4096
+    src = build_lite(events)
+    ((failed,),) = src.tuples("SELECT sum(failed) FROM kv_probe_helper WHERE allocator = 'mixed'")
+    assert failed == 1
+    (missing,) = [f for f in audit(src) if f.code == "validation-missing"]
+    assert (
+        missing.severity == "blocking" and "no passing runtime helpers (LMCache) (failed)" in missing.detail
+    )
