@@ -666,7 +666,19 @@ def provenance_missing(src: Source, run: str | None) -> list[Finding]:
 
 
 def validation_missing(src: Source, run: str | None) -> list[Finding]:
-    *_, scope = coverage(src, run, per_run=True)
+    """ON configs without every validation layer their path needs. A validation run passes its
+    config only where its checks' observations pass them too: one with a check recorded as passed
+    that its observations fail (kv_rederived) passes nothing, so that a run's own audit does not
+    publish on it (that validation run's assertion-inconsistent is its own finding)."""
+    src.rederive()
+    contradicted = {
+        str(r[0])
+        for r in src.tuples(
+            """SELECT DISTINCT d.run_id FROM kv_rederived_disputed d JOIN kv_validation v USING (run_id)
+               WHERE d.recorded_passed AND NOT coalesce(d.derived_passed, true)"""
+        )
+    }
+    *_, scope = coverage(src, run, per_run=True, contradicted=contradicted)
     out = []
     for cfg in scope["configs"]:
         if cfg["passed"]:
@@ -1242,7 +1254,13 @@ def _downgrade(f: Finding, blocks: set[str], runs: set[str]) -> Finding:
 
 # The checks that read the re-derivations (Source.rederive): run after the others, so that the
 # others' queries and Python overlap the re-derivations' build where it is still going on beside.
-_AFTER_REDERIVED = (assertion_failed, assertion_inconsistent, hits_inconsistent, metrics_missing)
+_AFTER_REDERIVED = (
+    assertion_failed,
+    assertion_inconsistent,
+    hits_inconsistent,
+    metrics_missing,
+    validation_missing,
+)
 _IN_ORDER = (*(c for c in CHECKS if c not in _AFTER_REDERIVED), *_AFTER_REDERIVED)
 
 

@@ -30,7 +30,7 @@ the same functions, so the table and the gate always agree.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 from ._source import Source
@@ -254,7 +254,9 @@ def pinned_probes(src: Source) -> dict[str, Any]:
     }
 
 
-def service_regression(src: Source) -> dict[str, Any]:
+def service_regression(src: Source, contradicted: Collection[str] = ()) -> dict[str, Any]:
+    """The validation runs and the configs they pass. ``contradicted``: validation runs with a check
+    recorded as passed that its observations fail (the audit's re-derivations): they pass nothing."""
     rows = src.rows_once("""SELECT run_id, config_sha256, finish_status, assertions, passed, ok
                             FROM kv_validation ORDER BY seq""")
     return {
@@ -263,7 +265,13 @@ def service_regression(src: Source) -> dict[str, Any]:
         "runs": rows,
         "checks": sum(int(r["assertions"]) for r in rows),
         "passed_checks": sum(int(r["passed"]) for r in rows),
-        "configs_passed": sorted({r["config_sha256"] for r in rows if r["ok"] and r["config_sha256"]}),
+        "configs_passed": sorted(
+            {
+                r["config_sha256"]
+                for r in rows
+                if r["ok"] and r["config_sha256"] and r["run_id"] not in contradicted
+            }
+        ),
     }
 
 
@@ -324,6 +332,7 @@ def config_coverage(
     pinned_sizes: list[dict[str, Any]],
     services_ok: set[str],
     per_run: bool = False,
+    services_contradicted: Collection[str] = (),
 ) -> list[dict[str, Any]]:
     """Per ON config in scope: each layer ``pass``, ``failed``, ``missing`` or ``not applicable``.
 
@@ -355,6 +364,8 @@ def config_coverage(
         else:
             layers.update({name: NOT_APPLICABLE for name in GPU_LAYERS})
         layers[SERVICE] = PASS if r["config_sha256"] in services_ok else MISSING
+        if layers[SERVICE] == MISSING and r["config_sha256"] in services_contradicted:
+            notes[SERVICE] = "its validation run passed it as recorded, but its checks' observations fail it"
         out.append(
             {
                 "config_sha256": r["config_sha256"],
@@ -372,10 +383,14 @@ def config_coverage(
     return out
 
 
-def coverage(src: Source, run: str | None, per_run: bool = False) -> tuple[dict[str, Any], ...]:
-    """The four layers' evidence and the configs they cover: (copy, helpers, pinned, service, configs)."""
+def coverage(
+    src: Source, run: str | None, per_run: bool = False, contradicted: Collection[str] = ()
+) -> tuple[dict[str, Any], ...]:
+    """The four layers' evidence and the configs they cover: (copy, helpers, pinned, service, configs).
+    ``contradicted``: validation runs that pass nothing (see :func:`service_regression`)."""
     copy, helpers = copy_probes(src), helper_probes(src)
-    pinned, service = pinned_probes(src), service_regression(src)
+    pinned, service = pinned_probes(src), service_regression(src, contradicted)
+    refused = {r["config_sha256"] for r in service["runs"] if r["ok"] and r["run_id"] in contradicted}
     configs = config_coverage(
         src,
         run,
@@ -384,6 +399,7 @@ def coverage(src: Source, run: str | None, per_run: bool = False) -> tuple[dict[
         pinned["sizes"],
         set(service["configs_passed"]),
         per_run=per_run,
+        services_contradicted=refused,
     )
     return copy, helpers, pinned, service, {"configs": configs}
 

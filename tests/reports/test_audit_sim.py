@@ -346,6 +346,31 @@ def test_a_certificate_whose_probes_are_gone_proves_nothing(sim: Sim, found: Any
     assert "the prime under salt A is no isolation probe of this run's" in finding.detail
 
 
+def test_a_validation_run_its_observations_contradict_validates_nothing(sim: Sim, build_lite: Any) -> None:
+    # One of the validation run's checks, recorded as passed, its response's cached tokens raised by
+    # one (no longer what the hit counters add up to): the re-derivation fails it (that run's own
+    # assertion-inconsistent). The screening run's own audit, which does not report the validation
+    # run's findings, must not publish on it.
+    envs = sim.clean()
+    run = _screening_run(envs)
+    check = next(
+        e
+        for e in envs
+        if e["kind"] == "assertion.evaluated"
+        and e["run_id"] != run
+        and e["data"]["check"] == "counters_match"
+        and e["data"]["passed"]
+    )
+    _of(envs, "response.received", check["data"]["request_id"])["data"]["cached_tokens"] += 1
+    src = build_lite(envs)
+    assert _one(audit(src), "assertion-inconsistent").run_id == check["run_id"]
+    own = audit(src, run)
+    assert "assertion-inconsistent" not in {f.code for f in own}
+    missing = _one(own, "validation-missing")
+    assert missing.run_id == run
+    assert "its validation run passed it as recorded, but its checks' observations fail it" in missing.detail
+
+
 def test_a_clean_run_certifies_each_on_config_once_before_measuring(sim: Sim, found: Any) -> None:
     envs = copy.deepcopy(sim.screening)
     (cert,) = _screening(envs, "isolation.certified")
