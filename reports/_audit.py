@@ -189,43 +189,44 @@ def run_incomplete(src: Source, run: str | None) -> list[Finding]:
     ]
 
 
+def _reused(src: Source, run: str | None, relation: str, key: str) -> list[dict[str, Any]]:
+    """Each value of ``key`` that more than one event of ``relation`` carries (two seqs: not one
+    row met twice by a join), once per run that recorded it, with how many events carry it, this
+    run's count and every run's. Asked first whether any repeats: nearly always none does, and
+    then nothing else is."""
+    repeated = f"SELECT {key} FROM {relation} GROUP BY {key} HAVING min(seq) <> max(seq)"
+    if not src.rows_once(f"{repeated} LIMIT 1"):
+        return []
+    return src.rows(
+        f"""WITH e AS (SELECT DISTINCT seq, run_id, coalesce(run_id, '(no run)') AS run, {key}
+                       FROM {relation} WHERE {key} IN ({repeated})),
+                 reused AS (SELECT {key}, count(*) AS events, list(DISTINCT run ORDER BY run) AS runs
+                            FROM e GROUP BY {key})
+            SELECT e.run_id, e.{key}, any_value(r.events) AS events, any_value(r.runs) AS runs,
+                   count(*) AS own, min(e.seq) AS seq
+            FROM e JOIN reused r USING ({key})
+            WHERE {SCOPE.replace("run_id", "e.run_id")}
+            GROUP BY e.run_id, e.{key} ORDER BY seq""",
+        {"run": run},
+    )
+
+
 def request_id_reused(src: Source, run: str | None) -> list[Finding]:
     """A request id that more than one request.sent carries among the rows the tables were derived
     from, once per run that sent it: every table joins a request's response, single-request hits
     and assertions by its id (kv_requests takes the first of each by seq), so such a request's
     figures may be another request's, of its own run or another. Request ids are made fresh for
     each request; a repeat comes of an imported or edited ledger."""
-    # Two request.sent (two seqs), not one row met twice by a join. Asked apart first: nearly
-    # always there is none, and then nothing else is.
-    reused = src.rows_once(
-        "SELECT request_id FROM kv_requests GROUP BY request_id HAVING min(seq) <> max(seq) LIMIT 1"
-    )
-    if not reused:
-        return []
-    rows = src.rows(
-        f"""WITH q AS (SELECT DISTINCT seq, run_id, coalesce(run_id, '(no run)') AS run, request_id
-                       FROM kv_requests
-                       WHERE request_id IN (SELECT request_id FROM kv_requests
-                                            GROUP BY request_id HAVING min(seq) <> max(seq))),
-                 reused AS (SELECT request_id, count(*) AS sends, list(DISTINCT run ORDER BY run) AS runs
-                            FROM q GROUP BY request_id)
-            SELECT q.run_id, q.request_id, any_value(r.sends) AS sends, any_value(r.runs) AS runs,
-                   count(*) AS own, min(q.seq) AS seq
-            FROM q JOIN reused r USING (request_id)
-            WHERE {SCOPE.replace("run_id", "q.run_id")}
-            GROUP BY q.run_id, q.request_id ORDER BY seq""",
-        {"run": run},
-    )
     return [
         finding(
             "request-id-reused",
             r,
             r["request_id"],
-            f"{r['sends']} request.sent carry this request id ({r['own']} of them this run's; runs: "
+            f"{r['events']} request.sent carry this request id ({r['own']} of them this run's; runs: "
             f"{', '.join(r['runs'])}): a request's response, hits and assertions are joined by its id, "
             "so its figures may be another request's",
         )
-        for r in rows
+        for r in _reused(src, run, "kv_requests", "request_id")
     ]
 
 
@@ -233,29 +234,16 @@ def block_id_reused(src: Source, run: str | None) -> list[Finding]:
     """A block id that more than one block.started carries (within a run or across runs), once per
     run that started it: a block's arm, pair and position, and so every request's, are joined by
     its id, so its requests would be counted once for each block of that id."""
-    rows = src.rows(
-        f"""WITH b AS (SELECT seq, run_id, coalesce(run_id, '(no run)') AS run, block_id FROM kv_run_blocks
-                       WHERE block_id IN (SELECT block_id FROM kv_run_blocks
-                                          GROUP BY block_id HAVING count(*) > 1)),
-                 reused AS (SELECT block_id, count(*) AS starts, list(DISTINCT run ORDER BY run) AS runs
-                            FROM b GROUP BY block_id)
-            SELECT b.run_id, b.block_id, any_value(r.starts) AS starts, any_value(r.runs) AS runs,
-                   count(*) AS own, min(b.seq) AS seq
-            FROM b JOIN reused r USING (block_id)
-            WHERE {SCOPE.replace("run_id", "b.run_id")}
-            GROUP BY b.run_id, b.block_id ORDER BY seq""",
-        {"run": run},
-    )
     return [
         finding(
             "block-id-reused",
             r,
             r["block_id"],
-            f"{r['starts']} block.started carry this block id ({r['own']} of them this run's; runs: "
+            f"{r['events']} block.started carry this block id ({r['own']} of them this run's; runs: "
             f"{', '.join(r['runs'])}): a block's arm, pair and position are joined to its requests by "
             "its id, so they would be counted once for each block of the id",
         )
-        for r in rows
+        for r in _reused(src, run, "kv_run_blocks", "block_id")
     ]
 
 

@@ -337,18 +337,22 @@ def test_a_runs_missing_counters_are_judged_by_its_own_scrapes(build_lite: Any) 
     assert [f.run_id for f in findings if f.code == "hits-inconsistent"] == ["run-b"]
 
 
-def test_a_copy_probe_is_judged_by_its_bytes(build_lite: Any) -> None:
-    """A probe.copy of an ordered method recorded as passed over mismatching bytes counts as the
-    failed check its observation makes it: the bytes layer fails and publishing blocks."""
+def _gpu_ledger_with_bad_bytes(kind: str, field: str, value: str) -> list[dict[str, Any]]:
+    """A clean GPU-shaped ledger whose first passing ``kind`` check with ``field`` = ``value`` now
+    records mismatching bytes, its verdict left as passed."""
     events, planted = generate(shape=GPU_SHAPE)
     assert planted == {}
     forged = next(
-        e
-        for e in events
-        if e["kind"] == "probe.copy" and e["data"]["method"] == "wait_then_fallback" and e["data"]["passed"]
+        e for e in events if e["kind"] == kind and e["data"][field] == value and e["data"]["passed"]
     )
     forged["data"]["mismatching_bytes"] = 4096
-    src = build_lite(events)
+    return events
+
+
+def test_a_copy_probe_is_judged_by_its_bytes(build_lite: Any) -> None:
+    """A probe.copy of an ordered method recorded as passed over mismatching bytes counts as the
+    failed check its observation makes it: the bytes layer fails and publishing blocks."""
+    src = build_lite(_gpu_ledger_with_bad_bytes("probe.copy", "method", "wait_then_fallback"))
     ((checks, passed),) = src.tuples(
         "SELECT sum(checks), sum(passed) FROM kv_probe_copy WHERE method = 'wait_then_fallback'"
     )
@@ -359,15 +363,7 @@ def test_a_copy_probe_is_judged_by_its_bytes(build_lite: Any) -> None:
 def test_a_helper_probe_is_judged_by_its_bytes(build_lite: Any) -> None:
     """A probe.helper check recorded as passed over mismatching bytes counts as failed: the helper
     layer of the config on the path the seed found sound (the mixed allocator) then fails."""
-    events, planted = generate(shape=GPU_SHAPE)
-    assert planted == {}
-    forged = next(
-        e
-        for e in events
-        if e["kind"] == "probe.helper" and e["data"]["allocator"] == "mixed" and e["data"]["passed"]
-    )
-    forged["data"]["mismatching_bytes"] = 4096
-    src = build_lite(events)
+    src = build_lite(_gpu_ledger_with_bad_bytes("probe.helper", "allocator", "mixed"))
     ((failed,),) = src.tuples("SELECT sum(failed) FROM kv_probe_helper WHERE allocator = 'mixed'")
     assert failed == 1
     (missing,) = [f for f in audit(src) if f.code == "validation-missing"]
