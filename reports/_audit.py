@@ -665,9 +665,10 @@ def validation_missing(src: Source, run: str | None) -> list[Finding]:
     that its observations fail (kv_rederived) passes nothing, so that a run's own audit does not
     publish on it (that validation run's assertion-inconsistent is its own finding)."""
     src.rederive()
+    # Ledger-wide, asked once per source (audit_runs audits several runs from one).
     contradicted = {
-        str(r[0])
-        for r in src.tuples(
+        str(r["run_id"])
+        for r in src.rows_once(
             """SELECT DISTINCT d.run_id FROM kv_rederived_disputed d JOIN kv_validation v USING (run_id)
                WHERE d.recorded_passed AND NOT coalesce(d.derived_passed, true)"""
         )
@@ -720,7 +721,7 @@ def _isolation_rederived(src: Source, run: str | None) -> dict[int, list[str]]:
     }
     replicas = {
         r["block_id"]: set(r["replicas"])
-        for r in src.rows(
+        for r in src.rows_once(
             "SELECT block_id, list(DISTINCT replica) AS replicas FROM kv_launches "
             "WHERE block_id IS NOT NULL AND replica IS NOT NULL GROUP BY block_id"
         )
