@@ -29,6 +29,7 @@ from ._validation import (
     config_pinned_sizes,
     coverage,
 )
+from ._views import scrape_deltas
 
 BLOCKING, WARNING, INFO = "blocking", "warning", "info"
 SEVERITY: dict[str, str] = {
@@ -696,27 +697,54 @@ def validation_missing(src: Source, run: str | None) -> list[Finding]:
     return out
 
 
-def _isolation_rederived(src: Source, run: str | None) -> dict[int, list[str]]:
-    """Each isolation certificate of the runs in scope re-derived from its own run's probes (seq →
-    the conditions that fail; empty: it passes), by experiments/_isolation.py's rules over what
-    the ledger holds of each probe it names: its request.sent (``probe`` isolation), its first
-    response and its hits.observed (kv_requests). LMCache's lookup and per-salt hit tokens are the
-    certificate's own records of each probe (deltas of scrapes the projections do not unnest); every
-    other tier is the probe's observation. The replicas to cover are the block's launches."""
-    certs = src.rows(
-        f"""SELECT seq, run_id, block_id, prime_request_id, repeat_request_id, "repeat", other_salt
-            FROM kv_isolation WHERE {SCOPE}""",
-        {"run": run},
-    )
+def _isolation_rederived(src: Source) -> dict[int, list[str]]:
+    """Each isolation certificate whose run's observations the source holds, re-derived from its
+    own run's probes (seq → the conditions that fail; empty: it passes), by
+    experiments/_isolation.py's rules over what the ledger holds of each probe it names: its
+    request.sent (``probe`` isolation), its first response and its hits.observed (kv_requests).
+    LMCache's lookup hit tokens are the probe's window's scrapes' delta (:func:`_probe_lookups`);
+    its per-salt hit tokens are the certificate's own record of each probe (counters of the salt's
+    label, which the projections do not unnest); every other tier is the probe's observation. The
+    replicas to cover are the block's launches. Once per source: a run's own
+    certificate and those that certify another run's configs (reports/_source.py run_scope) are
+    read from it."""
+    return src.once("isolation_rederived", lambda: _rederive_isolation(src))
+
+
+def _probe_lookups(src: Source, request_ids: list[str]) -> dict[tuple[str, str], int | None]:
+    """Each isolation probe's LMCache lookup hit tokens, as collectors/_metrics.py takes them: the
+    delta of the shared tier's scrapes around the probe where the run scraped a tier for it,
+    else of the probe's replica's own (an in-process connector exposes them there); None where a
+    scrape failed or no scrape has the counter. The windows of ``request_ids`` alone are computed."""
+    if not request_ids:
+        return {}
+    src.rederive()  # kv_scrape_windows
+    windows = "SELECT * FROM kv_scrape_windows WHERE request_id IN (SELECT unnest($ids))"
+    tier: dict[tuple[str, str], int | None] = {}
+    own: dict[tuple[str, str], int | None] = {}
+    for r in src.rows(scrape_deltas(windows, only="lmcache_hit_tokens"), {"ids": request_ids}):
+        (tier if r["replica"] == "tier" else own)[(r["run_id"], r["request_id"])] = r["lmcache_hit_tokens"]
+    return {**own, **tier}
+
+
+def _rederive_isolation(src: Source) -> dict[int, list[str]]:
+    held = None if src.scope is None else src.scope.runs
+    certs = [
+        c
+        for c in src.rows(
+            """SELECT seq, run_id, block_id, prime_request_id, repeat_request_id, "repeat", other_salt
+               FROM kv_isolation ORDER BY seq"""
+        )
+        if held is None or c["run_id"] in held
+    ]
     if not certs:
         return {}
     probes = {
         (r["run_id"], r["request_id"]): r
         for r in src.rows(
-            f"""SELECT run_id, request_id, replica, status, error, cached_tokens, has_hits,
-                       local_hit_tokens, external_hit_tokens
-                FROM kv_requests WHERE probe = 'isolation' AND {SCOPE}""",
-            {"run": run},
+            """SELECT run_id, request_id, replica, status, error, cached_tokens, has_hits,
+                      local_hit_tokens, external_hit_tokens
+               FROM kv_requests WHERE probe = 'isolation'"""
         )
     }
     replicas = {
@@ -726,6 +754,7 @@ def _isolation_rederived(src: Source, run: str | None) -> dict[int, list[str]]:
             "WHERE block_id IS NOT NULL AND replica IS NOT NULL GROUP BY block_id"
         )
     }
+    lookups = _probe_lookups(src, sorted({request_id for _, request_id in probes}))
     out: dict[int, list[str]] = {}
     for c in certs:
         problems: list[str] = []
@@ -740,14 +769,13 @@ def _isolation_rederived(src: Source, run: str | None) -> dict[int, list[str]]:
 
         probe(c["prime_request_id"], "prime under salt A")
         repeat = probe(c["repeat_request_id"], "repeat under salt A")
-        recorded = json.loads(c["repeat"] or "null") or {}
         if repeat is not None:
             hits = repeat["has_hits"]
             reused = (
                 repeat["local_hit_tokens"] if hits else None,
                 repeat["external_hit_tokens"] if hits else None,
                 repeat["cached_tokens"],
-                recorded.get("lmcache_hit_tokens"),
+                lookups.get((repeat["run_id"], repeat["request_id"])),
             )
             if not any(reused):
                 problems.append("the repeat under salt A hit nothing on any tier")
@@ -763,7 +791,7 @@ def _isolation_rederived(src: Source, run: str | None) -> dict[int, list[str]]:
                 "local hit tokens": row["local_hit_tokens"] if hits else None,
                 "external hit tokens": row["external_hit_tokens"] if hits else None,
                 "cached tokens": row["cached_tokens"],
-                "LMCache lookup hit tokens": other.get("lmcache_hit_tokens"),
+                "LMCache lookup hit tokens": lookups.get((row["run_id"], row["request_id"])),
                 "LMCache hit tokens of its salt": other.get("lmcache_salt_hit_tokens"),
             }
             problems += [
@@ -784,44 +812,60 @@ def _isolation_rederived(src: Source, run: str | None) -> dict[int, list[str]]:
 
 
 def isolation_missing(src: Source, run: str | None) -> list[Finding]:
-    """ON configs with performance results and no passing isolation certificate in the ledger,
-    whose own run's certificate failed (its problems named), or whose own run's certificate is
-    recorded as passed while its probes' observations fail it (re-derived: _isolation_rederived).
-    A run with no certificate of its own is certified by another run's as recorded; that one is
-    re-derived in its own run's audit, where its run's probes are."""
-    derived = _isolation_rederived(src, run)
+    """ON configs with performance results and no certificate that passes re-derived
+    (_isolation_rederived), whose own run's certificate failed (its problems named), or whose own
+    run's certificate is recorded as passed while its probes' observations fail it. A run with no
+    certificate of its own for a config is certified by another run's, recorded as passed and
+    re-derived from that run's probes (the source holds them: reports/_source.py run_scope)."""
+    derived = _isolation_rederived(src)
     rows = src.rows(
-        f"""SELECT o.run_id, o.config_sha256,
-                   EXISTS (SELECT 1 FROM kv_isolation i
-                           WHERE i.config_sha256 = o.config_sha256 AND i.passed) AS certified,
-                   (SELECT arg_max(i.problems, i.seq) FROM kv_isolation i
-                    WHERE i.config_sha256 = o.config_sha256 AND i.run_id = o.run_id AND NOT i.passed)
-                   AS failed,
-                   (SELECT list(i.seq ORDER BY i.seq) FROM kv_isolation i
-                    WHERE i.config_sha256 = o.config_sha256 AND i.run_id = o.run_id AND i.passed)
-                   AS own_passed
-            FROM (SELECT DISTINCT run_id, config_sha256 FROM kv_on_configs) o
-            WHERE {SCOPE.replace("run_id", "o.run_id")} ORDER BY o.run_id, o.config_sha256""",
+        f"""SELECT DISTINCT run_id, config_sha256 FROM kv_on_configs WHERE {SCOPE}
+            ORDER BY run_id, config_sha256""",
         {"run": run},
     )
+    passed: dict[str, list[dict[str, Any]]] = {}
+    failed: dict[tuple[str, str], list[Any]] = {}  # (config, run) → its last failed certificate's problems
+    certificates = "SELECT seq, run_id, config_sha256, passed, problems FROM kv_isolation ORDER BY seq"
+    for c in src.rows_once(certificates):
+        if c["passed"]:
+            passed.setdefault(c["config_sha256"], []).append(c)
+        else:
+            failed[(c["config_sha256"], c["run_id"])] = json.loads(c["problems"] or "null") or []
     out = []
     for r in rows:
-        contradicted = [p for seq in r["own_passed"] or [] for p in derived.get(int(seq), [])]
-        if r["failed"] is not None:
-            problems = "; ".join(str(p) for p in json.loads(r["failed"]) or [])
+        recorded = passed.get(r["config_sha256"], [])
+        own = [c for c in recorded if c["run_id"] == r["run_id"]]
+        contradicted = [p for c in own for p in derived.get(int(c["seq"]), [])]
+        others = [c for c in recorded if c["run_id"] != r["run_id"]]
+        # Another run's certificate counts once its own probes pass it again; one whose run's
+        # observations the source does not hold is not re-derived, and proves nothing.
+        passing = [c for c in others if derived.get(int(c["seq"])) == []]
+        own_failed = failed.get((r["config_sha256"], r["run_id"]))
+        if own_failed is not None:
+            problems = "; ".join(str(p) for p in own_failed) or "no problem recorded"
             detail = f"ON config's isolation certificate failed in this run: {problems}"
         elif contradicted:
             detail = (
                 "ON config's isolation certificate is recorded as passed, but its own probes' observations "
                 f"fail it: {'; '.join(dict.fromkeys(contradicted))}"
             )
-        elif not r["certified"]:
+        elif own or passing:
+            continue
+        elif others:
+            failing = "; ".join(
+                f"run {c['run_id']}'s (seq {c['seq']}): "
+                + ("; ".join(derived[int(c["seq"])]) if int(c["seq"]) in derived else "its probes not read")
+                for c in others
+            )
+            detail = (
+                "ON config has no isolation certificate of its own in this run, and every other run's "
+                f"recorded as passed is failed by its own probes' observations: {failing}"
+            )
+        else:
             detail = (
                 "ON config has performance results but no isolation certificate (a repeat under one "
                 "cache_salt that hits, the same payload under another that hits nothing on any tier)"
             )
-        else:
-            continue
         out.append(finding("isolation-missing", r, r["config_sha256"], detail))
     return out
 
@@ -1253,6 +1297,7 @@ _AFTER_REDERIVED = (
     assertion_failed,
     assertion_inconsistent,
     hits_inconsistent,
+    isolation_missing,
     metrics_missing,
     validation_missing,
 )

@@ -81,28 +81,60 @@ SCOPED_KINDS = frozenset(
 def run_scope(ledger: Ledger, runs: Collection[str], until_seq: int | None = None) -> RunScope:
     """What a report and audit of ``runs`` derive from: the observations of those runs, of every
     run linked to one of them by replay (either way, and on: ``--pool-replays`` pools a run with
-    its replays as one series), and of every validation run (the service regression of the
-    configs a run measures); see :data:`SCOPED_KINDS`. Read from the runs' start events, which
-    the derivation then checks with every other row."""
+    its replays as one series), of every validation run (the service regression of the
+    configs a run measures), and of every run whose isolation certificate, recorded as passed,
+    certifies a config that one of them launched without a certificate of its own (the audit
+    re-derives that certificate from its run's probes); see :data:`SCOPED_KINDS`. Read from the
+    runs' start events, certificates and launches, which the derivation then checks with every
+    other row (a scope told wrong by an edited row leaves a certificate out: it then certifies
+    nothing)."""
     return Started.read(ledger, until_seq).scope(runs)
 
 
 @dataclass(frozen=True)
 class Started:
     """The ledger's runs as their run.started events say (read once, for as many scopes or
-    families as are asked of them): each run's start seq and data, in the order they started."""
+    families as are asked of them): each run's start seq and data, in the order they started;
+    with each run's launched config digests and each config's certificates (run → recorded
+    verdict), which tell what runs certify the configs of a run without a certificate of its own."""
 
     runs: dict[str, tuple[int, dict[str, Any]]]
+    launched: dict[str, frozenset[str]] = field(default_factory=dict)
+    certificates: dict[str, dict[str, bool]] = field(default_factory=dict)
 
     @classmethod
     def read(cls, ledger: Ledger, until_seq: int | None = None) -> Started:
+        launched: dict[str, set[str]] = {}
+        certificates: dict[str, dict[str, bool]] = {}
+        for event in ledger.events(kind=("deployment.launched", "isolation.certified"), until_seq=until_seq):
+            config = event.data.get("config_sha256")
+            if event.run_id is None or not isinstance(config, str):
+                continue
+            if event.kind == "deployment.launched":
+                launched.setdefault(event.run_id, set()).add(config)
+            else:
+                runs = certificates.setdefault(config, {})
+                runs[event.run_id] = runs.get(event.run_id, False) or event.data.get("passed") is True
         return cls(
             {
                 event.run_id: (event.seq, event.data)
                 for event in ledger.events(kind="run.started", until_seq=until_seq)
                 if event.run_id is not None
-            }
+            },
+            {run: frozenset(configs) for run, configs in launched.items()},
+            certificates,
         )
+
+    def certifying(self, runs: Collection[str]) -> set[str]:
+        """The runs whose certificate, recorded as passed, certifies a config that one of ``runs``
+        launched with no certificate of its own for it (audit: isolation-missing)."""
+        found: set[str] = set()
+        for run in runs:
+            for config in self.launched.get(run, ()):
+                certified = self.certificates.get(config, {})
+                if run not in certified:
+                    found.update(other for other, passed in certified.items() if passed)
+        return found
 
     def linked(self) -> dict[str, set[str]]:
         """Each run's runs linked to it by replay, either way (a replayed run may be absent)."""
@@ -126,9 +158,11 @@ class Started:
         return found
 
     def scope(self, runs: Collection[str], links: dict[str, set[str]] | None = None) -> RunScope:
-        """:func:`run_scope` of ``runs``: their family, and every validation run."""
+        """:func:`run_scope` of ``runs``: their family, every validation run, and the runs whose
+        certificates certify the family's configs that it has none of its own for."""
         validation = {run for run, (_, data) in self.runs.items() if data.get("experiment") == "validation"}
-        return RunScope(SCOPED_KINDS, frozenset(self.family(runs, links) | validation))
+        family = self.family(runs, links)
+        return RunScope(SCOPED_KINDS, frozenset(family | validation | self.certifying(family)))
 
     def families(self) -> list[list[str]]:
         """The started runs in families (a run with every run linked to it by replay), each in

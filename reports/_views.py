@@ -792,6 +792,49 @@ def _counter_samples() -> str:
     return "SELECT seq, name AS counter, series, value FROM kv_x_counter_samples"
 
 
+def scrape_deltas(windows: str, only: str | None = None) -> str:
+    """The counter deltas of the scrape windows that ``windows`` selects (rows of
+    kv_scrape_windows), recomputed from each window's two scrapes' samples: NULL when a scrape is
+    missing or failed, or neither scrape has the counter; a series that went down restarted and
+    counts its after value (collectors/_metrics.py). kv_scrape_deltas is every window's; the audit
+    asks a few windows' one counter alone (the isolation probes' LMCache lookups): with ``only``
+    (a counter of :data:`COUNTERS`) the samples are that counter's of the windows' own scrapes,
+    picked before their text columns are read, and every other counter's delta is NULL."""
+    samples = _counter_samples()
+    if only is not None:
+        if only not in COUNTERS:
+            raise ValueError(f"no counter {only!r}: one of {sorted(COUNTERS)}")
+        scrapes = "SELECT before_seq FROM win UNION ALL SELECT after_seq FROM win"
+        samples += f" WHERE name = '{only}' AND seq IN ({scrapes})"
+    return f"""
+WITH win AS ({windows}),
+     c AS ({samples}),
+     b AS (SELECT w.before_seq AS wid, c.counter, c.series, c.value FROM win w
+           JOIN c ON c.seq = w.before_seq),
+     a AS (SELECT w.before_seq AS wid, c.counter, c.series, c.value FROM win w
+           JOIN c ON c.seq = w.after_seq),
+     s AS (SELECT coalesce(b.wid, a.wid) AS wid, coalesce(b.counter, a.counter) AS counter,
+                  CASE WHEN a.value IS NULL THEN 0 WHEN b.value IS NULL OR a.value < b.value THEN a.value
+                       ELSE a.value - b.value END AS increase,
+                  a.value IS NULL OR coalesce(a.value < b.value, false) AS reset
+           FROM b FULL JOIN a ON a.wid = b.wid AND a.counter = b.counter AND a.series = b.series),
+     d AS (SELECT wid, max(delta) FILTER (WHERE counter = 'prefix_queries') AS prefix_queries,
+                  max(delta) FILTER (WHERE counter = 'local_hit_tokens') AS local_hit_tokens,
+                  max(delta) FILTER (WHERE counter = 'external_hit_tokens') AS external_hit_tokens,
+                  max(delta) FILTER (WHERE counter = 'lmcache_hit_tokens') AS lmcache_hit_tokens,
+                  bool_or(reset) AS reset
+           FROM (SELECT wid, counter, CAST(round(sum(increase)) AS BIGINT) AS delta, bool_or(reset) AS reset
+                 FROM s GROUP BY ALL) GROUP BY wid)
+SELECT w.run_id, w.block_id, w.request_id, w."window", w.replica, w.scope, w.before_seq, w.after_seq,
+       w.complete, CASE WHEN w.complete THEN d.prefix_queries END AS prefix_queries,
+       CASE WHEN w.complete THEN d.local_hit_tokens END AS local_hit_tokens,
+       CASE WHEN w.complete THEN d.external_hit_tokens END AS external_hit_tokens,
+       CASE WHEN w.complete THEN d.lmcache_hit_tokens END AS lmcache_hit_tokens,
+       w.complete AND coalesce(d.reset, false) AS counter_reset
+FROM (SELECT *, befores = 1 AND afters = 1 AND NOT failed AS complete FROM win) w
+LEFT JOIN d ON d.wid = w.before_seq"""
+
+
 # The audit's re-derivations (created on demand, by the audit only): each check recomputed from
 # the raw observations (scrapes, responses, requests, fixtures) to cross-check recorded verdicts.
 AUDIT_VIEWS: list[tuple[str, str]] = [
@@ -820,33 +863,7 @@ GROUP BY ALL""",
     ),
     # Counter deltas of each window, recomputed from its two scrapes' samples (NULL when a scrape
     # is missing or failed, or neither scrape has the counter), as collectors/_metrics.py defines them.
-    (
-        "kv_scrape_deltas",
-        f"""
-WITH c AS ({_counter_samples()}),
-     b AS (SELECT w.before_seq AS wid, c.counter, c.series, c.value FROM kv_scrape_windows w
-           JOIN c ON c.seq = w.before_seq),
-     a AS (SELECT w.before_seq AS wid, c.counter, c.series, c.value FROM kv_scrape_windows w
-           JOIN c ON c.seq = w.after_seq),
-     s AS (SELECT coalesce(b.wid, a.wid) AS wid, coalesce(b.counter, a.counter) AS counter,
-                  CASE WHEN a.value IS NULL THEN 0 WHEN b.value IS NULL OR a.value < b.value THEN a.value
-                       ELSE a.value - b.value END AS increase,
-                  a.value IS NULL OR coalesce(a.value < b.value, false) AS reset
-           FROM b FULL JOIN a ON a.wid = b.wid AND a.counter = b.counter AND a.series = b.series),
-     d AS (SELECT wid, max(delta) FILTER (WHERE counter = 'prefix_queries') AS prefix_queries,
-                  max(delta) FILTER (WHERE counter = 'local_hit_tokens') AS local_hit_tokens,
-                  max(delta) FILTER (WHERE counter = 'external_hit_tokens') AS external_hit_tokens,
-                  bool_or(reset) AS reset
-           FROM (SELECT wid, counter, CAST(round(sum(increase)) AS BIGINT) AS delta, bool_or(reset) AS reset
-                 FROM s GROUP BY ALL) GROUP BY wid)
-SELECT w.run_id, w.block_id, w.request_id, w."window", w.replica, w.scope, w.before_seq, w.after_seq,
-       w.complete, CASE WHEN w.complete THEN d.prefix_queries END AS prefix_queries,
-       CASE WHEN w.complete THEN d.local_hit_tokens END AS local_hit_tokens,
-       CASE WHEN w.complete THEN d.external_hit_tokens END AS external_hit_tokens,
-       w.complete AND coalesce(d.reset, false) AS counter_reset
-FROM (SELECT *, befores = 1 AND afters = 1 AND NOT failed AS complete FROM kv_scrape_windows) w
-LEFT JOIN d ON d.wid = w.before_seq""",
-    ),
+    ("kv_scrape_deltas", scrape_deltas("SELECT * FROM kv_scrape_windows")),
     # Every hits.observed beside the deltas its window's scrapes give (inconsistent: they differ,
     # or no scrape window stands behind it). A window is its run's: the envelope's block_id is
     # optional, and two runs' blockless windows of one name are not one window.

@@ -25,6 +25,7 @@ from click.testing import CliRunner
 from ledger import NewEvent, export_jsonl, open_ledger
 from ledger._cli import cli
 from reports import SEVERITY, Finding, audit, open_source
+from reports._source import run_scope
 from tests._synthetic import LMCACHE_VERSION, Flaws, Generator
 from tests.ledger._helpers import tamper_sqlite
 from tests.reports._sim_shape import FAST, SMALL, VALIDATION
@@ -336,6 +337,18 @@ def test_a_certificate_recorded_as_passed_is_held_to_its_probes_cache_off(sim: S
     assert "the repeat under salt A hit nothing on any tier" in finding.detail
 
 
+def test_a_certificate_recorded_as_passed_is_held_to_its_probes_lmcache_lookup(sim: Sim, found: Any) -> None:
+    # Caching off, its certificate rewritten as passing on LMCache's lookup counter alone (the one
+    # tier no response or hits record carries): the repeat's own scrapes say the lookup hit nothing.
+    envs = sim.fault("--param", "sim_fault=cache-off")
+    (cert,) = _screening(envs, "isolation.certified")
+    data = cert["data"]
+    data.update(passed=True, problems=[], repeat_hit_tokens=4096)
+    data["repeat"].update(lmcache_hit_tokens=4096)
+    finding = _one(found(envs), "isolation-missing", data["config_sha256"])
+    assert "the repeat under salt A hit nothing on any tier" in finding.detail
+
+
 def test_a_certificate_whose_probes_are_gone_proves_nothing(sim: Sim, found: Any) -> None:
     # A clean run's certificate, its probes' request.sent dropped: what it names is no longer there.
     envs = sim.clean()
@@ -344,6 +357,57 @@ def test_a_certificate_whose_probes_are_gone_proves_nothing(sim: Sim, found: Any
     kept = [e for e in envs if not (e["kind"] == "request.sent" and e["data"]["request_id"] in named)]
     finding = _one(found(kept), "isolation-missing", cert["data"]["config_sha256"])
     assert "the prime under salt A is no isolation probe of this run's" in finding.detail
+
+
+def _certified_by_another_run(sim: Sim) -> tuple[list[Envelope], str, str, Envelope]:
+    """The clean ledger and a second screening run of the same config (another seed), only the
+    first screening run's certificate kept (the validation run certifies the config too): the
+    ledger, the certifying run, the uncertified run and the certificate."""
+    second = sim.fault("--seed", "2")[len(sim.validation) :]
+    certifier, uncertified = _screening_run(sim.screening), _screening_run(second)
+    envs = [e for e in sim.clean() + second if e["kind"] != "isolation.certified" or e["run_id"] == certifier]
+    (cert,) = _screening(envs, "isolation.certified")
+    launched = {e["data"]["config_sha256"] for e in second if e["kind"] == "deployment.launched"}
+    assert certifier != uncertified and cert["data"]["config_sha256"] in launched
+    return envs, certifier, uncertified, cert
+
+
+def _isolation_of(ledger: Any, run: str, scoped: bool) -> list[Finding]:
+    src = open_source(ledger, runs=[run] if scoped else None, verify=True)
+    try:
+        return [f for f in audit(src, run) if f.code == "isolation-missing"]
+    finally:
+        src.close()
+
+
+def test_a_run_without_its_own_certificate_is_certified_by_another_runs_re_derived(
+    sim: Sim, build_lite: Any
+) -> None:
+    # The second run measured the config with no certificate of its own: the first run's, passing
+    # as recorded and re-derived from the first run's probes, certifies it, in the second run's own
+    # audit too (whose source then holds the first run's observations).
+    envs, certifier, uncertified, _ = _certified_by_another_run(sim)
+    ledger = build_lite(envs).ledger
+    assert certifier in run_scope(ledger, [uncertified]).runs
+    assert _isolation_of(ledger, uncertified, scoped=True) == []
+    assert _isolation_of(ledger, uncertified, scoped=False) == []
+
+
+def test_another_runs_certificate_its_probes_fail_certifies_nothing(sim: Sim, build_lite: Any) -> None:
+    # The certifying run's certificate still recorded as passed, its probes' request.sent gone: it
+    # is no proof for its own run, nor for the run that relied on it, in either run's own audit.
+    envs, certifier, uncertified, cert = _certified_by_another_run(sim)
+    named = {cert["data"]["prime_request_id"], cert["data"]["repeat_request_id"]}
+    kept = [e for e in envs if not (e["kind"] == "request.sent" and e["data"]["request_id"] in named)]
+    ledger = build_lite(kept).ledger
+    for scoped in (True, False):
+        (relying,) = _isolation_of(ledger, uncertified, scoped)
+        assert relying.severity == "blocking" and relying.target == cert["data"]["config_sha256"]
+        assert "no isolation certificate of its own in this run" in relying.detail
+        assert f"run {certifier}'s (seq " in relying.detail
+        assert "the prime under salt A is no isolation probe of this run's" in relying.detail
+        (own,) = _isolation_of(ledger, certifier, scoped)
+        assert "recorded as passed, but its own probes' observations fail it" in own.detail
 
 
 def test_a_validation_run_its_observations_contradict_validates_nothing(sim: Sim, build_lite: Any) -> None:
