@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import io
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -347,6 +348,66 @@ def test_a_certificate_recorded_as_passed_is_held_to_its_probes_lmcache_lookup(s
     data["repeat"].update(lmcache_hit_tokens=4096)
     finding = _one(found(envs), "isolation-missing", data["config_sha256"])
     assert "the repeat under salt A hit nothing on any tier" in finding.detail
+
+
+def _tier_scrapes(envs: list[Envelope], request_id: str, before: float, after: float) -> None:
+    """Scrapes of the shared tier around ``request_id`` (as a run with a tier URL records them),
+    its LMCache lookup counter at ``before`` and ``after``, put after the request's own scrapes."""
+    last = max(
+        i
+        for i, e in enumerate(envs)
+        if e["kind"] == "metrics.scraped" and e["data"]["request_id"] == request_id
+    )
+    template = envs[last]
+    counter = "lmcache_mp_lookup_hit_tokens_total"
+    added = [
+        {
+            **template,
+            "id": str(uuid.uuid4()),
+            "data": {
+                **template["data"],
+                "replica": "tier",
+                "endpoint": "http://127.0.0.1:1",
+                "phase": phase,
+                "samples": {counter: value},
+            },
+        }
+        for phase, value in (("before", before), ("after", after))
+    ]
+    envs[last + 1 : last + 1] = added
+
+
+@pytest.mark.parametrize(("tier", "replica", "certified"), [(4096, None, True), (0, 4096, False)])
+def test_the_lmcache_lookup_tier_is_the_probes_own_scrapes(
+    sim: Sim, found: Any, tier: int, replica: int | None, certified: bool
+) -> None:
+    # Caching off, its certificate rewritten as passing on LMCache's lookup counter alone. Where the
+    # repeat's tier scrapes do show the lookup hits, the certificate passes re-derived; where the
+    # tier's show none, the replica's own counter does not stand in for it (the tier is what the
+    # run scraped for LMCache, as collectors/_metrics.py reads it).
+    envs = sim.fault("--param", "sim_fault=cache-off")
+    (cert,) = _screening(envs, "isolation.certified")
+    data = cert["data"]
+    data.update(passed=True, problems=[], repeat_hit_tokens=4096)
+    data["repeat"].update(lmcache_hit_tokens=4096)
+    repeat = data["repeat_request_id"]
+    _tier_scrapes(envs, repeat, 0, tier)
+    if replica is not None:
+        for e in envs:
+            if (
+                e["kind"] == "metrics.scraped"
+                and e["data"]["request_id"] == repeat
+                and e["data"]["replica"] != "tier"
+            ):
+                e["data"]["samples"]["lmcache_mp_lookup_hit_tokens_total"] = (
+                    0 if e["data"]["phase"] == "before" else replica
+                )
+    missing = [f for f in found(envs) if f.code == "isolation-missing"]
+    if certified:
+        assert missing == []
+    else:
+        (finding,) = missing
+        assert "the repeat under salt A hit nothing on any tier" in finding.detail
 
 
 def test_a_certificate_whose_probes_are_gone_proves_nothing(sim: Sim, found: Any) -> None:
