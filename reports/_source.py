@@ -94,44 +94,82 @@ def run_scope(ledger: Ledger, runs: Collection[str], until_seq: int | None = Non
 @dataclass(frozen=True)
 class Started:
     """The ledger's runs as their run.started events say (read once, for as many scopes or
-    families as are asked of them): each run's start seq and data, in the order they started;
-    with each run's launched config digests and each config's certificates (run → recorded
-    verdict), which tell what runs certify the configs of a run without a certificate of its own."""
+    families as are asked of them): each run's start seq and data, in the order they started.
+    A scope also asks the ledger's isolation certificates and the scoped runs' launched config
+    digests (read when first asked, and kept), which tell what runs certify the configs of a run
+    without a certificate of its own."""
 
     runs: dict[str, tuple[int, dict[str, Any]]]
-    launched: dict[str, frozenset[str]] = field(default_factory=dict)
-    certificates: dict[str, dict[str, bool]] = field(default_factory=dict)
+    ledger: Ledger | None = field(default=None, compare=False, repr=False)
+    until_seq: int | None = None
+    _read: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    # Past this many runs not yet asked, every run's launches are read at once (one query by kind)
+    # rather than run by run (one indexed query each).
+    _LAUNCHES_RUN_BY_RUN = 16
 
     @classmethod
     def read(cls, ledger: Ledger, until_seq: int | None = None) -> Started:
-        launched: dict[str, set[str]] = {}
-        certificates: dict[str, dict[str, bool]] = {}
-        for event in ledger.events(kind=("deployment.launched", "isolation.certified"), until_seq=until_seq):
-            config = event.data.get("config_sha256")
-            if event.run_id is None or not isinstance(config, str):
-                continue
-            if event.kind == "deployment.launched":
-                launched.setdefault(event.run_id, set()).add(config)
-            else:
-                runs = certificates.setdefault(config, {})
-                runs[event.run_id] = runs.get(event.run_id, False) or event.data.get("passed") is True
         return cls(
             {
                 event.run_id: (event.seq, event.data)
                 for event in ledger.events(kind="run.started", until_seq=until_seq)
                 if event.run_id is not None
             },
-            {run: frozenset(configs) for run, configs in launched.items()},
-            certificates,
+            ledger,
+            until_seq,
         )
+
+    def _events(self, kind: str, run_id: str | None = None) -> Iterator[Any]:
+        if self.ledger is None:
+            return iter(())
+        return self.ledger.events(kind=kind, run_id=run_id, until_seq=self.until_seq)
+
+    def certificates(self) -> dict[str, dict[str, bool]]:
+        """Each config digest's certificates: the runs that took one, each with whether one of
+        its certificates for it is recorded as passed."""
+        if "certificates" not in self._read:
+            found: dict[str, dict[str, bool]] = {}
+            for event in self._events("isolation.certified"):
+                config = event.data.get("config_sha256")
+                if event.run_id is not None and isinstance(config, str):
+                    runs = found.setdefault(config, {})
+                    runs[event.run_id] = runs.get(event.run_id, False) or event.data.get("passed") is True
+            self._read["certificates"] = found
+        certificates: dict[str, dict[str, bool]] = self._read["certificates"]
+        return certificates
+
+    def launched(self, runs: Collection[str], every_run: bool = False) -> dict[str, set[str]]:
+        """The config digests each of ``runs`` launched (deployment.launched); with ``every_run``
+        every run's are read at once (for the scopes of many groups)."""
+        known: dict[str, set[str]] = self._read.setdefault("launched", {})
+        missing = [run for run in runs if run not in known]
+        if missing and (every_run or len(missing) > self._LAUNCHES_RUN_BY_RUN):
+            for run in self.runs:
+                known.setdefault(run, set())
+            for event in self._events("deployment.launched"):
+                config = event.data.get("config_sha256")
+                if event.run_id is not None and isinstance(config, str):
+                    known.setdefault(event.run_id, set()).add(config)
+        else:
+            for run in missing:
+                known[run] = {
+                    e.data["config_sha256"]
+                    for e in self._events("deployment.launched", run)
+                    if isinstance(e.data.get("config_sha256"), str)
+                }
+        return {run: known.get(run, set()) for run in runs}
 
     def certifying(self, runs: Collection[str]) -> set[str]:
         """The runs whose certificate, recorded as passed, certifies a config that one of ``runs``
         launched with no certificate of its own for it (audit: isolation-missing)."""
+        certificates = self.certificates()
+        if not certificates:
+            return set()
         found: set[str] = set()
-        for run in runs:
-            for config in self.launched.get(run, ()):
-                certified = self.certificates.get(config, {})
+        for run, configs in self.launched(runs).items():
+            for config in configs:
+                certified = certificates.get(config, {})
                 if run not in certified:
                     found.update(other for other, passed in certified.items() if passed)
         return found
@@ -552,6 +590,8 @@ class GroupSources:
         self.snapshot_root = snapshot_root
         started = Started.read(ledger)
         links = started.linked()
+        if started.certificates():
+            started.launched(started.runs, every_run=True)  # one read for every group's scope
         self.scopes = [started.scope(group, links) for group in groups]
         # The spill files' folder (beside DuckDB's own spill folders), None until the read.
         self.folder: Path | None = None
