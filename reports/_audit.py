@@ -815,8 +815,9 @@ def isolation_missing(src: Source, run: str | None) -> list[Finding]:
     """ON configs with performance results and no certificate that passes re-derived
     (_isolation_rederived), whose own run's certificate failed (its problems named), or whose own
     run's certificate is recorded as passed while its probes' observations fail it. A run with no
-    certificate of its own for a config is certified by another run's, recorded as passed and
-    re-derived from that run's probes (the source holds them: reports/_source.py run_scope)."""
+    certificate of its own for a config is certified by the config's latest certificate recorded
+    as passed, re-derived from that run's probes (the source holds them: reports/_source.py
+    run_scope)."""
     derived = _isolation_rederived(src)
     rows = src.rows(
         f"""SELECT DISTINCT run_id, config_sha256 FROM kv_on_configs WHERE {SCOPE}
@@ -836,10 +837,11 @@ def isolation_missing(src: Source, run: str | None) -> list[Finding]:
         recorded = passed.get(r["config_sha256"], [])
         own = [c for c in recorded if c["run_id"] == r["run_id"]]
         contradicted = [p for c in own for p in derived.get(int(c["seq"]), [])]
-        others = [c for c in recorded if c["run_id"] != r["run_id"]]
-        # Another run's certificate counts once its own probes pass it again; one whose run's
-        # observations the source does not hold is not re-derived, and proves nothing.
-        passing = [c for c in others if derived.get(int(c["seq"])) == []]
+        # A run with no certificate of its own for the config: the config's latest certificate
+        # recorded as passed (another run's) certifies it once its own probes pass it again; one
+        # whose run's observations the source does not hold is not re-derived, and proves nothing.
+        certifier = recorded[-1] if recorded and not own else None
+        passing = certifier is not None and derived.get(int(certifier["seq"])) == []
         own_failed = failed.get((r["config_sha256"], r["run_id"]))
         if own_failed is not None:
             problems = "; ".join(str(p) for p in own_failed) or "no problem recorded"
@@ -851,15 +853,13 @@ def isolation_missing(src: Source, run: str | None) -> list[Finding]:
             )
         elif own or passing:
             continue
-        elif others:
-            failing = "; ".join(
-                f"run {c['run_id']}'s (seq {c['seq']}): "
-                + ("; ".join(derived[int(c["seq"])]) if int(c["seq"]) in derived else "its probes not read")
-                for c in others
-            )
+        elif certifier is not None:
+            seq = int(certifier["seq"])
+            failing = "; ".join(derived[seq]) if seq in derived else "its run's probes were not read"
             detail = (
-                "ON config has no isolation certificate of its own in this run, and every other run's "
-                f"recorded as passed is failed by its own probes' observations: {failing}"
+                "ON config has no isolation certificate of its own in this run, and the config's latest "
+                f"recorded as passed (run {certifier['run_id']}'s, seq {seq}) is failed by its own probes' "
+                f"observations: {failing}"
             )
         else:
             detail = (

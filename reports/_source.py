@@ -82,9 +82,9 @@ def run_scope(ledger: Ledger, runs: Collection[str], until_seq: int | None = Non
     """What a report and audit of ``runs`` derive from: the observations of those runs, of every
     run linked to one of them by replay (either way, and on: ``--pool-replays`` pools a run with
     its replays as one series), of every validation run (the service regression of the
-    configs a run measures), and of every run whose isolation certificate, recorded as passed,
-    certifies a config that one of them launched without a certificate of its own (the audit
-    re-derives that certificate from its run's probes); see :data:`SCOPED_KINDS`. Read from the
+    configs a run measures), and of the run of each config's latest isolation certificate
+    recorded as passed where one of them launched that config without a certificate of its own
+    (the audit re-derives that certificate from its run's probes); see :data:`SCOPED_KINDS`. Read from the
     runs' start events, certificates and launches, which the derivation then checks with every
     other row (a scope told wrong by an edited row leaves a certificate out: it then certifies
     nothing)."""
@@ -125,23 +125,25 @@ class Started:
             return iter(())
         return self.ledger.events(kind=kind, run_id=run_id, until_seq=self.until_seq)
 
-    def certificates(self) -> dict[str, dict[str, bool]]:
-        """Each config digest's certificates: the runs that took one, each with whether one of
-        its certificates for it is recorded as passed."""
+    def certificates(self) -> dict[str, tuple[set[str], str | None]]:
+        """Each config digest's certificates: the runs that took one, and the run of the latest
+        recorded as passed (None: none is)."""
         if "certificates" not in self._read:
-            found: dict[str, dict[str, bool]] = {}
+            found: dict[str, tuple[set[str], str | None]] = {}
             for event in self._events("isolation.certified"):
                 config = event.data.get("config_sha256")
                 if event.run_id is not None and isinstance(config, str):
-                    runs = found.setdefault(config, {})
-                    runs[event.run_id] = runs.get(event.run_id, False) or event.data.get("passed") is True
+                    runs, latest = found.get(config, (set(), None))
+                    runs.add(event.run_id)
+                    found[config] = (runs, event.run_id if event.data.get("passed") is True else latest)
             self._read["certificates"] = found
-        certificates: dict[str, dict[str, bool]] = self._read["certificates"]
+        certificates: dict[str, tuple[set[str], str | None]] = self._read["certificates"]
         return certificates
 
     def launched(self, runs: Collection[str], every_run: bool = False) -> dict[str, set[str]]:
-        """The config digests each of ``runs`` launched (deployment.launched); with ``every_run``
-        every run's are read at once (for the scopes of many groups)."""
+        """The config digests each of ``runs`` launched in a block (deployment.launched with a
+        block id: what an ON block's results are judged by); with ``every_run`` every run's are
+        read at once (for the scopes of many groups)."""
         known: dict[str, set[str]] = self._read.setdefault("launched", {})
         missing = [run for run in runs if run not in known]
         if missing and (every_run or len(missing) > self._LAUNCHES_RUN_BY_RUN):
@@ -149,29 +151,30 @@ class Started:
                 known.setdefault(run, set())
             for event in self._events("deployment.launched"):
                 config = event.data.get("config_sha256")
-                if event.run_id is not None and isinstance(config, str):
+                if event.run_id is not None and event.block_id is not None and isinstance(config, str):
                     known.setdefault(event.run_id, set()).add(config)
         else:
             for run in missing:
                 known[run] = {
                     e.data["config_sha256"]
                     for e in self._events("deployment.launched", run)
-                    if isinstance(e.data.get("config_sha256"), str)
+                    if e.block_id is not None and isinstance(e.data.get("config_sha256"), str)
                 }
         return {run: known.get(run, set()) for run in runs}
 
     def certifying(self, runs: Collection[str]) -> set[str]:
-        """The runs whose certificate, recorded as passed, certifies a config that one of ``runs``
-        launched with no certificate of its own for it (audit: isolation-missing)."""
+        """The runs whose certificate certifies a config that one of ``runs`` launched with no
+        certificate of its own for it: the config's latest certificate recorded as passed (audit:
+        isolation-missing re-derives that one)."""
         certificates = self.certificates()
         if not certificates:
             return set()
         found: set[str] = set()
         for run, configs in self.launched(runs).items():
             for config in configs:
-                certified = certificates.get(config, {})
-                if run not in certified:
-                    found.update(other for other, passed in certified.items() if passed)
+                certified, latest = certificates.get(config, (set(), None))
+                if run not in certified and latest is not None:
+                    found.add(latest)
         return found
 
     def linked(self) -> dict[str, set[str]]:

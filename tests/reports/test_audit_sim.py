@@ -454,6 +454,21 @@ def test_a_run_without_its_own_certificate_is_certified_by_another_runs_re_deriv
     assert _isolation_of(ledger, uncertified, scoped=False) == []
 
 
+def test_a_run_without_its_own_certificate_reads_only_the_latest_certifiers_run(
+    sim: Sim, build_lite: Any
+) -> None:
+    # Two screening runs certify the config; the scope of a run without its own certificate holds
+    # the run of the latest, not every run that ever certified it (a ledger of thousands of runs
+    # would otherwise put them all in one run's scope, or in the group of the validation run).
+    envs, earlier, uncertified, _ = _certified_by_another_run(sim)
+    third = sim.fault("--seed", "3")[len(sim.validation) :]
+    latest = _screening_run(third)
+    ledger = build_lite(envs + third).ledger
+    scope = run_scope(ledger, [uncertified]).runs
+    assert latest in scope and earlier not in scope and uncertified in scope
+    assert _isolation_of(ledger, uncertified, scoped=True) == []
+
+
 def test_another_runs_certificate_its_probes_fail_certifies_nothing(sim: Sim, build_lite: Any) -> None:
     # The certifying run's certificate still recorded as passed, its probes' request.sent gone: it
     # is no proof for its own run, nor for the run that relied on it, in either run's own audit.
@@ -465,7 +480,7 @@ def test_another_runs_certificate_its_probes_fail_certifies_nothing(sim: Sim, bu
         (relying,) = _isolation_of(ledger, uncertified, scoped)
         assert relying.severity == "blocking" and relying.target == cert["data"]["config_sha256"]
         assert "no isolation certificate of its own in this run" in relying.detail
-        assert f"run {certifier}'s (seq " in relying.detail
+        assert f"the config's latest recorded as passed (run {certifier}'s, seq " in relying.detail
         assert "the prime under salt A is no isolation probe of this run's" in relying.detail
         (own,) = _isolation_of(ledger, certifier, scoped)
         assert "recorded as passed, but its own probes' observations fail it" in own.detail
