@@ -702,28 +702,36 @@ def _isolation_rederived(src: Source) -> dict[int, list[str]]:
     own run's probes (seq → the conditions that fail; empty: it passes), by
     experiments/_isolation.py's rules over what the ledger holds of each probe it names: its
     request.sent (``probe`` isolation), its first response and its hits.observed (kv_requests).
-    LMCache's lookup hit tokens are the probe's window's scrapes' delta (:func:`_probe_lookups`);
-    its per-salt hit tokens are the certificate's own record of each probe (counters of the salt's
-    label, which the projections do not unnest); every other tier is the probe's observation. The
-    replicas to cover are the block's launches. Once per source: a run's own
+    LMCache's lookup hit tokens, all of them and those of the probe's own salt, are the deltas of
+    the probe's own scrapes (:func:`_probe_lookups`); every other tier is the probe's response and
+    hits record. The replicas to cover are the block's launches. Once per source: a run's own
     certificate and those that certify another run's configs (reports/_source.py run_scope) are
     read from it."""
     return src.once("isolation_rederived", lambda: _rederive_isolation(src))
 
 
-def _probe_lookups(src: Source, request_ids: list[str]) -> dict[tuple[str, str], int | None]:
-    """Each isolation probe's LMCache lookup hit tokens, as collectors/_metrics.py takes them: the
-    delta of the shared tier's scrapes around the probe where the run scraped a tier for it,
-    else of the probe's replica's own (an in-process connector exposes them there); None where a
-    scrape failed or no scrape has the counter. The windows of ``request_ids`` alone are computed."""
+Lookups = dict[tuple[str, str], tuple[int | None, int | None]]
+
+
+def _probe_lookups(src: Source, request_ids: list[str]) -> Lookups:
+    """Each isolation probe's LMCache hit tokens, as the runner takes them (collectors/_metrics.py,
+    experiments/_isolation.py): the lookup counter's delta, and that of its series labelled with
+    the probe's own cache salt (its request.sent's namespace), over the shared tier's scrapes
+    around the probe where the run scraped a tier for it, else the probe's replica's own (an
+    in-process connector exposes them there); None where a scrape failed or no scrape has the
+    counter (or the salt's series). The windows of ``request_ids`` alone are computed."""
     if not request_ids:
         return {}
     src.rederive()  # kv_scrape_windows
-    windows = "SELECT * FROM kv_scrape_windows WHERE request_id IN (SELECT unnest($ids))"
-    tier: dict[tuple[str, str], int | None] = {}
-    own: dict[tuple[str, str], int | None] = {}
-    for r in src.rows(scrape_deltas(windows, only="lmcache_hit_tokens"), {"ids": request_ids}):
-        (tier if r["replica"] == "tier" else own)[(r["run_id"], r["request_id"])] = r["lmcache_hit_tokens"]
+    windows = """SELECT w.*, q.namespace FROM kv_scrape_windows w
+                 JOIN (SELECT run_id, request_id, namespace FROM kv_requests
+                       WHERE request_id IN (SELECT unnest($ids))) q USING (run_id, request_id)"""
+    tier: Lookups = {}
+    own: Lookups = {}
+    deltas = scrape_deltas(windows, only="lmcache_hit_tokens", salt="namespace")
+    for r in src.rows(deltas, {"ids": request_ids}):
+        found = tier if r["replica"] == "tier" else own
+        found[(r["run_id"], r["request_id"])] = (r["lmcache_hit_tokens"], r["salt_hit_tokens"])
     return {**own, **tier}
 
 
@@ -775,7 +783,7 @@ def _rederive_isolation(src: Source) -> dict[int, list[str]]:
                 repeat["local_hit_tokens"] if hits else None,
                 repeat["external_hit_tokens"] if hits else None,
                 repeat["cached_tokens"],
-                lookups.get((repeat["run_id"], repeat["request_id"])),
+                lookups.get((repeat["run_id"], repeat["request_id"]), (None, None))[0],
             )
             if not any(reused):
                 problems.append("the repeat under salt A hit nothing on any tier")
@@ -786,13 +794,14 @@ def _rederive_isolation(src: Source) -> dict[int, list[str]]:
             if row is None:
                 continue
             replica, hits = str(row["replica"]), row["has_hits"]
+            lmcache = lookups.get((row["run_id"], row["request_id"]), (None, None))
             covered.add(replica)
             tiers = {
                 "local hit tokens": row["local_hit_tokens"] if hits else None,
                 "external hit tokens": row["external_hit_tokens"] if hits else None,
                 "cached tokens": row["cached_tokens"],
-                "LMCache lookup hit tokens": lookups.get((row["run_id"], row["request_id"])),
-                "LMCache hit tokens of its salt": other.get("lmcache_salt_hit_tokens"),
+                "LMCache lookup hit tokens": lmcache[0],
+                "LMCache hit tokens of its salt": lmcache[1],
             }
             problems += [
                 f"replica {replica} under salt B saw {value} {tier}" for tier, value in tiers.items() if value

@@ -792,20 +792,35 @@ def _counter_samples() -> str:
     return "SELECT seq, name AS counter, series, value FROM kv_x_counter_samples"
 
 
-def scrape_deltas(windows: str, only: str | None = None) -> str:
+def scrape_deltas(windows: str, only: str | None = None, salt: str | None = None) -> str:
     """The counter deltas of the scrape windows that ``windows`` selects (rows of
     kv_scrape_windows), recomputed from each window's two scrapes' samples: NULL when a scrape is
     missing or failed, or neither scrape has the counter; a series that went down restarted and
     counts its after value (collectors/_metrics.py). kv_scrape_deltas is every window's; the audit
     asks a few windows' one counter alone (the isolation probes' LMCache lookups): with ``only``
     (a counter of :data:`COUNTERS`) the samples are that counter's of the windows' own scrapes,
-    picked before their text columns are read, and every other counter's delta is NULL."""
+    picked before their text columns are read, and every other counter's delta is NULL. ``salt``
+    (with ``only``): a column of ``windows`` holding each window's cache salt; the result then
+    has ``salt_hit_tokens``, the delta of that counter's series labelled with the salt (NULL
+    where no series is), as experiments/_isolation.py's ``salt_hit_tokens`` reads them."""
     samples = _counter_samples()
     if only is not None:
         if only not in COUNTERS:
             raise ValueError(f"no counter {only!r}: one of {sorted(COUNTERS)}")
         scrapes = "SELECT before_seq FROM win UNION ALL SELECT after_seq FROM win"
         samples += f" WHERE name = '{only}' AND seq IN ({scrapes})"
+    elif salt is not None:
+        raise ValueError("a salt's delta is of one counter: give only= too")
+    per_salt = salt_join = salt_d = salt_out = ""
+    if salt is not None:
+        salted = f"""contains(s.series, '="' || w.{salt} || '"')"""
+        per_salt = f""", CAST(round(sum(s.increase) FILTER (WHERE {salted})) AS BIGINT) AS salt_delta,
+                        count(*) FILTER (WHERE {salted}) AS salt_series"""
+        salt_join = " JOIN win w ON w.before_seq = s.wid"
+        salt_d = f""",
+                  max(CASE WHEN salt_series > 0 THEN salt_delta END) FILTER (WHERE counter = '{only}')
+                    AS salt_hit_tokens"""
+        salt_out = "\n       CASE WHEN w.complete THEN d.salt_hit_tokens END AS salt_hit_tokens,"
     return f"""
 WITH win AS ({windows}),
      c AS ({samples}),
@@ -814,6 +829,7 @@ WITH win AS ({windows}),
      a AS (SELECT w.before_seq AS wid, c.counter, c.series, c.value FROM win w
            JOIN c ON c.seq = w.after_seq),
      s AS (SELECT coalesce(b.wid, a.wid) AS wid, coalesce(b.counter, a.counter) AS counter,
+                  coalesce(b.series, a.series) AS series,
                   CASE WHEN a.value IS NULL THEN 0 WHEN b.value IS NULL OR a.value < b.value THEN a.value
                        ELSE a.value - b.value END AS increase,
                   a.value IS NULL OR coalesce(a.value < b.value, false) AS reset
@@ -822,14 +838,15 @@ WITH win AS ({windows}),
                   max(delta) FILTER (WHERE counter = 'local_hit_tokens') AS local_hit_tokens,
                   max(delta) FILTER (WHERE counter = 'external_hit_tokens') AS external_hit_tokens,
                   max(delta) FILTER (WHERE counter = 'lmcache_hit_tokens') AS lmcache_hit_tokens,
-                  bool_or(reset) AS reset
-           FROM (SELECT wid, counter, CAST(round(sum(increase)) AS BIGINT) AS delta, bool_or(reset) AS reset
-                 FROM s GROUP BY ALL) GROUP BY wid)
+                  bool_or(reset) AS reset{salt_d}
+           FROM (SELECT s.wid, s.counter, CAST(round(sum(s.increase)) AS BIGINT) AS delta,
+                        bool_or(s.reset) AS reset{per_salt}
+                 FROM s{salt_join} GROUP BY s.wid, s.counter) GROUP BY wid)
 SELECT w.run_id, w.block_id, w.request_id, w."window", w.replica, w.scope, w.before_seq, w.after_seq,
        w.complete, CASE WHEN w.complete THEN d.prefix_queries END AS prefix_queries,
        CASE WHEN w.complete THEN d.local_hit_tokens END AS local_hit_tokens,
        CASE WHEN w.complete THEN d.external_hit_tokens END AS external_hit_tokens,
-       CASE WHEN w.complete THEN d.lmcache_hit_tokens END AS lmcache_hit_tokens,
+       CASE WHEN w.complete THEN d.lmcache_hit_tokens END AS lmcache_hit_tokens,{salt_out}
        w.complete AND coalesce(d.reset, false) AS counter_reset
 FROM (SELECT *, befores = 1 AND afters = 1 AND NOT failed AS complete FROM win) w
 LEFT JOIN d ON d.wid = w.before_seq"""

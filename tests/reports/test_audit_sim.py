@@ -350,16 +350,20 @@ def test_a_certificate_recorded_as_passed_is_held_to_its_probes_lmcache_lookup(s
     assert "the repeat under salt A hit nothing on any tier" in finding.detail
 
 
-def _tier_scrapes(envs: list[Envelope], request_id: str, before: float, after: float) -> None:
+LOOKUP_HITS = "lmcache_mp_lookup_hit_tokens_total"
+
+
+def _tier_scrapes(
+    envs: list[Envelope], request_id: str, before: float | dict[str, float], after: float | dict[str, float]
+) -> None:
     """Scrapes of the shared tier around ``request_id`` (as a run with a tier URL records them),
-    its LMCache lookup counter at ``before`` and ``after``, put after the request's own scrapes."""
+    put after the request's own scrapes: their samples, or the LMCache lookup counter's value."""
     last = max(
         i
         for i, e in enumerate(envs)
         if e["kind"] == "metrics.scraped" and e["data"]["request_id"] == request_id
     )
     template = envs[last]
-    counter = "lmcache_mp_lookup_hit_tokens_total"
     added = [
         {
             **template,
@@ -369,10 +373,10 @@ def _tier_scrapes(envs: list[Envelope], request_id: str, before: float, after: f
                 "replica": "tier",
                 "endpoint": "http://127.0.0.1:1",
                 "phase": phase,
-                "samples": {counter: value},
+                "samples": samples if isinstance(samples, dict) else {LOOKUP_HITS: samples},
             },
         }
-        for phase, value in (("before", before), ("after", after))
+        for phase, samples in (("before", before), ("after", after))
     ]
     envs[last + 1 : last + 1] = added
 
@@ -399,15 +403,30 @@ def test_the_lmcache_lookup_tier_is_the_probes_own_scrapes(
                 and e["data"]["request_id"] == repeat
                 and e["data"]["replica"] != "tier"
             ):
-                e["data"]["samples"]["lmcache_mp_lookup_hit_tokens_total"] = (
-                    0 if e["data"]["phase"] == "before" else replica
-                )
+                e["data"]["samples"][LOOKUP_HITS] = 0 if e["data"]["phase"] == "before" else replica
     missing = [f for f in found(envs) if f.code == "isolation-missing"]
     if certified:
         assert missing == []
     else:
         (finding,) = missing
         assert "the repeat under salt A hit nothing on any tier" in finding.detail
+
+
+@pytest.mark.parametrize("salted", [True, False], ids=["its-own-salt", "another-salt"])
+def test_a_probe_under_salt_b_is_held_to_the_tiers_own_counters(sim: Sim, found: Any, salted: bool) -> None:
+    # A clean run's certificate, passing as recorded; the tier's scrapes around replica 0's probe
+    # under salt B show lookup hits, in the series of that probe's own salt or of another salt.
+    # Either is a lookup that hit (a leak); only the first is a hit under its own salt.
+    envs = sim.clean()
+    (cert,) = _screening(envs, "isolation.certified")
+    (probe,) = [o for o in cert["data"]["other_salt"] if o["replica"] == 0]
+    sent = _of(envs, "request.sent", probe["request_id"])
+    salt = sent["data"]["namespace"] if salted else "kvl-someone-else"
+    series = f'{LOOKUP_HITS}{{cache_salt="{salt}",model_name="m"}}'
+    _tier_scrapes(envs, probe["request_id"], {series: 0.0}, {series: 512.0})
+    finding = _one(found(envs), "isolation-missing", cert["data"]["config_sha256"])
+    assert "replica 0 under salt B saw 512 LMCache lookup hit tokens" in finding.detail
+    assert ("replica 0 under salt B saw 512 LMCache hit tokens of its salt" in finding.detail) is salted
 
 
 def test_a_certificate_whose_probes_are_gone_proves_nothing(sim: Sim, found: Any) -> None:
