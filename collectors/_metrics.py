@@ -280,8 +280,10 @@ class Scraper:
         self.tier_url = tier_url
         self.timeout_s = timeout_s
         self.last_samples: tuple[dict[str, float] | None, dict[str, float] | None] = (None, None)
-        """The replica's samples before and after the last :meth:`single` window (None: failed);
-        what a caller reads beyond the deltas, e.g. counters labelled by one ``cache_salt``."""
+        """The samples before and after the last :meth:`single` window that LMCache's counters
+        were read from (None: failed): the shared tier's where a tier URL is set, else the
+        replica's (an in-process connector exposes them there); what a caller reads beyond the
+        deltas, e.g. counters labelled by one ``cache_salt``."""
 
     async def scrape(
         self,
@@ -347,7 +349,7 @@ class Scraper:
         tier_after = await self._tier("after", rid, None)
         delta = self._delta(before, after, tier_before, tier_after, self.tier_url is not None)
         record_hits(self.sink, replica, delta, request_id=rid, prompt_tokens=outcome.prompt_tokens)
-        self.last_samples = (before, after)
+        self.last_samples = (tier_before, tier_after) if self.tier_url is not None else (before, after)
         return outcome, delta
 
     @asynccontextmanager

@@ -31,11 +31,20 @@ _LMCACHE = "lmcache"
 
 
 def salt_hit_tokens(before: dict[str, float] | None, after: dict[str, float] | None, salt: str) -> int | None:
-    """Increase of LMCache's hit counters labelled with ``salt`` (None: no such series exposed)."""
+    """Increase of LMCache's hit counters labelled with ``salt`` (None: no such series exposed).
+    Counters only (``*_total``): a client library's ``*_created`` series beside each counter holds
+    the time the series first appeared, and a salt's series appear with its first lookup."""
     if before is None or after is None:
         return None
     label = f'="{salt}"'
-    keys = [k for k in after if k.startswith(_LMCACHE) and "hit" in k.split("{", 1)[0] and label in k]
+    keys = [
+        k
+        for k in after
+        if k.startswith(_LMCACHE)
+        and "hit" in (name := k.split("{", 1)[0])
+        and name.endswith("_total")
+        and label in k
+    ]
     if not keys:
         return None
     return round(sum(after[k] - before.get(k, 0.0) for k in keys))

@@ -17,6 +17,7 @@ from collectors import (
     send_request,
 )
 from collectors._assertions import shareable_prefix
+from experiments._isolation import salt_hit_tokens
 from experiments.targets.sim import SimDeployment
 from ledger import Ledger, verify
 from tests.collectors.helpers import LedgerSink, needle_prompt, spec
@@ -101,6 +102,31 @@ def test_same_prompt_twice_then_salt_then_other_replica(
     assert {e.data["phase"] for e in scrapes} == {"before", "after"}
     assert any(k.startswith("vllm:prefix_cache_queries_total{") for k in scrapes[0].data["samples"])
     assert verify(led).ok
+
+
+def test_the_salts_own_lmcache_counters_are_read_where_the_tier_keeps_them(
+    dep: SimDeployment, sink: LedgerSink
+) -> None:
+    # The replicas expose no LMCache counters; the shared tier does, labelled by cache_salt. A
+    # cross-replica repeat under one salt hits that salt's series, and the samples a caller reads
+    # for it (the isolation certificate's per-salt tier) are the tier's.
+    async def go() -> list[int | None]:
+        async with httpx.AsyncClient() as c:
+            scraper = Scraper(c, sink, tier_url=dep.shared_url)
+            out = []
+            for replica in (0, 1):
+                o, _ = await scraper.single(
+                    spec(dep.replica_urls[replica], prompt, "s1", replica=replica), replica
+                )
+                assert o.ok, o.error
+                out.append(salt_hit_tokens(*scraper.last_samples, "s1"))
+            return out
+
+    prompt = needle_prompt(tag="salted")
+    cold, cross = asyncio.run(go())
+    assert cold == 0 and cross is not None and cross > 0
+    replica_keys = next(e for e in sink.events("metrics.scraped") if e.data["replica"] == 0).data["samples"]
+    assert not any(k.startswith("lmcache") for k in replica_keys)
 
 
 def test_shared_tier_off_means_no_external_traffic(dep: SimDeployment, sink: LedgerSink) -> None:
