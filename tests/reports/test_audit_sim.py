@@ -326,26 +326,25 @@ def test_a_certificate_recorded_as_passed_is_held_to_its_probes_leak(sim: Sim, f
     assert "replica 1 under salt B saw" in finding.detail and "external hit tokens" in finding.detail
 
 
-def test_a_certificate_recorded_as_passed_is_held_to_its_probes_cache_off(sim: Sim, found: Any) -> None:
-    # Caching off, its certificate rewritten as passing with a repeat that hit: the repeat's own
-    # response and hits.observed say it hit nothing.
+def _cache_off_forged(sim: Sim, tier: str) -> tuple[list[Envelope], dict[str, Any]]:
+    """A caching-off run, its certificate rewritten as passing on a repeat that hit 4,096 tokens
+    of ``tier`` (as recorded): the ledger, and the certificate's data."""
     envs = sim.fault("--param", "sim_fault=cache-off")
     (cert,) = _screening(envs, "isolation.certified")
     data = cert["data"]
     data.update(passed=True, problems=[], repeat_hit_tokens=4096)
-    data["repeat"].update(local_hit_tokens=4096)
-    finding = _one(found(envs), "isolation-missing", data["config_sha256"])
-    assert "the repeat under salt A hit nothing on any tier" in finding.detail
+    data["repeat"].update({tier: 4096})
+    return envs, data
 
 
-def test_a_certificate_recorded_as_passed_is_held_to_its_probes_lmcache_lookup(sim: Sim, found: Any) -> None:
-    # Caching off, its certificate rewritten as passing on LMCache's lookup counter alone (the one
-    # tier no response or hits record carries): the repeat's own scrapes say the lookup hit nothing.
-    envs = sim.fault("--param", "sim_fault=cache-off")
-    (cert,) = _screening(envs, "isolation.certified")
-    data = cert["data"]
-    data.update(passed=True, problems=[], repeat_hit_tokens=4096)
-    data["repeat"].update(lmcache_hit_tokens=4096)
+@pytest.mark.parametrize("tier", ["local_hit_tokens", "lmcache_hit_tokens"])
+def test_a_certificate_recorded_as_passed_is_held_to_its_probes_cache_off(
+    sim: Sim, found: Any, tier: str
+) -> None:
+    # Caching off, its certificate rewritten as passing with a repeat that hit, on the replica's
+    # prefix cache or on LMCache's lookup counter alone (the one tier no response or hits record
+    # carries): the repeat's own response, hits.observed and scrapes say it hit nothing.
+    envs, data = _cache_off_forged(sim, tier)
     finding = _one(found(envs), "isolation-missing", data["config_sha256"])
     assert "the repeat under salt A hit nothing on any tier" in finding.detail
 
@@ -389,11 +388,7 @@ def test_the_lmcache_lookup_tier_is_the_probes_own_scrapes(
     # repeat's tier scrapes do show the lookup hits, the certificate passes re-derived; where the
     # tier's show none, the replica's own counter does not stand in for it (the tier is what the
     # run scraped for LMCache, as collectors/_metrics.py reads it).
-    envs = sim.fault("--param", "sim_fault=cache-off")
-    (cert,) = _screening(envs, "isolation.certified")
-    data = cert["data"]
-    data.update(passed=True, problems=[], repeat_hit_tokens=4096)
-    data["repeat"].update(lmcache_hit_tokens=4096)
+    envs, data = _cache_off_forged(sim, "lmcache_hit_tokens")
     repeat = data["repeat_request_id"]
     _tier_scrapes(envs, repeat, 0, tier)
     if replica is not None:
