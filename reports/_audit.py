@@ -710,26 +710,28 @@ def _isolation_rederived(src: Source) -> dict[int, list[str]]:
     return src.once("isolation_rederived", lambda: _rederive_isolation(src))
 
 
-Lookups = dict[tuple[str, str], tuple[int | None, int | None]]
+_Lookups = dict[tuple[str, str], tuple[int | None, int | None]]
+
+# Every isolation certificate, asked once per source by its re-derivation and by isolation-missing.
+_CERTIFICATES = """SELECT seq, run_id, block_id, config_sha256, passed, problems, prime_request_id,
+                          repeat_request_id, other_salt
+                   FROM kv_isolation ORDER BY seq"""
 
 
-def _probe_lookups(src: Source, request_ids: list[str]) -> Lookups:
+def _probe_lookups(src: Source) -> _Lookups:
     """Each isolation probe's LMCache hit tokens, as the runner takes them (collectors/_metrics.py,
     experiments/_isolation.py): the lookup counter's delta, and that of its series labelled with
     the probe's own cache salt (its request.sent's namespace), over the shared tier's scrapes
     around the probe where the run scraped a tier for it, else the probe's replica's own (an
     in-process connector exposes them there); None where a scrape failed or no scrape has the
-    counter (or the salt's series). The windows of ``request_ids`` alone are computed."""
-    if not request_ids:
-        return {}
+    counter (or the salt's series). The probes' windows alone are computed."""
     src.rederive()  # kv_scrape_windows
     windows = """SELECT w.*, q.namespace FROM kv_scrape_windows w
-                 JOIN (SELECT run_id, request_id, namespace FROM kv_requests
-                       WHERE request_id IN (SELECT unnest($ids))) q USING (run_id, request_id)"""
-    tier: Lookups = {}
-    own: Lookups = {}
-    deltas = scrape_deltas(windows, only="lmcache_hit_tokens", salt="namespace")
-    for r in src.rows(deltas, {"ids": request_ids}):
+                 JOIN (SELECT run_id, request_id, namespace FROM kv_requests WHERE probe = 'isolation') q
+                 USING (run_id, request_id)"""
+    tier: _Lookups = {}
+    own: _Lookups = {}
+    for r in src.rows(scrape_deltas(windows, only="lmcache_hit_tokens", salt="namespace")):
         found = tier if r["replica"] == "tier" else own
         found[(r["run_id"], r["request_id"])] = (r["lmcache_hit_tokens"], r["salt_hit_tokens"])
     return {**own, **tier}
@@ -737,14 +739,7 @@ def _probe_lookups(src: Source, request_ids: list[str]) -> Lookups:
 
 def _rederive_isolation(src: Source) -> dict[int, list[str]]:
     held = None if src.scope is None else src.scope.runs
-    certs = [
-        c
-        for c in src.rows(
-            """SELECT seq, run_id, block_id, prime_request_id, repeat_request_id, "repeat", other_salt
-               FROM kv_isolation ORDER BY seq"""
-        )
-        if held is None or c["run_id"] in held
-    ]
+    certs = [c for c in src.rows_once(_CERTIFICATES) if held is None or c["run_id"] in held]
     if not certs:
         return {}
     probes = {
@@ -762,7 +757,7 @@ def _rederive_isolation(src: Source) -> dict[int, list[str]]:
             "WHERE block_id IS NOT NULL AND replica IS NOT NULL GROUP BY block_id"
         )
     }
-    lookups = _probe_lookups(src, sorted({request_id for _, request_id in probes}))
+    lookups = _probe_lookups(src)
     out: dict[int, list[str]] = {}
     for c in certs:
         problems: list[str] = []
@@ -835,8 +830,7 @@ def isolation_missing(src: Source, run: str | None) -> list[Finding]:
     )
     passed: dict[str, list[dict[str, Any]]] = {}
     failed: dict[tuple[str, str], list[Any]] = {}  # (config, run) → its last failed certificate's problems
-    certificates = "SELECT seq, run_id, config_sha256, passed, problems FROM kv_isolation ORDER BY seq"
-    for c in src.rows_once(certificates):
+    for c in src.rows_once(_CERTIFICATES):
         if c["passed"]:
             passed.setdefault(c["config_sha256"], []).append(c)
         else:

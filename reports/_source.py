@@ -46,7 +46,7 @@ from typing import Any, TypeVar
 import duckdb
 
 import ledger as ledger_api
-from ledger import Analytics, Head, Ledger, Verification, open_ledger
+from ledger import Analytics, Event, Head, Ledger, Verification, open_ledger
 from ledger._analytics import RunScope, checked_source
 from ledger._partition import GroupAnalytics, Partition
 from ledger._row_sources import RowSource
@@ -100,7 +100,7 @@ class Started:
     without a certificate of its own."""
 
     runs: dict[str, tuple[int, dict[str, Any]]]
-    ledger: Ledger | None = field(default=None, compare=False, repr=False)
+    ledger: Ledger = field(compare=False, repr=False)
     until_seq: int | None = None
     _read: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -120,9 +120,7 @@ class Started:
             until_seq,
         )
 
-    def _events(self, kind: str, run_id: str | None = None) -> Iterator[Any]:
-        if self.ledger is None:
-            return iter(())
+    def _events(self, kind: str, run_id: str | None = None) -> Iterator[Event]:
         return self.ledger.events(kind=kind, run_id=run_id, until_seq=self.until_seq)
 
     def certificates(self) -> dict[str, tuple[set[str], str | None]]:
