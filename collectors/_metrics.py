@@ -45,6 +45,7 @@ EXTERNAL_QUERIES = "vllm:external_prefix_cache_queries_total"
 EXTERNAL_HITS = "vllm:external_prefix_cache_hits_total"
 LMCACHE_REQUESTED = "lmcache_mp_lookup_requested_tokens_total"
 LMCACHE_HIT = "lmcache_mp_lookup_hit_tokens_total"
+_LMCACHE_COUNTERS = (LMCACHE_REQUESTED, LMCACHE_HIT)
 
 
 class MetricsError(Exception):
@@ -210,7 +211,11 @@ def hits_between(
 
     The LMCache counters are read from ``tier_*`` when given, else from the
     replica scrapes themselves (an in-process connector exposes them there).
+    ``counter_reset`` is a reset of the replica's own counters (what its window's scrapes show,
+    and what ``counters_match`` relies on); ``resets`` names every counter that reset, the tier's
+    too.
     """
+    tiered = tier_before is not None or tier_after is not None
     tb = before if tier_before is None else tier_before
     ta = after if tier_after is None else tier_after
     names = {
@@ -223,11 +228,13 @@ def hits_between(
     }
     values: dict[str, int | None] = {}
     resets: list[str] = []
+    replica_reset = False
     for field_name, (metric, b, a) in names.items():
         values[field_name], reset = counter_delta(b, a, metric)
         if reset:
             resets.append(metric)
-    return HitDelta(**values, counter_reset=bool(resets), resets=tuple(resets))
+            replica_reset = replica_reset or not (tiered and metric in _LMCACHE_COUNTERS)
+    return HitDelta(**values, counter_reset=replica_reset, resets=tuple(resets))
 
 
 def record_hits(

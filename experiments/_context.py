@@ -630,7 +630,7 @@ class Block:
         self.block_id = block_id
         self.launch = launch
         self.sink = ctx.sink
-        self.scraper = Scraper(ctx.client, ctx.sink)
+        self.scraper = Scraper(ctx.client, ctx.sink, tier_url=launch.tier_metrics)
         self._sent: dict[str, Sent] = {}
         self._triaged: set[str] = set()
 

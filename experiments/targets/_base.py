@@ -46,6 +46,10 @@ class Launch:
     replicas: tuple[Replica, ...]
     config_sha256: str
     records: tuple[LaunchRecord, ...] = field(default_factory=tuple)
+    tier_metrics: str | None = None
+    """Base URL whose ``/metrics`` exposes the shared tier's own counters (LMCache's lookups, by
+    ``cache_salt``), scraped around every measured window beside the replicas; None where the
+    block has no shared tier, or its metrics are not served."""
 
 
 @runtime_checkable

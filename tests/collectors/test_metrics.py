@@ -56,6 +56,19 @@ def test_counter_delta_sums_label_sets_and_reports_resets() -> None:
     assert d.local_hit_tokens == 20 and d.counter_reset and d.prefix_queries is None
 
 
+def test_a_tier_reset_is_named_but_is_no_reset_of_the_replicas_counters() -> None:
+    # counter_reset is what the replica's own window shows (what counters_match relies on, and
+    # what the audit re-derives from the replica's scrapes); the tier's restart is only named.
+    replica = parse_exposition(EXPOSITION)
+    lookup = 'lmcache_mp_lookup_hit_tokens_total{cache_salt="s",model_name="m"}'
+    d = hits_between(replica, replica, {lookup: 512.0}, {lookup: 256.0})
+    assert d.lmcache_hit_tokens == 256 and not d.counter_reset
+    assert d.resets == ("lmcache_mp_lookup_hit_tokens_total",)
+    # Without a tier, LMCache's counters are the replica's own (an in-process connector's).
+    went_down = {**replica, lookup: 0.0}
+    assert hits_between({**replica, lookup: 512.0}, went_down).counter_reset
+
+
 def _single(
     dep: SimDeployment, sink: LedgerSink, plan: list[tuple[int, str]], prompt: str
 ) -> list[tuple[int, HitDelta, int | None]]:

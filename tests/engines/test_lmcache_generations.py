@@ -71,17 +71,22 @@ def test_remote_generation_launch_pieces() -> None:
         "127.0.0.1",
         "7001",
     ]
-    assert g.health == "tcp" and g.allocator_record()["in_use"] == "mixed"
+    assert not g.serves_metrics and g.allocator_record()["in_use"] == "mixed"
     lazy = Generation(mode="remote", version="0.5.3", chunk_size=256, cpu_gb=2.0, allocator="lazy")
     # 0.5.3's local CPU backend falls back to the mixed allocator when lazy is asked for.
     assert lazy.allocator_record()["requested"] == "lazy" and lazy.allocator_record()["in_use"] == "mixed"
 
 
 def test_mp_generation_allocator_flag() -> None:
-    values = {"python": "py", "host": "h", "port": 1, "http_port": 2, "chunk_size": 256, "l1_size_gb": 1}
+    values = {"python": "py", "host": "h", "port": 1, "metrics_port": 3, "http_port": 2, "chunk_size": 256}
+    values["l1_size_gb"] = 1
     default = Generation(mode="mp", version="0.5.6", chunk_size=256, cpu_gb=1, allocator=None)
     mixed = Generation(mode="mp", version="0.5.6", chunk_size=256, cpu_gb=1, allocator="mixed")
-    assert "--no-l1-use-lazy" not in default.service_argv(None, values)
+    argv = default.service_argv(None, values)
+    assert "--no-l1-use-lazy" not in argv and default.serves_metrics
+    # The cache server without the HTTP front end, which would turn LMCache's Prometheus server off.
+    assert argv[1:3] == ["-m", "lmcache.v1.multiprocess.server"] and "--http-port" not in argv
+    assert argv[argv.index("--prometheus-port") + 1] == "3"
     assert mixed.service_argv(None, values)[-1] == "--no-l1-use-lazy"
     assert default.allocator_record()["in_use"] == "lazy" and mixed.allocator_record()["in_use"] == "mixed"
     assert default.replica_env("h", 1) == {} and default.connector_config("h", 5)["kv_connector"] == (

@@ -74,7 +74,15 @@ def test_params_checked_directly() -> None:
     assert parse_attach("http://a:1/,http://b:2,service=http://s:3/") == (
         ("http://a:1", "http://b:2"),
         "http://s:3",
+        None,
     )
+    assert parse_attach("http://a:1,service_metrics=http://s:9/,service=http://s:3") == (
+        ("http://a:1",),
+        "http://s:3",
+        "http://s:9",
+    )
+    with pytest.raises(ParamError, match="service_metrics"):
+        parse_attach("http://a:1,service_metrics=s:9")
     with pytest.raises(ParamError):
         check({**good, "gpus": [-1, 0]})
 
@@ -108,7 +116,7 @@ def test_replica_command_renders_one_argument_per_item() -> None:
     }
     service = cmds.render(
         cmds.SERVICE_TEMPLATE,
-        {"python": "py", "host": "h", "port": 1, "http_port": 2, "chunk_size": 256, "l1_size_gb": 1},
+        {"python": "py", "host": "h", "port": 1, "metrics_port": 3, "chunk_size": 256, "l1_size_gb": 1},
     )
     assert "--supported-transfer-mode" in service and service[service.index("--chunk-size") + 1] == "256"
     with pytest.raises(ParamError, match="unknown placeholder"):

@@ -149,6 +149,8 @@ def test_launches_stops_and_checkpoint_are_recorded(run: Run) -> None:
     assert len(on) == len(off) == 1 and on != off  # the same config each time, distinct per arm
     stopped = run.of("deployment.stopped") + run.of("service.stopped")
     assert len(stopped) == 8 + 2
+    # The service was alive until it was stopped: its metrics answered just before.
+    assert [e.data["health_at_stop"] for e in run.of("service.stopped")] == [200, 200]
     for e in stopped:
         assert e.data["health_at_stop"] in (200, None) and not e.data["exited_before_stop"]
         for log in e.data["logs"]:  # the record pins the log files kept beside the ledger
@@ -208,6 +210,28 @@ def test_on_cross_steps_load_the_whole_shareable_prefix(run: Run) -> None:
     assert len(checks) == len(cross) and all(c["passed"] for c in checks)
 
 
+def test_on_blocks_record_the_lmcache_services_own_lookup_counters(run: Run) -> None:
+    """The service's Prometheus counters are scraped around every ON window, beside the replicas':
+    LMCache's own account of each lookup, by cache_salt, next to vLLM's."""
+    started = {e.block_id: e.data["arm"] for e in run.of("block.started")}
+    endpoints = {e.block_id: e.data["metrics_endpoint"] for e in run.of("service.launched")}
+    assert all(url and url.startswith("http://127.0.0.1:") for url in endpoints.values())
+    tier = [e for e in run.of("metrics.scraped") if e.data["replica"] == "tier"]
+    assert {e.block_id for e in tier} == {b for b, arm in started.items() if arm == "ON"}
+    assert all(e.data["endpoint"] == endpoints[e.block_id] and e.data["error"] is None for e in tier)
+    rows = {r["request_id"]: r for r in run.sql("SELECT * FROM hits_observed WHERE request_id IS NOT NULL")}
+    on = [r for r in _requests(run) if r["arm"] == "ON" and not r["warmup"]]
+    off = [r for r in _requests(run) if r["arm"] == "OFF"]
+    assert off and all(rows[r["request_id"]]["lmcache_hit_tokens"] is None for r in off)
+    cross = [r for r in on if r["workload"] == "micro" and r["step"] == "cross"]
+    cold = [r for r in on if r["step"] == "cold"]
+    assert cross and cold
+    # What vLLM loaded through the connector, LMCache's lookups found: the two accounts agree.
+    for r in cross:
+        assert rows[r["request_id"]]["lmcache_hit_tokens"] >= r["external_hit_tokens"] > 0, r
+    assert all(rows[r["request_id"]]["lmcache_hit_tokens"] == 0 for r in cold)
+
+
 def test_cold_steps_have_zero_hits(run: Run) -> None:
     cold = [r for r in _requests(run) if r["step"] == "cold" and not r["warmup"]]
     assert len(cold) == 4 * (len(SHAPE["sizes"]) + len(SHAPE["generation_sizes"]))
@@ -261,6 +285,10 @@ def test_the_on_config_is_certified_isolated_before_it_is_measured(run: Run) -> 
     assert d["repeat_hit_tokens"] > 0 and d["other_salt_hit_tokens"] == 0
     assert [o["replica"] for o in d["other_salt"]] == [0, 1]
     assert all(o["local_hit_tokens"] == 0 == o["external_hit_tokens"] for o in d["other_salt"])
+    # LMCache's own counters were read, not left unproven: the service's lookups under salt B
+    # found nothing, overall and in the series labelled with salt B; the repeat's found its prefix.
+    assert all(o["lmcache_hit_tokens"] == 0 == o["lmcache_salt_hit_tokens"] for o in d["other_salt"])
+    assert None not in (d["repeat"]["lmcache_hit_tokens"], d["repeat"]["lmcache_salt_hit_tokens"])
     started = {e.block_id: e.data for e in run.of("block.started")}
     assert (
         started[cert.block_id]["arm"] == "ON"

@@ -64,6 +64,39 @@ def test_counts_follow_the_shape(sqlite_url: str) -> None:
         assert kinds[kind] > 0, kind
 
 
+def test_on_blocks_scrape_the_shared_tier_around_every_window(sqlite_url: str) -> None:
+    # LMCache's own lookup counters (the sim's tier serves them as the service does) are recorded
+    # beside the replicas' around every ON window, single request or concurrent; OFF blocks share
+    # through nothing and scrape none.
+    result = _run(sqlite_url, *param_args(SMALL))
+    assert result.exit_code == 0, result.output
+    (rid,) = run_ids(sqlite_url)
+    arm = {e.block_id: e.data["arm"] for e in events(sqlite_url, "block.started", rid)}
+    services = {e.block_id: e.data["endpoint"] for e in events(sqlite_url, "service.launched", rid)}
+    scrapes = events(sqlite_url, "metrics.scraped", rid)
+    windows: dict[str | None, set[tuple[str, str]]] = {b: set() for b in arm}
+    tier: dict[str | None, Counter[tuple[str, str, str]]] = {b: Counter() for b in arm}
+    for e in scrapes:
+        d = e.data
+        scope = (d["request_id"] or "", d["window"] or "")
+        if d["replica"] == "tier":
+            assert d["endpoint"] == services[e.block_id] and d["error"] is None
+            tier[e.block_id][(*scope, d["phase"])] += 1
+        else:
+            windows[e.block_id].add(scope)
+    for block, a in arm.items():
+        expected = {(*w, phase): 1 for w in windows[block] for phase in ("before", "after")}
+        assert dict(tier[block]) == (expected if a == "ON" else {}), (block, a)
+    assert sum(a == "ON" for a in arm.values()) == 2 and all(windows.values())
+    hits = events(sqlite_url, "hits.observed", rid)
+    assert all((e.data["lmcache_hit_tokens"] is not None) == (arm[e.block_id] == "ON") for e in hits)
+    # The certificate's LMCache tiers were read from them, none left unproven.
+    (cert,) = events(sqlite_url, "isolation.certified", rid)
+    tiers = [cert.data["repeat"], *cert.data["other_salt"]]
+    assert all(None not in (t["lmcache_hit_tokens"], t["lmcache_salt_hit_tokens"]) for t in tiers)
+    assert cert.data["repeat"]["lmcache_salt_hit_tokens"] > 0 and cert.data["passed"]
+
+
 def test_default_shape_is_the_seed_design() -> None:
     exp = load("screening")
     plan = exp.planned(prepare_params(exp, "sim", {}))

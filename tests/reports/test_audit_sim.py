@@ -356,7 +356,17 @@ def _tier_scrapes(
     envs: list[Envelope], request_id: str, before: float | dict[str, float], after: float | dict[str, float]
 ) -> None:
     """Scrapes of the shared tier around ``request_id`` (as a run with a tier URL records them),
-    put after the request's own scrapes: their samples, or the LMCache lookup counter's value."""
+    put after the request's own scrapes in place of the ones the run took: their samples, or the
+    LMCache lookup counter's value."""
+    envs[:] = [
+        e
+        for e in envs
+        if not (
+            e["kind"] == "metrics.scraped"
+            and e["data"]["request_id"] == request_id
+            and e["data"]["replica"] == "tier"
+        )
+    ]
     last = max(
         i
         for i, e in enumerate(envs)

@@ -211,7 +211,7 @@ class SimTarget:
                     },
                 )
             )
-        return Launch(replicas, digest, tuple(records))
+        return Launch(replicas, digest, tuple(records), tier_metrics=self._tier_url if arm == "ON" else None)
 
     def _replica_data(self, r: Replica, arm: str, digest: str, cmd: list[str]) -> dict[str, Any]:
         c = self.config

@@ -3,7 +3,7 @@
 A template is an argv list whose items may hold ``{placeholders}``:
 ``{python} {model} {served_name} {host} {port} {dtype} {max_model_len}
 {block_size}`` for replicas (ON blocks append ``--kv-transfer-config``), ``{python} {host} {port}
-{http_port} {chunk_size} {l1_size_gb}`` for the service. Items are rendered
+{metrics_port} {http_port} {chunk_size} {l1_size_gb}`` for the service. Items are rendered
 one by one (no shell), so a path with spaces stays one argument.
 """
 
@@ -48,10 +48,13 @@ _REPLICA_BASE = [
 ]
 
 SERVICE_TEMPLATE = [
+    # The cache server without its HTTP front end: that front end (``lmcache server``) turns off
+    # LMCache's Prometheus server and serves no /metrics in its place (0.5.3 to 0.5.6), so the
+    # service's own counters (lookups, by cache_salt) could never be recorded. Ready when its
+    # port accepts (it binds once the engine is built).
     "{python}",
     "-m",
-    "lmcache.cli.main",
-    "server",
+    "lmcache.v1.multiprocess.server",
     "--host",
     "{host}",
     "--port",
@@ -60,15 +63,13 @@ SERVICE_TEMPLATE = [
     "{l1_size_gb}",
     "--eviction-policy",
     "LRU",
-    "--http-host",
-    "{host}",
-    "--http-port",
-    "{http_port}",
     "--chunk-size",
     "{chunk_size}",
     # Without it vLLM hangs at start-up and ignores SIGTERM.
     "--supported-transfer-mode",
     "auto",
+    "--prometheus-port",
+    "{metrics_port}",
 ]
 
 # LMCache before 0.5.6 (remote mode): a bare TCP server holding the shared chunks.
@@ -76,7 +77,7 @@ REMOTE_SERVER_TEMPLATE = ["{python}", "-m", "lmcache.v1.server", "{host}", "{por
 
 CONNECTOR = "LMCacheMPConnector"
 REPLICA_FIELDS = ("python", "model", "served_name", "host", "port", "dtype", "max_model_len", "block_size")
-SERVICE_FIELDS = ("python", "host", "port", "http_port", "chunk_size", "l1_size_gb")
+SERVICE_FIELDS = ("python", "host", "port", "metrics_port", "http_port", "chunk_size", "l1_size_gb")
 
 
 def replica_template(

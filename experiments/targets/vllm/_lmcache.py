@@ -1,7 +1,8 @@
 """The two LMCache generations the vllm target speaks, chosen by the installed LMCache version.
 
 - ``mp`` (LMCache 0.5.3 and later: 0.5.6 in the CPU engines, 0.5.3 in the GPU
-  bundle): a multiprocess service (``lmcache server``) that every ON replica
+  bundle): a multiprocess service (``python -m lmcache.v1.multiprocess.server``,
+  its Prometheus counters served on a port of their own) that every ON replica
   reaches through vLLM's ``LMCacheMPConnector``. Its L1 allocator is lazy
   unless ``--no-l1-use-lazy`` (the mixed allocator) is given.
 - ``remote`` (earlier releases, or ``lmcache_mode=remote``):
@@ -117,9 +118,10 @@ class Generation:
         return argv
 
     @property
-    def health(self) -> str:
-        """How the server says it is up: ``http`` (``/healthcheck``) or ``tcp`` (it accepts)."""
-        return "http" if self.mode == "mp" else "tcp"
+    def serves_metrics(self) -> bool:
+        """The server's own Prometheus counters are served (``--prometheus-port``): the
+        multiprocess service's lookups by ``cache_salt``; the bare ``lm://`` server has none."""
+        return self.mode == "mp"
 
     def allocator_record(self) -> dict[str, Any]:
         """The allocator asked for and the one in use, from the configuration given to LMCache."""

@@ -122,6 +122,7 @@ class VllmTarget:
         self._urls: dict[int, str] = {}
         self._service: Process | None = None
         self._service_url: str | None = None
+        self._tier_metrics: str | None = None
         self._ops_seen: dict[tuple[str, bytes], dict[str, Any]] = {}
         self._client = httpx.AsyncClient(timeout=10.0)
 
@@ -303,13 +304,15 @@ class VllmTarget:
     async def _start_service(self, logs: Path, digest: str) -> tuple[int, LaunchRecord, dict[str, Any]]:
         """Start the LMCache service of an ON block whose config digest is ``digest``."""
         # A fresh port for every server (a reused one fails with "Address already in use").
-        port, http_port = free_port(self.s.host), free_port(self.s.host)
+        port, http_port, metrics_port = (free_port(self.s.host) for _ in range(3))
+        template = self.s.service_command
         argv = self.lmcache.service_argv(
-            self.s.service_command,
+            template,
             {
                 "python": self.r.lmcache_python,
                 "host": self.s.host,
                 "port": port,
+                "metrics_port": metrics_port,
                 "http_port": http_port,
                 "chunk_size": self.chunk_size,
                 "l1_size_gb": self.s.lmcache_l1_gb,
@@ -326,14 +329,16 @@ class VllmTarget:
             replica_env = {**self._env(self._gpu_of(0)[0]), **self.lmcache.replica_env(self.s.host, port)}
             ops = await self._observe_ops(self.r.vllm_python, replica_env, "the replicas'")
         proc = start(argv, name=_SERVICE, log_dir=logs, env=env, die_with_parent=True)
-        remote = self.lmcache.health == "tcp"
         self._service = proc
-        self._service_url = f"lm://{self.s.host}:{port}" if remote else f"http://{self.s.host}:{http_port}"
-        if remote:
-            timeout = float(self.s.startup_timeout_s)
-            await asyncio.to_thread(wait_tcp, self.s.host, port, timeout, process=proc)
-        else:
-            await self._wait(proc, self._service_url + "/healthcheck")
+        self._service_url = f"{'tcp' if self.lmcache.mode == 'mp' else 'lm'}://{self.s.host}:{port}"
+        # A template of one's own serves the counters only where it names their port.
+        serves = self.lmcache.serves_metrics and (
+            template is None or any("{metrics_port}" in str(item) for item in template)
+        )
+        self._tier_metrics = f"http://{self.s.host}:{metrics_port}" if serves else None
+        # Either server binds its port once its engine is built (the HTTP front end, where a
+        # template starts it, inside its start-up): accepting is ready.
+        await asyncio.to_thread(wait_tcp, self.s.host, port, float(self.s.startup_timeout_s), process=proc)
         return (
             port,
             LaunchRecord(
@@ -341,6 +346,7 @@ class VllmTarget:
                 {
                     "service": _SERVICE,
                     "endpoint": self._service_url,
+                    "metrics_endpoint": self._tier_metrics,
                     "port": port,
                     "mode": self.lmcache.mode,
                     "command": redact_command(argv),
@@ -415,7 +421,8 @@ class VllmTarget:
             data = self._replica_data(i, gpu, arm, argv, env, obs, service_port, config, digest, ops)
             data["assigned_gpu"] = assigned
             records.append(LaunchRecord("deployment.launched", data))
-        return Launch(tuple(replicas), digest, tuple(records))
+        tier = self._tier_metrics if on else None
+        return Launch(tuple(replicas), digest, tuple(records), tier_metrics=tier)
 
     async def _observe_ops(self, python: str, env: Mapping[str, str], where: str) -> dict[str, Any]:
         """Whether LMCache's compiled ops load where its copies run: LMCache falls back to a raw
@@ -535,8 +542,10 @@ class VllmTarget:
             for i, data in zip(procs, done, strict=True)
         ]
         service, url, self._service, self._service_url = self._service, self._service_url, None, None
+        metrics, self._tier_metrics = self._tier_metrics, None
         if service is not None:  # after the replicas: their connectors talk to it until they exit
-            data = await self._stop_one(service, f"{url}/healthcheck")
+            # Its health: whether its metrics answer (the bare lm:// server has no HTTP at all).
+            data = await self._stop_one(service, f"{metrics}/metrics" if metrics else str(url))
             records.append(LaunchRecord("service.stopped", {"service": _SERVICE, "endpoint": url, **data}))
         return tuple(records)
 

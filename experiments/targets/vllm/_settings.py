@@ -57,7 +57,7 @@ PARAMS: dict[str, Any] = {
     "stop_grace_s": 15.0,
     "logs_dir": None,  # None: ${KVLEDGER_CACHE:-~/.cache/kvledger}/runs/<run_id>/
     "answers_meaningful": None,  # None: false for the tiny model; needle: per size, by its card; else true
-    "attach": None,  # "URL1,URL2[,service=URL]": record endpoints someone else started
+    "attach": None,  # "URL1,URL2[,service=URL][,service_metrics=URL]": endpoints someone else started
 }
 
 
@@ -75,20 +75,27 @@ def parse_gpus(value: Any) -> tuple[int, ...] | None:
     return gpus
 
 
-def parse_attach(value: Any) -> tuple[tuple[str, ...], str | None] | None:
-    """``"http://a:8000,http://b:8000,service=http://s:8090"`` → (replica URLs, service URL)."""
+def parse_attach(value: Any) -> tuple[tuple[str, ...], str | None, str | None] | None:
+    """``"http://a:8000,http://b:8000,service=http://s:8090,service_metrics=http://s:9090"`` →
+    (replica URLs, service URL, the URL whose ``/metrics`` serves the service's own counters)."""
     if value is None:
         return None
     items = value.split(",") if isinstance(value, str) else list(value)
-    urls, service = [], None
+    urls: list[str] = []
+    named: dict[str, str | None] = {"service": None, "service_metrics": None}
     for item in (str(i).strip() for i in items):
-        if item.startswith("service="):
-            service = item[len("service=") :].rstrip("/")
+        name, sep, url = item.partition("=")
+        if sep and name in named:
+            named[name] = url.rstrip("/")
         elif item:
             urls.append(item.rstrip("/"))
-    if not urls or any(not u.startswith(("http://", "https://")) for u in [*urls, service or "http://"]):
-        raise ParamError(f"attach must be URL1,URL2[,service=URL] with http(s) URLs, got {value!r}")
-    return tuple(urls), service
+    service, metrics = named["service"], named["service_metrics"]
+    given = [*urls, *(u for u in (service, metrics) if u is not None)]
+    if not urls or any(not u.startswith(("http://", "https://")) for u in given):
+        raise ParamError(
+            f"attach must be URL1,URL2[,service=URL][,service_metrics=URL] with http(s) URLs, got {value!r}"
+        )
+    return tuple(urls), service, metrics
 
 
 def _check_env(env: Any, pass_env: Any) -> None:
@@ -182,7 +189,7 @@ class Settings:
         return None if seed == "unset" else 0 if seed is None else int(seed)
 
     @property
-    def attach_urls(self) -> tuple[tuple[str, ...], str | None] | None:
+    def attach_urls(self) -> tuple[tuple[str, ...], str | None, str | None] | None:
         return parse_attach(self.params["attach"])
 
     def passed_env(self) -> dict[str, str]:

@@ -81,7 +81,7 @@ class AttachedTarget:
         attach = settings.attach_urls
         assert attach is not None
         self.s = settings
-        self.urls, self.service_url = attach
+        self.urls, self.service_url, self.service_metrics = attach
         with httpx.Client() as client:
             self.observed = [observe(client, url) for url in self.urls]
             self.service = self._observe_service(client)
@@ -249,6 +249,7 @@ class AttachedTarget:
                     {
                         "service": "lmcache",
                         "endpoint": self.service_url,
+                        "metrics_endpoint": self.service_metrics,
                         "command": None,
                         "env": {},
                         "version": None,
@@ -264,7 +265,8 @@ class AttachedTarget:
                     },
                 )
             )
-        return Launch(replicas, digest, tuple(records))
+        tier = self.service_metrics if arm == "ON" else None  # an OFF block shares through nothing
+        return Launch(replicas, digest, tuple(records), tier_metrics=tier)
 
     def _gpu(self, i: int) -> dict[str, Any] | None:
         return self.gpus[i] if i < len(self.gpus) else None
