@@ -50,6 +50,7 @@ SEVERITY: dict[str, str] = {
     "off-arm-external-hits": BLOCKING,
     "missing-full-prefix-hit": BLOCKING,
     "counter-mismatch": BLOCKING,
+    "external-hits-unfound": BLOCKING,
     "checkpoint-mismatch": BLOCKING,
     "checkpoint-unverified": BLOCKING,
     "provenance-missing": BLOCKING,
@@ -524,6 +525,44 @@ def missing_full_prefix_hit(src: Source, run: str | None) -> list[Finding]:
 
 def _count(value: Any) -> str:
     return "unknown" if value is None else str(value)
+
+
+def external_hits_unfound(src: Source, run: str | None) -> list[Finding]:
+    """Windows where the replicas' external hit tokens (what vLLM reports loading through the
+    connector, summed over the window's replicas) exceed what the shared tier's own lookups
+    found in the same window (LMCache's lookup-hit counter, the delta of the tier's own scrapes):
+    the connector can load only what a lookup found, so one of the two accounts is wrong. Only
+    where the run scraped the tier for the window (collectors/_metrics.py); the hits are held to
+    their own scrapes by hits-inconsistent."""
+    src.rederive()  # kv_scrape_windows
+    tier = "SELECT * FROM kv_scrape_windows WHERE replica = 'tier'"
+    if not src.rows(f"SELECT 1 AS tier FROM ({tier}) LIMIT 1"):
+        return []  # no tier scraped anywhere: nothing to compare (and no cost)
+    rows = src.rows(
+        f"""WITH t AS ({scrape_deltas(tier, only="lmcache_hit_tokens")}),
+                 h AS (SELECT run_id, block_id, coalesce(request_id, 'window ' || "window") AS scope,
+                              sum(external_hit_tokens) AS external_hit_tokens, min(seq) AS seq,
+                              list(DISTINCT replica ORDER BY replica) AS replicas
+                       FROM kv_hits WHERE {SCOPE} GROUP BY ALL)
+            SELECT h.run_id, h.block_id, h.scope, h.external_hit_tokens, h.replicas,
+                   t.lmcache_hit_tokens
+            FROM h JOIN t ON t.run_id IS NOT DISTINCT FROM h.run_id
+             AND t.block_id IS NOT DISTINCT FROM h.block_id AND t.scope = h.scope
+            WHERE t.lmcache_hit_tokens IS NOT NULL AND h.external_hit_tokens > t.lmcache_hit_tokens
+            ORDER BY h.seq""",
+        {"run": run},
+    )
+    return [
+        finding(
+            "external-hits-unfound",
+            r,
+            r["scope"],
+            f"replica(s) {', '.join(map(str, r['replicas']))}: {r['external_hit_tokens']} external hit "
+            f"tokens loaded through the connector, but the shared tier's own lookups found "
+            f"{r['lmcache_hit_tokens']} (its metrics.scraped before/after)",
+        )
+        for r in rows
+    ]
 
 
 def counter_mismatch(src: Source, run: str | None) -> list[Finding]:
@@ -1251,6 +1290,7 @@ CHECKS: tuple[Check, ...] = (
     off_arm_external_hits,
     missing_full_prefix_hit,
     counter_mismatch,
+    external_hits_unfound,
     checkpoint_mismatch,
     checkpoint_unverified,
     provenance_missing,
@@ -1300,6 +1340,7 @@ _AFTER_REDERIVED = (
     assertion_failed,
     assertion_inconsistent,
     hits_inconsistent,
+    external_hits_unfound,
     isolation_missing,
     metrics_missing,
     validation_missing,

@@ -87,6 +87,7 @@ def test_every_design_code_has_a_severity() -> None:
         "known-incompatible-stack",
         "request-id-reused",
         "block-id-reused",
+        "external-hits-unfound",
     } == codes
     assert SEVERITY["assertion-not-independent"] == SEVERITY["declared-exclusion"] == "info"
 

@@ -434,6 +434,25 @@ def test_a_probe_under_salt_b_is_held_to_the_tiers_own_counters(sim: Sim, found:
     assert ("replica 0 under salt B saw 512 LMCache hit tokens of its salt" in finding.detail) is salted
 
 
+@plants("external-hits-unfound")
+def test_external_hits_the_tiers_own_lookups_did_not_find(sim: Sim, found: Any) -> None:
+    # A clean run: on every ON cross-replica reuse LMCache's lookups found what vLLM loaded. The
+    # tier's after-scrape of one such request rewritten so that its lookups found nothing more:
+    # vLLM's external hits now exceed what the service found, and the window is named.
+    envs = sim.clean()  # no blocking finding: test_a_clean_sim_run_has_no_blocking_finding
+    cross = _request(envs, "ON", "cross")
+    rid = cross["data"]["request_id"]
+    loaded = _of(envs, "hits.observed", rid)["data"]["external_hit_tokens"]
+    before, after = (_of(envs, "metrics.scraped", rid, replica="tier", phase=p) for p in ("before", "after"))
+    assert loaded > 0 and any(LOOKUP_HITS in k for k in after["data"]["samples"])
+    for key in after["data"]["samples"]:
+        if key.startswith(LOOKUP_HITS):
+            after["data"]["samples"][key] = before["data"]["samples"].get(key, 0.0)
+    finding = _one(found(envs), "external-hits-unfound", rid)
+    assert f"{loaded} external hit tokens loaded through the connector" in finding.detail
+    assert "the shared tier's own lookups found 0" in finding.detail
+
+
 def test_a_certificate_whose_probes_are_gone_proves_nothing(sim: Sim, found: Any) -> None:
     # A clean run's certificate, its probes' request.sent dropped: what it names is no longer there.
     envs = sim.clean()
