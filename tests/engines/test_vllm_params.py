@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 from pathlib import Path
@@ -12,11 +13,12 @@ import pytest
 from collectors._secrets import REDACTED, redact_env
 from experiments import needle
 from experiments._params import ParamError
+from experiments.targets.sim import SimDeployment
 from experiments.targets.vllm import _argv_templates as cmds
 from experiments.targets.vllm._managed import VllmTarget
 from experiments.targets.vllm._resolve import Resolved, resolve
 from experiments.targets.vllm._settings import PARAMS, Settings, check, parse_attach, parse_gpus
-from experiments.targets.vllm.target import check_params
+from experiments.targets.vllm.target import check_params, make_target
 from ledger import open_ledger
 
 from .._cli import ledger_cli
@@ -305,3 +307,26 @@ def test_replicas_that_share_a_gpu_start_one_after_another(
         asyncio.run(block())
     seen = sorted(p.name.split("-")[0] for p in notes.iterdir())
     assert seen == started
+
+
+def test_an_attached_services_metrics_are_the_on_blocks_tier() -> None:
+    # Endpoints someone else started (the sim's replicas and its shared tier, which speak as
+    # vLLM and LMCache's service do): the URL named service_metrics is what the runner scrapes
+    # as the tier around every window of an ON block; an OFF block shares through nothing.
+    with SimDeployment(2, shared=True, time_scale=0.001) as dep:
+        urls = ",".join(dep.replica_urls)
+        plain = make_target({**PARAMS, "attach": urls})
+        tiered = make_target({**PARAMS, "attach": f"{urls},service_metrics={dep.shared_url}"})
+
+        async def launches() -> list[str | None]:
+            try:
+                return [
+                    (await plain.start(arm="ON", gpus=[])).tier_metrics,
+                    (await tiered.start(arm="ON", gpus=[])).tier_metrics,
+                    (await tiered.start(arm="OFF", gpus=[])).tier_metrics,
+                ]
+            finally:
+                await plain.close()
+                await tiered.close()
+
+        assert asyncio.run(launches()) == [None, dep.shared_url, None]
