@@ -528,8 +528,8 @@ class VllmTarget:
         except httpx.HTTPError:
             return None
 
-    async def _stop_one(self, proc: Process, health_url: str) -> dict[str, Any]:
-        health = await self._health(health_url)
+    async def _stop_one(self, proc: Process, health_url: str | None) -> dict[str, Any]:
+        health = None if health_url is None else await self._health(health_url)
         exited = not proc.alive()
         await asyncio.to_thread(proc.terminate, float(self.s.stop_grace_s))
         return stopped_data(proc, health, exited_before_stop=exited)
@@ -545,7 +545,7 @@ class VllmTarget:
         metrics, self._tier_metrics = self._tier_metrics, None
         if service is not None:  # after the replicas: their connectors talk to it until they exit
             # Its health: whether its metrics answer (the bare lm:// server has no HTTP at all).
-            data = await self._stop_one(service, f"{metrics}/metrics" if metrics else str(url))
+            data = await self._stop_one(service, f"{metrics}/metrics" if metrics else None)
             records.append(LaunchRecord("service.stopped", {"service": _SERVICE, "endpoint": url, **data}))
         return tuple(records)
 
