@@ -11,6 +11,7 @@ from experiments._loader import load
 from experiments.runner import prepare_params
 
 from .._cli import ledger_cli, param_args
+from .._tier import tier_scrapes
 from .conftest import REPO, SMALL, events, run_ids
 
 
@@ -73,21 +74,11 @@ def test_on_blocks_scrape_the_shared_tier_around_every_window(sqlite_url: str) -
     (rid,) = run_ids(sqlite_url)
     arm = {e.block_id: e.data["arm"] for e in events(sqlite_url, "block.started", rid)}
     services = {e.block_id: e.data["endpoint"] for e in events(sqlite_url, "service.launched", rid)}
-    scrapes = events(sqlite_url, "metrics.scraped", rid)
-    windows: dict[str | None, set[tuple[str, str]]] = {b: set() for b in arm}
-    tier: dict[str | None, Counter[tuple[str, str, str]]] = {b: Counter() for b in arm}
-    for e in scrapes:
-        d = e.data
-        scope = (d["request_id"] or "", d["window"] or "")
-        if d["replica"] == "tier":
-            assert d["endpoint"] == services[e.block_id] and d["error"] is None
-            tier[e.block_id][(*scope, d["phase"])] += 1
-        else:
-            windows[e.block_id].add(scope)
+    scraped = tier_scrapes(events(sqlite_url, "metrics.scraped", rid), services)
     for block, a in arm.items():
-        expected = {(*w, phase): 1 for w in windows[block] for phase in ("before", "after")}
-        assert dict(tier[block]) == (expected if a == "ON" else {}), (block, a)
-    assert sum(a == "ON" for a in arm.values()) == 2 and all(windows.values())
+        want, taken = scraped[block]
+        assert want and taken == (want if a == "ON" else {}), (block, a)
+    assert sum(a == "ON" for a in arm.values()) == 2
     hits = events(sqlite_url, "hits.observed", rid)
     assert all((e.data["lmcache_hit_tokens"] is not None) == (arm[e.block_id] == "ON") for e in hits)
     # The certificate's LMCache tiers were read from them, none left unproven.

@@ -19,6 +19,7 @@ import pytest
 from ledger import Event
 
 from .._cli import ledger_cli
+from .._tier import tier_scrapes
 from .conftest import import_export, ledger_rows
 
 STUDY = Path(__file__).resolve().parents[1] / "data" / "gpu-lmcache-tier"
@@ -49,25 +50,16 @@ def test_every_on_window_has_the_tiers_scrapes_and_no_off_window_does(study: Rec
     metrics = {e.block_id: e.data["metrics_endpoint"] for e in study.of("service.launched")}
     assert metrics and set(metrics) == {b for b, a in arm.items() if a == "ON"}
     assert all(url.startswith("http://127.0.0.1:") for url in metrics.values())
-    tier: dict[Any, Counter[tuple[str, str, str]]] = defaultdict(Counter)
-    windows: dict[Any, set[tuple[str, str]]] = defaultdict(set)
-    for e in study.of("metrics.scraped"):
-        d = e.data
-        scope = (d["request_id"] or "", d["window"] or "")
-        if d["replica"] == "tier":
-            assert d["endpoint"] == metrics[e.block_id] and d["error"] is None, d
-            tier[e.block_id][(*scope, d["phase"])] += 1
-        else:
-            windows[e.block_id].add(scope)
+    scraped = tier_scrapes(study.of("metrics.scraped"), metrics)
     # The interrupted run's last window has its replica's before-scrape and nothing after it.
     (aborted,) = [e.run_id for e in study.of("run.finished") if e.data["status"] == "aborted"]
     cut = {e.block_id for e in study.of("exclusion.declared") if e.run_id == aborted}
     for block, a in arm.items():
-        want = {(*w, phase): 1 for w in windows[block] for phase in ("before", "after")}
+        want, taken = scraped[block]
         if a == "OFF":
-            assert not tier[block], block
+            assert not taken, block
         elif block not in cut:
-            assert dict(tier[block]) == want, block
+            assert taken == want, block
     assert sum(1 for a in arm.values() if a == "ON") == len(metrics) == 5  # validation's, 2 + 2
 
 
