@@ -410,18 +410,30 @@ def hits_inconsistent(src: Source, run: str | None) -> list[Finding]:
     """hits.observed deltas that the window's own scrapes (metrics.scraped) do not give."""
     src.rederive()
     rows = src.rows(
-        f"""SELECT run_id, block_id, scope, replica, scraped, prefix_queries, local_hit_tokens,
-                               external_hit_tokens, counter_reset, scraped_prefix_queries,
-                               scraped_local_hit_tokens, scraped_external_hit_tokens, scraped_counter_reset
+        f"""SELECT run_id, block_id, scope, replica, scraped, tier_scraped, prefix_queries,
+                               local_hit_tokens, external_hit_tokens, counter_reset,
+                               lmcache_requested_tokens, lmcache_hit_tokens, scraped_prefix_queries,
+                               scraped_local_hit_tokens, scraped_external_hit_tokens, scraped_counter_reset,
+                               scraped_lmcache_requested_tokens, scraped_lmcache_hit_tokens
                         FROM kv_hits_inconsistent WHERE {SCOPE} ORDER BY seq""",
         {"run": run},
     )
 
     def values(r: dict[str, Any], prefix: str) -> str:
+        # LMCache's lookups are named only where they differ (most windows have none to name).
+        tier = " (the shared tier's)" if prefix and r["tier_scraped"] else ""
+        lmcache = (
+            f", LMCache lookups requested {r[prefix + 'lmcache_requested_tokens']}, "
+            f"hit {r[prefix + 'lmcache_hit_tokens']}{tier}"
+            if (r["lmcache_requested_tokens"], r["lmcache_hit_tokens"])
+            != (r["scraped_lmcache_requested_tokens"], r["scraped_lmcache_hit_tokens"])
+            else ""
+        )
         return (
             f"prefix queries {r[prefix + 'prefix_queries']}, local {r[prefix + 'local_hit_tokens']}, "
             f"external {r[prefix + 'external_hit_tokens']}"
             + (", counter reset" if r[prefix + "counter_reset"] else "")
+            + lmcache
         )
 
     return [

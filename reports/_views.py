@@ -97,6 +97,8 @@ _HITS_FIELDS = {
     "external_hit_tokens": "BIGINT",
     "prompt_tokens": "BIGINT",
     "counter_reset": "BOOLEAN",
+    "lmcache_requested_tokens": "BIGINT",
+    "lmcache_hit_tokens": "BIGINT",
 }
 
 _BLOCK_STARTED_FIELDS = {
@@ -268,7 +270,8 @@ FROM ({
         "kv_hits",
         f"""
 SELECT h.seq, h.run_id, h.block_id, b.arm, h.request_id, h."window", h.replica, h.prefix_queries,
-       h.local_hit_tokens, h.external_hit_tokens, h.prompt_tokens, h.counter_reset
+       h.local_hit_tokens, h.external_hit_tokens, h.prompt_tokens, h.counter_reset,
+       h.lmcache_requested_tokens, h.lmcache_hit_tokens
 FROM ({_extract("hits.observed", _HITS_FIELDS)}) h LEFT JOIN kv_blocks b USING (block_id)""",
     ),
     # Each request with its first response and first single-request hits (by seq). prompt_tokens
@@ -837,6 +840,7 @@ WITH win AS ({windows}),
      d AS (SELECT wid, max(delta) FILTER (WHERE counter = 'prefix_queries') AS prefix_queries,
                   max(delta) FILTER (WHERE counter = 'local_hit_tokens') AS local_hit_tokens,
                   max(delta) FILTER (WHERE counter = 'external_hit_tokens') AS external_hit_tokens,
+                  max(delta) FILTER (WHERE counter = 'lmcache_requested_tokens') AS lmcache_requested_tokens,
                   max(delta) FILTER (WHERE counter = 'lmcache_hit_tokens') AS lmcache_hit_tokens,
                   bool_or(reset) AS reset{salt_d}
            FROM (SELECT s.wid, s.counter, CAST(round(sum(s.increase)) AS BIGINT) AS delta,
@@ -846,6 +850,7 @@ SELECT w.run_id, w.block_id, w.request_id, w."window", w.replica, w.scope, w.bef
        w.complete, CASE WHEN w.complete THEN d.prefix_queries END AS prefix_queries,
        CASE WHEN w.complete THEN d.local_hit_tokens END AS local_hit_tokens,
        CASE WHEN w.complete THEN d.external_hit_tokens END AS external_hit_tokens,
+       CASE WHEN w.complete THEN d.lmcache_requested_tokens END AS lmcache_requested_tokens,
        CASE WHEN w.complete THEN d.lmcache_hit_tokens END AS lmcache_hit_tokens,{salt_out}
        w.complete AND coalesce(d.reset, false) AS counter_reset
 FROM (SELECT *, befores = 1 AND afters = 1 AND NOT failed AS complete FROM win) w
@@ -883,24 +888,45 @@ GROUP BY ALL""",
     ("kv_scrape_deltas", scrape_deltas("SELECT * FROM kv_scrape_windows")),
     # Every hits.observed beside the deltas its window's scrapes give (inconsistent: they differ,
     # or no scrape window stands behind it). A window is its run's: the envelope's block_id is
-    # optional, and two runs' blockless windows of one name are not one window.
+    # optional, and two runs' blockless windows of one name are not one window. LMCache's lookup
+    # counters are the shared tier's where the run scraped one around the window (every replica's
+    # record of the window carries the tier's whole delta), else the replica's own (an in-process
+    # connector exposes them there); none at all where the replica's own scrapes fail, as
+    # collectors/_metrics.py's Scraper gives them. The tier's windows are picked before their
+    # deltas are computed (none in a ledger that scraped no tier).
     (
         "kv_hits_rederived",
-        """
+        f"""
+WITH t AS ({scrape_deltas("SELECT * FROM kv_scrape_windows WHERE replica = 'tier'")}),
+     r AS (
 SELECT h.seq, h.run_id, h.block_id, h.arm, h.request_id, h."window", h.replica,
        coalesce(h.request_id, 'window ' || h."window") AS scope,
        h.prefix_queries, h.local_hit_tokens, h.external_hit_tokens,
        coalesce(h.counter_reset, false) AS counter_reset,
+       h.lmcache_requested_tokens, h.lmcache_hit_tokens,
        w.scope IS NOT NULL AS scraped, w.prefix_queries AS scraped_prefix_queries,
        w.local_hit_tokens AS scraped_local_hit_tokens, w.external_hit_tokens AS scraped_external_hit_tokens,
        coalesce(w.counter_reset, false) AS scraped_counter_reset,
-       h.prefix_queries IS DISTINCT FROM w.prefix_queries
-       OR h.local_hit_tokens IS DISTINCT FROM w.local_hit_tokens
-       OR h.external_hit_tokens IS DISTINCT FROM w.external_hit_tokens
-       OR coalesce(h.counter_reset, false) <> coalesce(w.counter_reset, false) AS inconsistent
+       t.scope IS NOT NULL AS tier_scraped,
+       CASE WHEN NOT coalesce(w.complete, false) THEN NULL
+            WHEN t.scope IS NOT NULL THEN t.lmcache_requested_tokens
+            ELSE w.lmcache_requested_tokens END AS scraped_lmcache_requested_tokens,
+       CASE WHEN NOT coalesce(w.complete, false) THEN NULL
+            WHEN t.scope IS NOT NULL THEN t.lmcache_hit_tokens
+            ELSE w.lmcache_hit_tokens END AS scraped_lmcache_hit_tokens
 FROM kv_hits h LEFT JOIN kv_scrape_deltas w
   ON w.run_id IS NOT DISTINCT FROM h.run_id AND w.block_id IS NOT DISTINCT FROM h.block_id
- AND w.replica = h.replica AND w.scope = coalesce(h.request_id, 'window ' || h."window")""",
+ AND w.replica = h.replica AND w.scope = coalesce(h.request_id, 'window ' || h."window")
+LEFT JOIN t
+  ON t.run_id IS NOT DISTINCT FROM h.run_id AND t.block_id IS NOT DISTINCT FROM h.block_id
+ AND t.scope = coalesce(h.request_id, 'window ' || h."window"))
+SELECT *, prefix_queries IS DISTINCT FROM scraped_prefix_queries
+          OR local_hit_tokens IS DISTINCT FROM scraped_local_hit_tokens
+          OR external_hit_tokens IS DISTINCT FROM scraped_external_hit_tokens
+          OR counter_reset <> scraped_counter_reset
+          OR lmcache_requested_tokens IS DISTINCT FROM scraped_lmcache_requested_tokens
+          OR lmcache_hit_tokens IS DISTINCT FROM scraped_lmcache_hit_tokens AS inconsistent
+FROM r""",
     ),
     # The inconsistent rows of kv_hits_rederived, the only ones the audit reads (materialised: a
     # copy of every hits record's twenty columns cost more than comparing them).

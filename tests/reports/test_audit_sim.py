@@ -656,6 +656,48 @@ def test_cutting_recorded_external_hits_to_a_third_is_found(sim: Sim, found: Any
     assert f"hit {full // 3} external" in _one(findings, "missing-full-prefix-hit", rid).detail
 
 
+def test_recorded_lmcache_lookups_are_held_to_the_tiers_own_scrapes(sim: Sim, found: Any) -> None:
+    # A clean run records LMCache's lookups of every ON window from the tier's scrapes around it
+    # (the clean test: no hits-inconsistent). One cross-replica reuse's recorded lookup hits
+    # doubled: its own replica's scrapes still agree with the rest of the record, the tier's not.
+    envs = sim.clean()
+    rid = _request(envs, "ON", "cross")["data"]["request_id"]
+    hits = _of(envs, "hits.observed", rid)["data"]
+    requested, found_tokens = hits["lmcache_requested_tokens"], hits["lmcache_hit_tokens"]
+    assert found_tokens is not None and found_tokens > 0 and requested >= found_tokens
+    hits["lmcache_hit_tokens"] = 2 * found_tokens
+    findings = found(envs)
+    detail = _one(findings, "hits-inconsistent", rid).detail
+    assert detail.endswith(
+        f"LMCache lookups requested {requested}, hit {2 * found_tokens}; its metrics.scraped before/after "
+        f"give prefix queries {hits['prefix_queries']}, local {hits['local_hit_tokens']}, external "
+        f"{hits['external_hit_tokens']}, LMCache lookups requested {requested}, hit {found_tokens} "
+        "(the shared tier's)"
+    )
+
+
+def test_recorded_lmcache_lookups_without_the_tiers_scrapes_are_inconsistent(sim: Sim, found: Any) -> None:
+    # A cross-replica reuse's tier scrapes dropped: its recorded lookups have nothing behind them,
+    # and the replica's own scrapes (the sim's expose no LMCache counter) give none.
+    envs = sim.clean()
+    rid = _request(envs, "ON", "cross")["data"]["request_id"]
+    hits = _of(envs, "hits.observed", rid)["data"]
+    assert hits["lmcache_hit_tokens"] is not None
+    kept = [
+        e
+        for e in envs
+        if not (
+            e["kind"] == "metrics.scraped"
+            and e["data"]["replica"] == "tier"
+            and e["data"]["request_id"] == rid
+        )
+    ]
+    detail = _one(found(kept), "hits-inconsistent", rid).detail
+    assert detail.endswith(
+        f"external {hits['external_hit_tokens']}, LMCache lookups requested None, hit None"
+    )
+
+
 def test_a_hand_edited_verdict_is_inconsistent(sim: Sim, found: Any) -> None:
     """A failing check (corrupt transfer) edited to say passed."""
     envs = sim.fault("--param", "sim_fault=corrupt-transfer")
