@@ -1,8 +1,9 @@
-"""LMCache's own counters beside vLLM's, recorded on a GPU (tests/data/gpu-lmcache-tier).
+"""LMCache's own counters beside vLLM's, recorded on a GPU (tests/data/gpu-lmcache-tier up to
+128k tokens, tests/data/gpu-lmcache-256k at 256k and in concurrent windows).
 
 The LMCache service of every ON block served its Prometheus counters, and the runner scraped
 them around every window beside the replicas' (``metrics.scraped`` with ``replica`` ``tier``).
-Everything below is derived from the committed export: the tier's scrapes against the windows,
+Everything below is derived from the committed exports: the tier's scrapes against the windows,
 the service's lookup hits against the tokens vLLM loaded through the connector, each
 certificate's LMCache tiers, and the audit re-deriving them.
 """
@@ -22,7 +23,9 @@ from .._cli import ledger_cli
 from .._tier import tier_scrapes
 from .conftest import import_export, ledger_rows
 
-STUDY = Path(__file__).resolve().parents[1] / "data" / "gpu-lmcache-tier"
+DATA = Path(__file__).resolve().parents[1] / "data"
+STUDY = DATA / "gpu-lmcache-tier"
+STUDY_256K = DATA / "gpu-lmcache-256k"
 
 
 class Recorded:
@@ -113,3 +116,80 @@ def test_each_complete_run_publishes_alone(study: Recorded) -> None:
     for run in [*study.runs("validation"), *study.runs("screening")]:
         result = ledger_cli("audit", "--db", study.url, "--run", run, "--publish")
         assert result.exit_code == (0 if statuses[run] == "completed" else 1), (run, result.output)
+
+
+# --- 256k tokens, and concurrent windows (tests/data/gpu-lmcache-256k) ------------------------------
+
+
+@pytest.fixture(scope="module")
+def study_256k(tmp_path_factory: pytest.TempPathFactory) -> Recorded:
+    url = f"sqlite:///{tmp_path_factory.mktemp('gpu-tier-256k') / 'ledger.db'}"
+    return Recorded(url, import_export(STUDY_256K / "ledger.jsonl.xz", url))
+
+
+def test_at_256k_every_on_window_has_the_tiers_scrapes(study_256k: Recorded) -> None:
+    arm = {e.block_id: e.data["arm"] for e in study_256k.of("block.started")}
+    metrics = {e.block_id: e.data["metrics_endpoint"] for e in study_256k.of("service.launched")}
+    assert set(metrics) == {b for b, a in arm.items() if a == "ON"}
+    scraped = tier_scrapes(study_256k.of("metrics.scraped"), metrics)
+    for block, a in arm.items():
+        want, taken = scraped[block]
+        assert taken == ({} if a == "OFF" else want), block
+    # The concurrent windows are among the windows the tier was scraped around.
+    windows = {k[1] for b, (_, taken) in scraped.items() for k in taken if k[1]}
+    assert windows == {"window/4/fixed", "window/4/alternating"}, windows
+    assert {e.data["status"] for e in study_256k.of("run.finished")} == {"completed"}
+
+
+def test_at_256k_lmcaches_lookups_found_exactly_what_vllm_loaded(study_256k: Recorded) -> None:
+    screenings = study_256k.runs("screening")
+    assert len(screenings) == 2  # the run and its replay
+    for run in screenings:
+        (sizes,) = study_256k.sql(f"""SELECT DISTINCT q.nominal_tokens AS size, r.prompt_tokens AS prompt
+                                      FROM request_sent q JOIN response_received r USING (request_id)
+                                      WHERE q.run_id = '{run}' AND q.workload = 'micro'""")
+        assert sizes == {"size": 256000, "prompt": 256000}
+        steps = _steps(study_256k, run)
+        cross, cold = steps["micro", "cross"], steps["micro", "cold"]
+        # Every one of the 256,000 prompt tokens of each cross-replica reuse vLLM loaded through
+        # the connector, and the service's lookups found each of them; cold, they found none.
+        assert cross["n"] == 2 and cross["ext"] == cross["lm_hit"] == cross["lm_req"] == 2 * 256000, cross
+        assert cold["n"] == 2 and cold["lm_hit"] == 0 and cold["lm_req"] == 2 * 256000, cold
+
+
+def test_a_concurrent_windows_lookups_are_the_tiers_whole_delta(study_256k: Recorded) -> None:
+    """Each replica's record of a window carries the tier's whole delta (it cannot be split); the
+    replicas' external hits summed never exceed it, and where sessions alternate replicas they
+    are exactly what the service found. Where each session stays on its replica, vLLM serves the
+    reuse locally and loads nothing, while the service's lookups still find it."""
+    rows = study_256k.sql("""SELECT h.run_id, h.block_id, h."window", b.arm,
+                                    sum(h.external_hit_tokens) AS ext, sum(h.local_hit_tokens) AS loc,
+                                    count(DISTINCT h.lmcache_hit_tokens) AS tier_values,
+                                    max(h.lmcache_hit_tokens) AS lm_hit, count(*) AS replicas
+                             FROM hits_observed h JOIN block_started b USING (block_id)
+                             WHERE h.request_id IS NULL GROUP BY ALL""")
+    on = [r for r in rows if r["arm"] == "ON"]
+    assert len(on) == 2 * 2 * 2  # two runs, two ON blocks each, two windows each
+    for r in on:
+        assert r["replicas"] == 2 and r["tier_values"] == 1 and r["lm_hit"] > 0, r
+        assert r["ext"] <= r["lm_hit"], r
+        if r["window"] == "window/4/alternating":
+            assert r["ext"] == r["lm_hit"] and r["loc"] == 0, r
+        else:
+            assert r["ext"] == 0 and r["loc"] > 0, r
+    assert all(r["lm_hit"] is None and r["ext"] == 0 for r in rows if r["arm"] == "OFF")
+
+
+def test_the_replay_sent_the_same_bytes_and_both_runs_publish(study_256k: Recorded) -> None:
+    # Request by request (its key, as `ledger replay` compares them): the same payload digests.
+    original, replay = study_256k.runs("screening")
+    rows = study_256k.sql(f"""SELECT run_id, request_key, payload_sha256 FROM request_sent
+                              WHERE run_id IN ('{original}', '{replay}') AND request_key IS NOT NULL""")
+    sent = {
+        run: {r["request_key"]: r["payload_sha256"] for r in rows if r["run_id"] == run}
+        for run in (original, replay)
+    }
+    assert sent[original] == sent[replay] and len(sent[original]) > 90
+    for run in [*study_256k.runs("validation"), original, replay]:
+        result = ledger_cli("audit", "--db", study_256k.url, "--run", run, "--publish")
+        assert result.exit_code == 0, (run, result.output)
