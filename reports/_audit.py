@@ -546,12 +546,11 @@ def external_hits_unfound(src: Source, run: str | None) -> list[Finding]:
     the connector can load only what a lookup found, so one of the two accounts is wrong. Only
     where the run scraped the tier for the window (collectors/_metrics.py); the hits are held to
     their own scrapes by hits-inconsistent."""
-    src.rederive()  # kv_scrape_windows
-    tier = "SELECT * FROM kv_scrape_windows WHERE replica = 'tier'"
-    if not src.rows(f"SELECT 1 AS tier FROM ({tier}) LIMIT 1"):
-        return []  # no tier scraped anywhere: nothing to compare (and no cost)
+    src.rederive()  # kv_tier_deltas
+    if not src.rows("SELECT 1 AS tier FROM kv_tier_deltas LIMIT 1"):
+        return []  # no tier scraped anywhere: nothing to compare
     rows = src.rows(
-        f"""WITH t AS ({scrape_deltas(tier, only="lmcache_hit_tokens")}),
+        f"""WITH t AS (SELECT * FROM kv_tier_deltas),
                  h AS (SELECT run_id, block_id, coalesce(request_id, 'window ' || "window") AS scope,
                               sum(external_hit_tokens) AS external_hit_tokens, min(seq) AS seq,
                               list(DISTINCT replica ORDER BY replica) AS replicas

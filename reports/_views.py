@@ -886,19 +886,21 @@ GROUP BY ALL""",
     # Counter deltas of each window, recomputed from its two scrapes' samples (NULL when a scrape
     # is missing or failed, or neither scrape has the counter), as collectors/_metrics.py defines them.
     ("kv_scrape_deltas", scrape_deltas("SELECT * FROM kv_scrape_windows")),
+    # The shared tier's windows alone (replica 'tier': the LMCache service scraped around every
+    # window of an ON block) with their deltas, computed once for the checks that read LMCache's
+    # own account: hits.observed's LMCache fields, and the external hits its lookups must cover.
+    ("kv_tier_deltas", scrape_deltas("SELECT * FROM kv_scrape_windows WHERE replica = 'tier'")),
     # Every hits.observed beside the deltas its window's scrapes give (inconsistent: they differ,
     # or no scrape window stands behind it). A window is its run's: the envelope's block_id is
     # optional, and two runs' blockless windows of one name are not one window. LMCache's lookup
     # counters are the shared tier's where the run scraped one around the window (every replica's
     # record of the window carries the tier's whole delta), else the replica's own (an in-process
     # connector exposes them there); none at all where the replica's own scrapes fail, as
-    # collectors/_metrics.py's Scraper gives them. The tier's windows are picked before their
-    # deltas are computed (none in a ledger that scraped no tier).
+    # collectors/_metrics.py's Scraper gives them.
     (
         "kv_hits_rederived",
-        f"""
-WITH t AS ({scrape_deltas("SELECT * FROM kv_scrape_windows WHERE replica = 'tier'")}),
-     r AS (
+        """
+WITH r AS (
 SELECT h.seq, h.run_id, h.block_id, h.arm, h.request_id, h."window", h.replica,
        coalesce(h.request_id, 'window ' || h."window") AS scope,
        h.prefix_queries, h.local_hit_tokens, h.external_hit_tokens,
@@ -917,7 +919,7 @@ SELECT h.seq, h.run_id, h.block_id, h.arm, h.request_id, h."window", h.replica,
 FROM kv_hits h LEFT JOIN kv_scrape_deltas w
   ON w.run_id IS NOT DISTINCT FROM h.run_id AND w.block_id IS NOT DISTINCT FROM h.block_id
  AND w.replica = h.replica AND w.scope = coalesce(h.request_id, 'window ' || h."window")
-LEFT JOIN t
+LEFT JOIN kv_tier_deltas t
   ON t.run_id IS NOT DISTINCT FROM h.run_id AND t.block_id IS NOT DISTINCT FROM h.block_id
  AND t.scope = coalesce(h.request_id, 'window ' || h."window"))
 SELECT *, prefix_queries IS DISTINCT FROM scraped_prefix_queries
