@@ -66,6 +66,9 @@ _CACHE_INFO = "vllm:cache_config_info"
 STORED_OBJECT_METRICS = ("sim_lmcache_stored_chunks",)
 """Gauges of a shared service that count its stored objects: the sim's tier exposes one; LMCache's
 own services expose no count under a name recorded so far, so their count is recorded as null."""
+STORED_BYTES_METRICS = ("lmcache_mp_l1_memory_usage_bytes",)
+"""Gauges of a shared service that give the bytes it holds: LMCache's multiprocess service exposes
+its L1 (CPU memory) tier's resident bytes (0.5.3 and 0.5.6 alike)."""
 _MAX_CONNECTIONS = 64
 _PATH = "/v1/chat/completions"
 
@@ -506,8 +509,11 @@ class RunContext:
         endpoint only in its dev mode), then its KV usage and device cache read from /metrics."""
         replicas = [await self._inspect_replica(r) for r in launch.replicas]
         service = next((r.data for r in launch.records if r.kind == "service.launched"), None)
-        stored, metric = (
-            (None, None) if service is None else await self._stored_objects(str(service["endpoint"]))
+        # The tier's own metrics where the target serves them (the URL the runner scrapes around
+        # every window), else the service's endpoint (the sim's serves both there).
+        tier = launch.tier_metrics or (None if service is None else str(service["endpoint"]))
+        (stored, metric), (held, bytes_metric) = (
+            ((None, None), (None, None)) if tier is None else await self._tier_state(tier)
         )
         resets = [r["reset_ok"] for r in replicas]
         usage = [r["kv_cache_usage"] for r in replicas if r["kv_cache_usage"] is not None]
@@ -519,6 +525,8 @@ class RunContext:
                 "kv_cache_usage": max(usage) if usage else None,
                 "lmcache_stored_objects": stored,
                 "lmcache_metric": metric,
+                "lmcache_stored_bytes": held,
+                "lmcache_bytes_metric": bytes_metric,
                 "restarted": self.restarts_blocks,
             },
         )
@@ -553,17 +561,24 @@ class RunContext:
             "scrape_error": scrape_error,
         }
 
-    async def _stored_objects(self, endpoint: str) -> tuple[int | None, str | None]:
-        """The shared service's stored-object count, where it exposes one under a known name."""
+    async def _tier_state(
+        self, endpoint: str
+    ) -> tuple[tuple[int | None, str | None], tuple[int | None, str | None]]:
+        """The shared service's stored-object count and resident bytes, each with the gauge it was
+        read from, where it exposes one under a known name (None where not, or unreachable)."""
         try:
             samples = await scrape_metrics(self.client, endpoint)
         except MetricsError:
+            return (None, None), (None, None)
+
+        def gauge(names: tuple[str, ...]) -> tuple[int | None, str | None]:
+            for name in names:
+                values = [v for k, v in samples.items() if k == name or k.startswith(name + "{")]
+                if values:
+                    return int(sum(values)), name
             return None, None
-        for name in STORED_OBJECT_METRICS:
-            values = [v for k, v in samples.items() if k == name or k.startswith(name + "{")]
-            if values:
-                return int(sum(values)), name
-        return None, None
+
+        return gauge(STORED_OBJECT_METRICS), gauge(STORED_BYTES_METRICS)
 
     def _replica_count(self) -> int:
         return int(self.params.get("replicas", 2))

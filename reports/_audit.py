@@ -63,6 +63,7 @@ SEVERITY: dict[str, str] = {
     "helper-probe-failed": BLOCKING,
     "order-unbalanced": BLOCKING,
     "blocks-not-restarted": WARNING,
+    "tier-warm-at-start": WARNING,
     "hash-seed-unset": BLOCKING,
     "ttft-method-mixed": WARNING,
     "plan-deviation": BLOCKING,
@@ -1073,6 +1074,41 @@ def blocks_not_restarted(src: Source, run: str | None) -> list[Finding]:
     ]
 
 
+def tier_warm_at_start(src: Source, run: str | None) -> list[Finding]:
+    """Blocks whose shared tier already held data before their first request (cache.inspected:
+    its stored objects or resident bytes above zero): what an earlier block stored can be served
+    in this one, so the block's start is not the cold state its design assumes."""
+    rows = src.rows(
+        f"""SELECT run_id, block_id, arm, position, lmcache_stored_objects, lmcache_metric,
+                   lmcache_stored_bytes, lmcache_bytes_metric
+            FROM kv_block_states
+            WHERE (lmcache_stored_objects > 0 OR lmcache_stored_bytes > 0) AND {SCOPE} ORDER BY seq""",
+        {"run": run},
+    )
+
+    def held(r: dict[str, Any]) -> str:
+        parts = [
+            f"{r[value]:,} ({r[metric]})"
+            for value, metric in (
+                ("lmcache_stored_objects", "lmcache_metric"),
+                ("lmcache_stored_bytes", "lmcache_bytes_metric"),
+            )
+            if r[value]
+        ]
+        return " and ".join(parts)
+
+    return [
+        finding(
+            "tier-warm-at-start",
+            r,
+            r["block_id"],
+            f"{r['arm']} block {r['position']}: the shared tier held {held(r)} before the block's first "
+            "request: what earlier blocks stored can be served in this one",
+        )
+        for r in rows
+    ]
+
+
 def hash_seed_unset(src: Source, run: str | None) -> list[Finding]:
     """ON configs whose replicas lack one common recorded PYTHONHASHSEED: they may share nothing."""
     rows = src.rows(
@@ -1312,6 +1348,7 @@ CHECKS: tuple[Check, ...] = (
     helper_probe_failed,
     order_unbalanced,
     blocks_not_restarted,
+    tier_warm_at_start,
     hash_seed_unset,
     ttft_method_mixed,
     plan_deviation,

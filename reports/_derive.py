@@ -61,7 +61,8 @@ def block_states(src: Source, run: str | None) -> list[dict[str, Any]]:
 def _block_states(src: Source, run: str | None) -> list[dict[str, Any]]:
     return src.rows(
         f"""SELECT run_id, block_id, position, arm, reset_ok, kv_cache_usage, lmcache_stored_objects,
-                   lmcache_metric, seq AS _seq FROM kv_block_states WHERE arm IS NOT NULL AND {SCOPE}
+                   lmcache_metric, lmcache_stored_bytes, lmcache_bytes_metric, seq AS _seq
+            FROM kv_block_states WHERE arm IS NOT NULL AND {SCOPE}
             ORDER BY seq""",
         {"run": run},
     )

@@ -290,8 +290,15 @@ def sections(report: dict[str, Any], label: Callable[[Any], str] = run_label) ->
 
 
 def _stored(block: dict[str, Any]) -> str:
+    """What the shared tier held at the block's start: objects and resident bytes, each where its
+    service exposes them."""
+    held = []
     if block["lmcache_stored_objects"] is not None:
-        return str(block["lmcache_stored_objects"])
+        held.append(str(block["lmcache_stored_objects"]))
+    if block.get("lmcache_stored_bytes") is not None:
+        held.append(f"{block['lmcache_stored_bytes']:,} bytes resident")
+    if held:
+        return ", ".join(held)
     return "no shared service" if block["arm"] == "OFF" else "not exposed"
 
 

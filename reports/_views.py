@@ -202,12 +202,14 @@ SELECT s.run_id, s.series, p.pair,
        CAST(dense_rank() OVER (PARTITION BY s.series ORDER BY r.seq, p.pair) - 1 AS BIGINT) AS unit
 FROM series s JOIN r USING (run_id) LEFT JOIN pairs p USING (run_id)""",
     ),
-    # Each block's starting cache state (cache.inspected): prefix-cache reset, KV usage, stored objects.
+    # Each block's starting cache state (cache.inspected): prefix-cache reset, KV usage, and what the
+    # shared tier held (stored objects, resident bytes: each where its service exposes it).
     (
         "kv_block_states",
         f"""
 SELECT s.seq, s.run_id, s.block_id, b.position, b.arm, s.reset_ok, s.kv_cache_usage, s.lmcache_stored_objects,
-       s.lmcache_metric, json_array_length(s.replicas) AS replicas
+       s.lmcache_metric, s.lmcache_stored_bytes, s.lmcache_bytes_metric,
+       json_array_length(s.replicas) AS replicas
 FROM ({
             _extract(
                 "cache.inspected",
@@ -217,6 +219,8 @@ FROM ({
                     "kv_cache_usage": "DOUBLE",
                     "lmcache_stored_objects": "BIGINT",
                     "lmcache_metric": "VARCHAR",
+                    "lmcache_stored_bytes": "BIGINT",
+                    "lmcache_bytes_metric": "VARCHAR",
                 },
             )
         }) s

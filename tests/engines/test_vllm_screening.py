@@ -232,6 +232,25 @@ def test_on_blocks_record_the_lmcache_services_own_lookup_counters(run: Run) -> 
     assert all(rows[r["request_id"]]["lmcache_hit_tokens"] == 0 for r in cold)
 
 
+def test_each_on_block_starts_on_an_empty_shared_tier_read_from_its_own_metrics(run: Run) -> None:
+    """cache.inspected reads the service's resident bytes from its metrics endpoint before the
+    block's first request: a service started for the block holds nothing; OFF blocks have none."""
+    started = {e.block_id: e.data["arm"] for e in run.of("block.started")}
+    states = {e.block_id: e.data for e in run.of("cache.inspected")}
+    assert set(states) == set(started)
+    for block, arm in started.items():
+        state = states[block]
+        if arm == "ON":
+            assert state["lmcache_stored_bytes"] == 0, state
+            assert state["lmcache_bytes_metric"] == "lmcache_mp_l1_memory_usage_bytes", state
+        else:
+            assert state["lmcache_stored_bytes"] is None and state["lmcache_bytes_metric"] is None, state
+    report = ledger_cli("report", "--db", run.url, "--run", run.run_id, "--markdown")
+    assert report.exit_code == 0, report.output
+    blocks = report.output.split("## Blocks: starting cache state", 1)[1]
+    assert blocks.count("| 0 bytes resident |") == sum(1 for a in started.values() if a == "ON")
+
+
 def test_cold_steps_have_zero_hits(run: Run) -> None:
     cold = [r for r in _requests(run) if r["step"] == "cold" and not r["warmup"]]
     assert len(cold) == 4 * (len(SHAPE["sizes"]) + len(SHAPE["generation_sizes"]))

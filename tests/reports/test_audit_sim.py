@@ -1076,6 +1076,31 @@ def test_blocks_not_restarted(sim: Sim, found: Any) -> None:
     assert _one(found(envs), "blocks-not-restarted", started["block_id"])
 
 
+@plants("tier-warm-at-start")
+def test_a_shared_tier_that_held_data_before_the_block_began(sim: Sim, found: Any) -> None:
+    # The sim starts a fresh tier for every ON block and records it empty (0 stored chunks: the
+    # clean run draws no such warning). The second ON block's record edited to say the tier
+    # already held 12 chunks and, as LMCache's service would say it, 3 MiB.
+    envs = sim.clean()
+    arms = _arms(envs)
+    inspected = [e for e in _screening(envs, "cache.inspected") if arms[e["block_id"]] == "ON"]
+    assert [e["data"]["lmcache_stored_objects"] for e in inspected] == [0, 0]
+    assert all(e["data"]["lmcache_metric"] == "sim_lmcache_stored_chunks" for e in inspected)
+    warm = inspected[1]
+    warm["data"].update(
+        lmcache_stored_objects=12,
+        lmcache_stored_bytes=3 << 20,
+        lmcache_bytes_metric="lmcache_mp_l1_memory_usage_bytes",
+    )
+    findings = found(envs)
+    assert [f.target for f in findings if f.code == "tier-warm-at-start"] == [warm["block_id"]]
+    assert _one(findings, "tier-warm-at-start", warm["block_id"]).detail.endswith(
+        "the shared tier held 12 (sim_lmcache_stored_chunks) and 3,145,728 "
+        "(lmcache_mp_l1_memory_usage_bytes) before the block's first request: what earlier "
+        "blocks stored can be served in this one"
+    )
+
+
 @plants("ttft-method-mixed")
 def test_ttft_dated_by_different_methods(sim: Sim, found: Any) -> None:
     # Two real runs, the second choosing httpx: each uniform, the ledger-wide table mixed.
