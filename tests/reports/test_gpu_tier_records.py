@@ -42,17 +42,28 @@ class Recorded:
         return ledger_rows(self.url, statement)
 
 
-@pytest.fixture(scope="module")
-def study(tmp_path_factory: pytest.TempPathFactory) -> Recorded:
-    url = f"sqlite:///{tmp_path_factory.mktemp('gpu-tier') / 'ledger.db'}"
-    return Recorded(url, import_export(STUDY / "ledger.jsonl.xz", url))
+def _imported(tmp_path_factory: pytest.TempPathFactory, path: Path) -> Recorded:
+    url = f"sqlite:///{tmp_path_factory.mktemp(path.name) / 'ledger.db'}"
+    return Recorded(url, import_export(path / "ledger.jsonl.xz", url))
 
 
-def test_every_on_window_has_the_tiers_scrapes_and_no_off_window_does(study: Recorded) -> None:
+def _arms_and_tier_endpoints(study: Recorded) -> tuple[dict[Any, str], dict[Any, str]]:
+    """Each block's arm, and each ON block's service metrics endpoint (every ON block has one,
+    on the host's loopback, and no OFF block does)."""
     arm = {e.block_id: e.data["arm"] for e in study.of("block.started")}
     metrics = {e.block_id: e.data["metrics_endpoint"] for e in study.of("service.launched")}
     assert metrics and set(metrics) == {b for b, a in arm.items() if a == "ON"}
     assert all(url.startswith("http://127.0.0.1:") for url in metrics.values())
+    return arm, metrics
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory: pytest.TempPathFactory) -> Recorded:
+    return _imported(tmp_path_factory, STUDY)
+
+
+def test_every_on_window_has_the_tiers_scrapes_and_no_off_window_does(study: Recorded) -> None:
+    arm, metrics = _arms_and_tier_endpoints(study)
     scraped = tier_scrapes(study.of("metrics.scraped"), metrics)
     # The interrupted run's last window has its replica's before-scrape and nothing after it.
     (aborted,) = [e.run_id for e in study.of("run.finished") if e.data["status"] == "aborted"]
@@ -123,14 +134,11 @@ def test_each_complete_run_publishes_alone(study: Recorded) -> None:
 
 @pytest.fixture(scope="module")
 def study_256k(tmp_path_factory: pytest.TempPathFactory) -> Recorded:
-    url = f"sqlite:///{tmp_path_factory.mktemp('gpu-tier-256k') / 'ledger.db'}"
-    return Recorded(url, import_export(STUDY_256K / "ledger.jsonl.xz", url))
+    return _imported(tmp_path_factory, STUDY_256K)
 
 
 def test_at_256k_every_on_window_has_the_tiers_scrapes(study_256k: Recorded) -> None:
-    arm = {e.block_id: e.data["arm"] for e in study_256k.of("block.started")}
-    metrics = {e.block_id: e.data["metrics_endpoint"] for e in study_256k.of("service.launched")}
-    assert set(metrics) == {b for b, a in arm.items() if a == "ON"}
+    arm, metrics = _arms_and_tier_endpoints(study_256k)
     scraped = tier_scrapes(study_256k.of("metrics.scraped"), metrics)
     for block, a in arm.items():
         want, taken = scraped[block]
