@@ -88,6 +88,7 @@ def test_every_design_code_has_a_severity() -> None:
         "request-id-reused",
         "block-id-reused",
         "external-hits-unfound",
+        "tier-warm-at-start",
     } == codes
     assert SEVERITY["assertion-not-independent"] == SEVERITY["declared-exclusion"] == "info"
 
