@@ -508,12 +508,12 @@ class RunContext:
         replica's prefix cache is reset (and whether that succeeded recorded: vLLM serves the
         endpoint only in its dev mode), then its KV usage and device cache read from /metrics."""
         replicas = [await self._inspect_replica(r) for r in launch.replicas]
-        service = next((r.data for r in launch.records if r.kind == "service.launched"), None)
-        # The tier's own metrics where the target serves them (the URL the runner scrapes around
-        # every window), else the service's endpoint (the sim's serves both there).
-        tier = launch.tier_metrics or (None if service is None else str(service["endpoint"]))
+        # Where the tier serves its own metrics (the URL scraped around every window); a service
+        # whose target names none serves none (a tcp:// or lm:// endpoint, an HTTP front end).
         (stored, metric), (held, bytes_metric) = (
-            ((None, None), (None, None)) if tier is None else await self._tier_state(tier)
+            ((None, None), (None, None))
+            if launch.tier_metrics is None
+            else await self._tier_state(launch.tier_metrics)
         )
         resets = [r["reset_ok"] for r in replicas]
         usage = [r["kv_cache_usage"] for r in replicas if r["kv_cache_usage"] is not None]
