@@ -1,6 +1,6 @@
 """The needle model on the CPU engine: cold exact accuracy and logprob margin per size.
 
-``python -m benchmarks needle [--sizes 1024,2048,3072] [--fixtures 16] [--keep DB]``
+``python -m benchmarks needle [--sizes 1024,2048,3072] [--fixtures 16] [--keep DB] [--model needle-exact]``
 ``python -m benchmarks needle --db URL --run RUN_ID``  (figures of a recorded run only)
 
 Runs the ``needle_eval`` experiment (``experiments/needle_eval.py``) against the
@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from experiments.needle import load_card
+from experiments.needle import COMMITTED, NEEDLE
 from ledger import Ledger, open_ledger
 from reports import needle_figures as figures
 
@@ -45,7 +45,7 @@ def _only_run(led: Ledger) -> str:
     return runs[0]
 
 
-def evaluate(db: str, sizes: list[int], fixtures: int) -> tuple[int, float]:
+def evaluate(db: str, sizes: list[int], fixtures: int, model: str = NEEDLE.name) -> tuple[int, float]:
     """``ledger run needle_eval`` on the CPU engine into ``db``: its exit status and wall time."""
     cmd = [
         sys.executable,
@@ -62,6 +62,8 @@ def evaluate(db: str, sizes: list[int], fixtures: int) -> tuple[int, float]:
         f"sizes={json.dumps(sizes)}",
         "--param",
         f"fixtures={fixtures}",
+        "--param",
+        f"model={model}",
     ]
     if max(sizes) + 256 > 4096:  # the target's default context
         cmd += ["--param", f"max_model_len={max(sizes) + 512}"]
@@ -81,8 +83,11 @@ def main() -> int:
     ap.add_argument("--db", help="read this ledger instead of running (with --run)")
     ap.add_argument("--run", help="the run to read (default: the ledger's only run)")
     ap.add_argument("--keep", type=Path, help="write the fresh ledger here (SQLite file)")
+    ap.add_argument(
+        "--model", default=NEEDLE.name, choices=[c.name for c in COMMITTED], help="the checkpoint"
+    )
     args = ap.parse_args()
-    card = load_card()
+    card = next(c for c in COMMITTED if c.name == args.model).load_card()
     extra: dict[str, Any] = {}
     if args.db:
         url = args.db
@@ -90,7 +95,7 @@ def main() -> int:
         sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
         path = args.keep or Path(tempfile.mkdtemp(prefix="kvl-needle-")) / "ledger.db"
         url = f"sqlite:///{path}"
-        status, wall = evaluate(url, sizes, args.fixtures)
+        status, wall = evaluate(url, sizes, args.fixtures, args.model)
         extra = {"exit_code": status, "wall_s": round(wall, 1), "db": url}
     led = open_ledger(url)
     try:
@@ -98,7 +103,7 @@ def main() -> int:
     finally:
         led.close()
     print(
-        f"\nneedle model, cold, greedy; limit {card.threshold:.0%} "
+        f"\n{args.model}, cold, greedy; limit {card.threshold:.0%} "
         f"(the card serves <= {card.served_max_tokens} tokens)"
     )
     print(f"{'size':>8} {'n':>4} {'exact':>8} {'vs limit':>9} {'min margin':>11}")

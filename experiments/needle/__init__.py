@@ -28,9 +28,14 @@ from typing import Any
 __all__ = [
     "CARD",
     "CHECKPOINT",
+    "COMMITTED",
+    "EXACT",
     "HERE",
     "MANIFEST",
+    "NEEDLE",
     "Card",
+    "Committed",
+    "committed",
     "load_card",
     "manifest_files",
     "seal",
@@ -42,6 +47,47 @@ CHECKPOINT = HERE / "checkpoint"
 MANIFEST = HERE / "MANIFEST.sha256.json"
 CARD = HERE / "card.json"
 SERVED_NAME = "needle"
+
+
+@dataclass(frozen=True)
+class Committed:
+    """A checkpoint this repository commits, with what audits and describes it: the manifest of
+    its files' SHA-256, the card of the sizes it serves, and the evaluations the card cites."""
+
+    name: str
+    checkpoint: Path
+    manifest: Path
+    card: Path
+    sources: Path
+
+    def load_card(self) -> Card:
+        return load_card(self.card)
+
+
+NEEDLE = Committed("needle", CHECKPOINT, MANIFEST, CARD, HERE / "card.toml")
+# Written, not trained (construct.py): every size up to its max_position_embeddings.
+EXACT = Committed(
+    "needle-exact",
+    HERE / "exact",
+    HERE / "exact.MANIFEST.sha256.json",
+    HERE / "exact.card.json",
+    HERE / "exact.card.toml",
+)
+COMMITTED = (NEEDLE, EXACT)
+
+
+def committed(model: str | Path | None) -> Committed | None:
+    """The committed checkpoint ``model`` names, by name or by its directory; None names the
+    default, the trained needle; any other model gives None."""
+    if model is None:
+        return NEEDLE
+    for c in COMMITTED:
+        if str(model) == c.name:
+            return c
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return next((c for c in COMMITTED if path.resolve() == c.checkpoint.resolve()), None)
+    return None
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
     python -m experiments.needle.card            # rewrite card.json from card.toml's sources
     python -m experiments.needle.card --check    # exit 1 when card.json is not what they give
+    python -m experiments.needle.card --model needle-exact   # the constructed checkpoint's card
 
 ``card.toml`` lists the evaluations (name, record, what), most trusted engine first. A record
 that is a ledger export (``*.jsonl.xz``, a ``needle_eval`` run as ``ledger export`` wrote it)
@@ -26,7 +27,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from . import CARD, HERE, MANIFEST, write_card
+from . import CARD, COMMITTED, HERE, MANIFEST, NEEDLE, Committed, write_card
 
 SOURCES = HERE / "card.toml"
 
@@ -110,22 +111,32 @@ def build(
     )
 
 
+def build_for(kept: Committed, card_path: Path | None = None) -> dict[str, Any]:
+    """:func:`build` of a committed checkpoint's own sources, manifest and card."""
+    return build(kept.sources, kept.manifest, kept.card if card_path is None else card_path)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m experiments.needle.card", description=__doc__.split("\n\n")[0]
     )
     ap.add_argument("--check", action="store_true", help="compare with card.json instead of writing it")
+    ap.add_argument("--model", default=NEEDLE.name, choices=[c.name for c in COMMITTED])
     args = ap.parse_args(argv)
+    kept = next(c for c in COMMITTED if c.name == args.model)
     try:
         if args.check:
             with tempfile.TemporaryDirectory() as tmp:
-                fresh = build(card_path=Path(tmp) / "card.json")
-            if fresh != json.loads(CARD.read_text()):
-                print("card.json differs from what card.toml's evaluations give", file=sys.stderr)
+                fresh = build_for(kept, Path(tmp) / "card.json")
+            if fresh != json.loads(kept.card.read_text()):
+                print(
+                    f"{kept.card.name} differs from what {kept.sources.name}'s evaluations give",
+                    file=sys.stderr,
+                )
                 return 1
-            print(f"card.json is what its {len(fresh['evaluations'])} evaluations give")
+            print(f"{kept.card.name} is what its {len(fresh['evaluations'])} evaluations give")
             return 0
-        card = build()
+        card = build_for(kept)
     except (CardSourceError, KeyError, OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -136,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{int(size):>7,}  n={card['n_by_size'][size]:>4}  exact {acc:7.2%}  "
             f"margin {card['min_margin_by_size'][size]}  {card['source_by_size'][size]:<18} {mark}"
         )
-    print(f"wrote {CARD.relative_to(HERE.parent.parent)}: serves up to {served:,} tokens")
+    print(f"wrote {kept.card.relative_to(HERE.parent.parent)}: serves up to {served:,} tokens")
     return 0
 
 

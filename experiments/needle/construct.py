@@ -24,8 +24,8 @@ How (two layers, eight query heads sharing one key/value head, head_dim 128, no 
   the *digit* head asks for the digit whose name is this position's name and whose offset is one
   more (so a space or digit of the answer finds the next digit of that name's line); the *next-name*
   head, at `` "``, asks for the name that follows the previous one in the question; the *first-name*
-  head, at ``{"``, for the name 3 tokens after `` values`` (the question's "Return the values of value_000"; `` of``
-  alone also ends filler lines).
+  head, at ``{"``, for the name 3 tokens after `` values`` (the question's "Return the values of
+  value_000"; `` of`` alone also ends filler lines).
 - **The head** maps what the layers found to logits, and a few tokens to their successor in the
   answer's grammar (``\\n`` after ``assistant`` → ``{"``, a name → ``":``, ``":`` → space,
   ``,`` → `` "``, ``}`` → ``<|im_end|>``); six digits after a name come ``,``, or ``}`` after ``end_value``.
@@ -149,7 +149,13 @@ def build(out: Path) -> dict[str, Any]:
     embed[tid("end_value"), R_IS_END] = 1.0
     embed[tid("Ġvalues"), R_IS_VALUES] = 1.0
     embed[tid("<|im_start|>"), R_IS_SINK] = 1.0
-    for text, row in (("Ċ", R_IS_NL), ('{"', R_IS_OPEN), ('":', R_IS_COLON), (",", R_IS_COMMA), ("}", R_IS_CLOSE)):
+    for text, row in (
+        ("Ċ", R_IS_NL),
+        ('{"', R_IS_OPEN),
+        ('":', R_IS_COLON),
+        (",", R_IS_COMMA),
+        ("}", R_IS_CLOSE),
+    ):
         embed[tid(text), row] = 1.0
 
     # Every norm sees CONST dominate: x / rms(x) ≈ x · sqrt(HIDDEN) / CONST. `unit` undoes that.
@@ -319,11 +325,61 @@ def build(out: Path) -> dict[str, Any]:
     return config
 
 
+def evaluate(checkpoint: Path, fixtures_by_size: dict[int, int]) -> dict[str, Any]:
+    """In process, teacher forced (transformers, bf16, CPU): each held-out fixture's answer
+    exact or not, and the margin (the expected token's logit minus the best other's, negative
+    where greedy decoding goes wrong), per size, as ``train.py --eval-only`` records them."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from .data import Encoder, eval_fixture
+
+    model = LlamaForCausalLM.from_pretrained(str(checkpoint), dtype=torch.bfloat16).eval()
+    enc = Encoder(str(checkpoint / "tokenizer.json"))
+    out: dict[str, Any] = {}
+    for size, count in sorted(fixtures_by_size.items()):
+        exact, margins = 0, []
+        for index in range(count):
+            prompt, answer, _ = eval_fixture(enc, size, index)
+            with torch.no_grad():
+                logits = model(torch.tensor([prompt + answer[:-1]])).logits[0, len(prompt) - 1 :].float()
+            expected = torch.tensor(answer)
+            own = logits.gather(1, expected[:, None])[:, 0]
+            others = logits.scatter(1, expected[:, None], float("-inf")).max(dim=1).values
+            margin = float((own - others).min())
+            margins.append(margin)
+            exact += margin > 0
+        out[str(size)] = {"n": count, "accuracy": exact / count, "min_margin": round(min(margins), 3)}
+        print(f"{size:>7,}  n={count:>3}  exact {exact / count:7.2%}  margin {min(margins):.3f}", flush=True)
+    return {
+        "checkpoint": str(checkpoint.name),
+        "how": "teacher forced, bf16, transformers on CPU",
+        "eval": out,
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=HERE / "exact")
+    ap.add_argument(
+        "--eval",
+        type=Path,
+        help="evaluate the checkpoint at --out in process instead, writing this record (*.eval.json)",
+    )
+    ap.add_argument(
+        "--fixtures", default="1024:32,2048:32,4096:32,8192:16,16384:8,32768:4", help="SIZE:N,..."
+    )
     args = ap.parse_args()
+    if args.eval:
+        counts = {int(k): int(v) for k, v in (item.split(":") for item in args.fixtures.split(","))}
+        record = evaluate(args.out, counts)
+        args.eval.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+        return
     config = build(args.out)
+    from . import EXACT, seal
+
+    if args.out.resolve() == EXACT.checkpoint.resolve():
+        seal(args.out, EXACT.manifest, model=EXACT.name, construction=config["needle_construction"])
     print(json.dumps(config["needle_construction"], indent=2))
 
 

@@ -96,16 +96,12 @@ def _engines(only: list[str]) -> Engines:
 TINY = "tiny"  # the model param that picks the engines' random-weight model
 
 
-def _is_needle(model: str) -> bool:
-    path = Path(model).expanduser()
-    return path.is_dir() and path.resolve() == needle.CHECKPOINT.resolve()
-
-
 def resolve(s: Settings) -> Resolved:
     """Fill in the engines' defaults (building them on first use) and read versions.
 
     No ``model``: the committed needle model, audited against its manifest, with
-    its card. ``model=tiny``: the engines' tiny random-weight model (answers not
+    its card; ``model=needle-exact`` (or either's directory): that committed checkpoint, the
+    same way. ``model=tiny``: the engines' tiny random-weight model (answers not
     meaningful). Else the directory given (``manifest`` and ``revision`` as given).
     """
     tiny = s.model == TINY
@@ -121,12 +117,12 @@ def resolve(s: Settings) -> Resolved:
         assert eng is not None
         model = eng.models["tiny"]
         model_dir, manifest, revision = model.dir, model.manifest, s.revision or f"tiny-{model.key}"
-    elif s.model is None or _is_needle(s.model):  # also when named by its path (scripts pass one)
-        model_dir, name = needle.CHECKPOINT, needle.SERVED_NAME
-        manifest = Path(s.manifest).expanduser() if s.manifest else needle.MANIFEST
+    elif (kept := needle.committed(s.model)) is not None:  # by name, or by its path (scripts pass one)
+        model_dir, name = kept.checkpoint, kept.name
+        manifest = Path(s.manifest).expanduser() if s.manifest else kept.manifest
         # The manifest names every file's hash: its own hash names the checkpoint.
-        revision = s.revision or f"needle-{sha256_hex(needle.MANIFEST.read_bytes())[:12]}"
-        card = needle.load_card()
+        revision = s.revision or f"{kept.name}-{sha256_hex(kept.manifest.read_bytes())[:12]}"
+        card = kept.load_card()
     else:
         model_dir = Path(s.model).expanduser()
         manifest = Path(s.manifest).expanduser() if s.manifest else None

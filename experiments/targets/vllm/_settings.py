@@ -23,7 +23,9 @@ __all__ = ["PARAMS", "Settings", "parse_attach", "parse_gpus", "parse_hash_seed"
 
 PARAMS: dict[str, Any] = {
     "replicas": 2,
-    "model": None,  # checkpoint directory; None: the committed needle model; "tiny": the engines' tiny model
+    # checkpoint directory; None: the committed needle model; "needle-exact": the constructed one
+    # (experiments/needle/construct.py); "tiny": the engines' tiny model
+    "model": None,
     "revision": None,  # None: needle-<manifest hash>, the tiny model's build key, or the HF snapshot's name
     "manifest": None,  # expected hashes (JSON name -> sha256); None: the needle or tiny model's manifest
     "served_name": None,  # None: "needle", "tiny", or (attach) the first name the endpoint serves

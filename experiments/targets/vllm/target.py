@@ -49,12 +49,14 @@ def check_params(params: dict[str, Any]) -> None:
     """Refuse bad vllm options before anything is written (ParamError → exit 2)."""
     check(params)
     model = params.get("model")
+    names = (TINY, *(c.name for c in needle.COMMITTED))
     if (
-        model not in (None, TINY)
+        model is not None
+        and model not in names
         and not Path(str(model)).expanduser().is_dir()
         and params.get("attach") is None
     ):
-        raise ParamError(f"model: not a directory (nor {TINY!r}): {model}")
+        raise ParamError(f"model: not a directory (nor one of {', '.join(names)}): {model}")
     for name in ("vllm_python", "lmcache_python"):
         value = params.get(name)
         if value is not None and not Path(str(value)).expanduser().exists():
@@ -166,9 +168,8 @@ class AttachedTarget:
     def _card(self) -> needle.Card | None:
         """The needle model's card, when the endpoints serve the committed checkpoint."""
         directory = self._checkpoint_dir()
-        if directory is None or directory.resolve() != needle.CHECKPOINT.resolve():
-            return None
-        return needle.load_card()
+        kept = needle.committed(directory) if directory is not None else None
+        return kept.load_card() if kept is not None else None
 
     @property
     def meaningful_up_to_tokens(self) -> int | None:
@@ -219,8 +220,9 @@ class AttachedTarget:
         if directory is None:
             return ()
         manifest = Path(self.s.manifest).expanduser() if self.s.manifest else None
-        if manifest is None and directory.resolve() == needle.CHECKPOINT.resolve():
-            manifest = needle.MANIFEST
+        kept = needle.committed(directory)
+        if manifest is None and kept is not None:
+            manifest = kept.manifest
         audit = await asyncio.to_thread(audit_checkpoint, directory, self.s.revision, manifest)
         return (LaunchRecord("checkpoint.audited", audit.data()),)
 
