@@ -123,6 +123,9 @@ def build(out: Path) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     for name in TOKENIZER_FILES:
         shutil.copyfile(TOKENIZER_FROM / name, out / name)
+    # The trained model's tokenizer, written compact (the same tokens; 40 kB less to carry).
+    compact = json.loads((out / "tokenizer.json").read_text())
+    (out / "tokenizer.json").write_text(json.dumps(compact, ensure_ascii=False, separators=(",", ":")))
     tok = Tokenizer.from_file(str(out / "tokenizer.json"))
     vocab = tok.get_vocab_size()
 
