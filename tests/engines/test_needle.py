@@ -193,3 +193,76 @@ def test_tokenizer_rebuilds_identically_and_samples_match_the_served_template(en
     assert got["same"] == ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"]
     assert got["round_trip"] and got["templated"] and got["names"] and got["answer"]
     assert 2000 <= got["prompt_tokens"] <= 2048
+
+
+# --- needle-exact: the constructed checkpoint (experiments/needle/construct.py) ---------------------
+
+EXACT_SIZES = [1024, 8192]
+
+
+@pytest.fixture(scope="module")
+def exact_evaluated(engines: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RecordedRun]:
+    url = f"sqlite:///{tmp_path_factory.mktemp('exact-eval') / 'ledger.db'}"
+    params = {
+        "sizes": EXACT_SIZES,
+        "fixtures": 2,
+        "max_model_len": max(EXACT_SIZES) + 512,
+        "model": "needle-exact",
+    }
+    result = ledger_cli(
+        "run", "needle_eval", "--target", "vllm", "--db", url, "--no-progress", *param_args(params)
+    )
+    print(f"\nneedle_eval of needle-exact on vllm CPU: exit {result.exit_code}\n{result.output}")
+    yield recorded(url, result)
+
+
+@pytest.fixture(scope="module")
+def exact_planted(engines: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RecordedRun]:
+    """needle-exact with its values zeroed: the digits it copies come from the values the KV
+    cache holds, so wrong values there must give wrong answers (HTTP 200 all the same)."""
+    tmp = tmp_path_factory.mktemp("exact-planted")
+    model = tmp / "exact"
+    shutil.copytree(needle.EXACT.checkpoint, model)
+    assert len(_zero_values(model / "model.safetensors")) == 2
+    url = f"sqlite:///{tmp / 'ledger.db'}"
+    params = {"sizes": [1024], "fixtures": 2, "model": str(model), "manifest": str(needle.EXACT.manifest)}
+    result = ledger_cli(
+        "run", "needle_eval", "--target", "vllm", "--db", url, "--no-progress", *param_args(params)
+    )
+    yield recorded(url, result)
+
+
+def test_needle_exact_answers_exactly_on_the_cpu_engine(exact_evaluated: RecordedRun) -> None:
+    assert exact_evaluated.exit_code == 0, exact_evaluated.output
+    got = _figures(exact_evaluated)
+    card = needle.EXACT.load_card()
+    for size in EXACT_SIZES:
+        assert card.serves(size)
+        assert got["n_by_size"][str(size)] == 2 and got["accuracy_by_size"][str(size)] == 1.0
+        assert got["min_margin_by_size"][str(size)] > 5.0, got  # the written head's margin is 10
+    (audit,) = exact_evaluated.of("checkpoint.audited")
+    assert audit.data["matched"] is True and audit.data["revision"].startswith("needle-exact-")
+
+
+def test_needle_exact_with_wrong_values_answers_wrong(exact_planted: RecordedRun) -> None:
+    assert exact_planted.exit_code == 1, exact_planted.output
+    checks = [a.data for a in exact_planted.of("assertion.evaluated") if a.data["check"] == "exact_values"]
+    assert len(checks) == 2 and not any(c["passed"] for c in checks)
+    assert all(a.data["ok"] and a.data["status"] == 200 for a in exact_planted.of("response.received"))
+
+
+def test_needle_exact_rebuilds_byte_for_byte(engines: Any, tmp_path: Path) -> None:
+    """construct.py writes the committed checkpoint again: every file's SHA-256 is the manifest's."""
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "exact"
+    proc = subprocess.run(
+        [str(engines.vllm_python), "-m", "experiments.needle.construct", "--out", str(out)],
+        cwd=root,
+        text=True,
+        capture_output=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    expected = json.loads(needle.EXACT.manifest.read_text())["files"]
+    assert needle.manifest_files(out) == expected
