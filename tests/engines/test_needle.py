@@ -178,18 +178,18 @@ print(json.dumps({"same": same, "round_trip": round_trip, "templated": templated
 """
 
 
-def test_tokenizer_rebuilds_identically_and_samples_match_the_served_template(engines: Any) -> None:
+def _in_engine_env(engines: Any, *args: str) -> str:
+    """``python ARGS`` in the vllm engine environment from the repository root; its stdout."""
     root = Path(__file__).resolve().parents[2]
     proc = subprocess.run(
-        [str(engines.vllm_python), "-c", TOKENIZER_CHECK],
-        cwd=root,
-        text=True,
-        capture_output=True,
-        timeout=600,
-        check=False,
+        [str(engines.vllm_python), *args], cwd=root, text=True, capture_output=True, timeout=600, check=False
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    return proc.stdout
+
+
+def test_tokenizer_rebuilds_identically_and_samples_match_the_served_template(engines: Any) -> None:
+    got = json.loads(_in_engine_env(engines, "-c", TOKENIZER_CHECK).strip().splitlines()[-1])
     assert got["same"] == ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"]
     assert got["round_trip"] and got["templated"] and got["names"] and got["answer"]
     assert 2000 <= got["prompt_tokens"] <= 2048
@@ -253,16 +253,7 @@ def test_needle_exact_with_wrong_values_answers_wrong(exact_planted: RecordedRun
 
 def test_needle_exact_rebuilds_byte_for_byte(engines: Any, tmp_path: Path) -> None:
     """construct.py writes the committed checkpoint again: every file's SHA-256 is the manifest's."""
-    root = Path(__file__).resolve().parents[2]
     out = tmp_path / "exact"
-    proc = subprocess.run(
-        [str(engines.vllm_python), "-m", "experiments.needle.construct", "--out", str(out)],
-        cwd=root,
-        text=True,
-        capture_output=True,
-        timeout=600,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    _in_engine_env(engines, "-m", "experiments.needle.construct", "--out", str(out))
     expected = json.loads(needle.EXACT.manifest.read_text())["files"]
     assert needle.manifest_files(out) == expected

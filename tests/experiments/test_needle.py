@@ -13,7 +13,7 @@ import pytest
 from collectors._checkpoint import audit_checkpoint
 from experiments import fixture_text
 from experiments._context import RunContext
-from experiments.needle import CARD, CHECKPOINT, MANIFEST, data, load_card
+from experiments.needle import CARD, CHECKPOINT, EXACT, MANIFEST, data, load_card
 
 
 @pytest.mark.parametrize("seed", [0, 1, 7, 123456789, -3])
@@ -91,6 +91,9 @@ RECORDS = CHECKPOINT.parent / "records"
         (RECORDS / "hold-3.card.json", RECORDS / "hold-3.MANIFEST.sha256.json", "vllm-cpu-32k"),
         (RECORDS / "long.card.json", RECORDS / "long.MANIFEST.sha256.json", "vllm-cpu"),
         (RECORDS / "long.card.json", RECORDS / "long.MANIFEST.sha256.json", "vllm-gpu"),
+        # The constructed checkpoint's card (experiments/needle/construct.py).
+        (EXACT.card, EXACT.manifest, "vllm-gpu"),
+        (EXACT.card, EXACT.manifest, "vllm-cpu"),
     ],
     ids=[
         "committed-vllm-gpu",
@@ -102,6 +105,8 @@ RECORDS = CHECKPOINT.parent / "records"
         "hold-3-vllm-cpu-32k",
         "long-vllm-cpu",
         "long-vllm-gpu",
+        "exact-vllm-gpu",
+        "exact-vllm-cpu",
     ],
 )
 def test_the_cards_vllm_figures_are_derived_from_the_committed_evaluation_run(  # type: ignore[no-untyped-def]
@@ -379,3 +384,48 @@ def test_the_card_refuses_an_evaluation_of_another_checkpoint(tmp_path) -> None:
     ):
         card_command.build(manifest_path=other, card_path=tmp_path / "card.json")
     assert not (tmp_path / "card.json").exists()
+
+
+# --- needle-exact: the constructed checkpoint ------------------------------------------------------
+
+
+def test_needle_exact_matches_its_manifest_and_is_what_construct_describes() -> None:
+    from experiments.needle import EXACT, construct
+
+    audit = audit_checkpoint(EXACT.checkpoint, EXACT.name, EXACT.manifest)
+    assert audit.matched is True, [f for f in audit.files if f.sha256 != f.expected_sha256]
+    config = json.loads((EXACT.checkpoint / "config.json").read_text())
+    assert config["rope_theta"] == config["rope_parameters"]["rope_theta"] == construct.ROPE_THETA
+    assert (config["head_dim"], config["num_attention_heads"]) == (construct.HEAD_DIM, len(construct.OFFSETS))
+    assert config["num_key_value_heads"] == 1 and config["num_hidden_layers"] == 2
+    assert config["max_position_embeddings"] == construct.MAX_POSITIONS
+    assert json.loads((EXACT.checkpoint / "tokenizer_config.json").read_text())["chat_template"]
+
+
+def test_needle_exact_offset_heads_find_their_offset_at_every_distance_it_serves() -> None:
+    """The layer-1 score at its own offset beats every other distance up to 262,144 tokens by more
+    than the softmax needs to ignore a quarter of a million keys (e^-20 each), and the content
+    pairs turn by less than 0.01 rad over the whole span."""
+    from experiments.needle import construct
+
+    own, margin = construct.offset_margin()
+    assert margin > 20.0 and own < 250.0  # large enough to choose, small enough for bf16 scores
+    inv = construct.inverse_frequencies()
+    assert inv[construct.STATIC_FIRST] * construct.MAX_POSITIONS < 0.01
+    # The recorded figures are the function's.
+    recorded = json.loads((construct.HERE / "exact" / "config.json").read_text())["needle_construction"]
+    assert recorded["offset_margin"] == round(margin, 3) and recorded["offset_score"] == round(own, 3)
+
+
+def test_needle_exact_card_serves_every_size_its_engines_measured_and_no_further() -> None:
+    from experiments.needle import EXACT
+    from experiments.needle import card as card_command
+
+    card = EXACT.load_card()
+    assert card_command.main(["--model", "needle-exact", "--check"]) == 0
+    assert all(a == 1.0 for a in card.accuracy_by_size.values())
+    assert card.served_max_tokens == max(card.accuracy_by_size) == 256_000
+    data = json.loads(EXACT.card.read_text())
+    # Past 32,768 tokens the GPU engine is the only one that measured, and it decides those sizes.
+    assert {s for s, src in data["source_by_size"].items() if int(s) > 32768} == {"65536", "131072", "256000"}
+    assert all(data["source_by_size"][s] == "vllm-gpu" for s in ("65536", "131072", "256000"))
