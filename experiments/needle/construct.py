@@ -75,7 +75,7 @@ R_N = 60  # 31: codes of the names 2..8 back (summed)
 R_O = 91  # 7: a name at offset 2..8
 R_R3 = 98  # 31: the name exactly 3 back
 R_R10 = 129  # 31: the name exactly 10 back
-R_E8, R_F3 = 160, 161
+R_E8, R_F3 = 160, 161  # end_value 8 back (its sixth digit: `}` follows); `` values`` 3 back
 R_OUT_DIGIT = 170  # 10
 R_OUT_NAME = 180  # 31
 
