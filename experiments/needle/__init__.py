@@ -46,7 +46,6 @@ HERE = Path(__file__).resolve().parent
 CHECKPOINT = HERE / "checkpoint"
 MANIFEST = HERE / "MANIFEST.sha256.json"
 CARD = HERE / "card.json"
-SERVED_NAME = "needle"
 
 
 @dataclass(frozen=True)

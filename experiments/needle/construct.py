@@ -329,36 +329,21 @@ def build(out: Path) -> dict[str, Any]:
 
 
 def evaluate(checkpoint: Path, fixtures_by_size: dict[int, int]) -> dict[str, Any]:
-    """In process, teacher forced (transformers, bf16, CPU): each held-out fixture's answer
-    exact or not, and the margin (the expected token's logit minus the best other's, negative
-    where greedy decoding goes wrong), per size, as ``train.py --eval-only`` records them."""
+    """In process, teacher forced (transformers, bf16, CPU): train.py's own evaluation of the
+    held-out fixtures (each answer exact or not, and the margin of the expected token's logit over
+    the best other's, negative where greedy decoding goes wrong), per size."""
     import torch
     from transformers import LlamaForCausalLM
 
-    from .data import Encoder, eval_fixture
+    from .data import Encoder
+    from .train import evaluate as evaluate_model
 
-    model = LlamaForCausalLM.from_pretrained(str(checkpoint), dtype=torch.bfloat16).eval()
+    model = LlamaForCausalLM.from_pretrained(str(checkpoint), dtype=torch.bfloat16)
     enc = Encoder(str(checkpoint / "tokenizer.json"))
-    out: dict[str, Any] = {}
-    for size, count in sorted(fixtures_by_size.items()):
-        exact, margins = 0, []
-        for index in range(count):
-            prompt, answer, _ = eval_fixture(enc, size, index)
-            with torch.no_grad():
-                logits = model(torch.tensor([prompt + answer[:-1]])).logits[0, len(prompt) - 1 :].float()
-            expected = torch.tensor(answer)
-            own = logits.gather(1, expected[:, None])[:, 0]
-            others = logits.scatter(1, expected[:, None], float("-inf")).max(dim=1).values
-            margin = float((own - others).min())
-            margins.append(margin)
-            exact += margin > 0
-        out[str(size)] = {"n": count, "accuracy": exact / count, "min_margin": round(min(margins), 3)}
-        print(f"{size:>7,}  n={count:>3}  exact {exact / count:7.2%}  margin {min(margins):.3f}", flush=True)
-    return {
-        "checkpoint": str(checkpoint.name),
-        "how": "teacher forced, bf16, transformers on CPU",
-        "eval": out,
-    }
+    sizes = sorted(fixtures_by_size)
+    out = evaluate_model(model, enc, sizes, fixtures_by_size, "cpu", deadline=math.inf)
+    how = "teacher forced, bf16, transformers on CPU"
+    return {"checkpoint": str(checkpoint.name), "how": how, "eval": out}
 
 
 def main() -> None:
