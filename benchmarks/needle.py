@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from experiments.needle import COMMITTED, NEEDLE
+from experiments.needle import COMMITTED, NEEDLE, committed
 from ledger import Ledger, open_ledger
 from reports import needle_figures as figures
 
@@ -87,7 +87,9 @@ def main() -> int:
         "--model", default=NEEDLE.name, choices=[c.name for c in COMMITTED], help="the checkpoint"
     )
     args = ap.parse_args()
-    card = next(c for c in COMMITTED if c.name == args.model).load_card()
+    kept = committed(args.model)
+    assert kept is not None  # one of argparse's choices
+    card = kept.load_card()
     extra: dict[str, Any] = {}
     if args.db:
         url = args.db

@@ -27,7 +27,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from . import CARD, COMMITTED, HERE, MANIFEST, NEEDLE, Committed, write_card
+from . import CARD, COMMITTED, HERE, MANIFEST, NEEDLE, Committed, committed, write_card
 
 SOURCES = HERE / "card.toml"
 
@@ -123,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", action="store_true", help="compare with card.json instead of writing it")
     ap.add_argument("--model", default=NEEDLE.name, choices=[c.name for c in COMMITTED])
     args = ap.parse_args(argv)
-    kept = next(c for c in COMMITTED if c.name == args.model)
+    kept = committed(args.model)
+    assert kept is not None  # one of argparse's choices
     try:
         if args.check:
             with tempfile.TemporaryDirectory() as tmp:

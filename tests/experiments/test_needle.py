@@ -390,7 +390,7 @@ def test_the_card_refuses_an_evaluation_of_another_checkpoint(tmp_path) -> None:
 
 
 def test_needle_exact_matches_its_manifest_and_is_what_construct_describes() -> None:
-    from experiments.needle import EXACT, construct
+    from experiments.needle import construct
 
     audit = audit_checkpoint(EXACT.checkpoint, EXACT.name, EXACT.manifest)
     assert audit.matched is True, [f for f in audit.files if f.sha256 != f.expected_sha256]
@@ -418,7 +418,6 @@ def test_needle_exact_offset_heads_find_their_offset_at_every_distance_it_serves
 
 
 def test_needle_exact_card_serves_every_size_its_engines_measured_and_no_further() -> None:
-    from experiments.needle import EXACT
     from experiments.needle import card as card_command
 
     card = EXACT.load_card()
