@@ -115,6 +115,21 @@ def test_dry_run_plans_the_gpu_study(tmp_path: Path) -> None:
     assert not (tmp_path / "out" / "summary.json").exists()  # nothing ran
 
 
+def test_dry_run_gives_the_cpu_engines_max_model_len_only_when_asked(tmp_path: Path) -> None:
+    """On GPUs every run is served at 262,144 tokens; the CPU engines keep the target's own length
+    unless ``--max-model-len`` is given (a session's later turns outgrow it)."""
+
+    def screening(*args: str) -> str:
+        proc, _ = _drive(tmp_path, "--engines", "cpu", "--steps", "screening", "--dry-run", *args)
+        assert proc.returncode == 0, proc.stderr
+        return next(ln for ln in proc.stdout.splitlines() if "] screening:" in ln)
+
+    assert "max_model_len" not in screening()
+    assert "max_model_len=20480" in screening("--max-model-len", "20480")
+    gpu, _ = _drive(tmp_path, "--stash", str(tmp_path), "--steps", "screening", "--dry-run")
+    assert "max_model_len=262144" in gpu.stdout
+
+
 def test_dry_run_plans_the_needle_evaluation_when_asked(tmp_path: Path) -> None:
     model = REPO / "experiments" / "needle" / "checkpoint"
     proc, _ = _drive(
