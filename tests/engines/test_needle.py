@@ -257,3 +257,20 @@ def test_needle_exact_rebuilds_byte_for_byte(engines: Any, tmp_path: Path) -> No
     _in_engine_env(engines, "-m", "experiments.needle.construct", "--out", str(out))
     expected = json.loads(needle.EXACT.manifest.read_text())["files"]
     assert needle.manifest_files(out) == expected
+
+
+# --- how much of the KV an answer reads (experiments/needle/coverage.py) -----------------------------
+
+
+@pytest.mark.parametrize("model, record", [("needle-exact", "exact"), ("needle", "hold-6")])
+def test_the_coverage_sweep_gives_its_committed_record_again(
+    engines: Any, tmp_path: Path, model: str, record: str
+) -> None:
+    """The sweep at 2,048 tokens, run again, finds the chunks its committed record names."""
+    out = tmp_path / "coverage.json"
+    _in_engine_env(
+        engines, "-m", "experiments.needle.coverage", "--model", model, "--sizes", "2048", "--out", str(out)
+    )
+    (again,) = json.loads(out.read_text())["fixtures"]
+    committed = json.loads((needle.HERE / "records" / f"{record}.coverage.json").read_text())["fixtures"]
+    assert again == next(f for f in committed if f["size"] == 2048 and f["index"] == 0)

@@ -428,3 +428,71 @@ def test_needle_exact_card_serves_every_size_its_engines_measured_and_no_further
     # Past 32,768 tokens the GPU engine is the only one that measured, and it decides those sizes.
     assert {s for s, src in data["source_by_size"].items() if int(s) > 32768} == {"65536", "131072", "256000"}
     assert all(data["source_by_size"][s] == "vllm-gpu" for s in ("65536", "131072", "256000"))
+
+
+@pytest.mark.parametrize("record", ["exact", "hold-6"])
+def test_an_answer_reads_the_kv_of_its_asked_lines_and_no_other(record: str) -> None:
+    """experiments/needle/coverage.py's records: with one 256-token chunk of a cached prefix made
+    wrong (zeroed, or another chunk's KV), an answer went wrong only where the chunk holds a line
+    the question asks for (needle-exact: in every such chunk), and so asking every value line sees
+    wrong KV in more chunks than the fixture's three names do."""
+    found = json.loads((RECORDS / f"{record}.coverage.json").read_text())
+    assert found["fixtures"]
+    for fixture in found["fixtures"]:
+        for question in ("fixture", "every_mark"):
+            got, where = fixture[question], (fixture["size"], question)
+            for kind in ("zeroed", "misplaced"):
+                caught = got["chunks_caught"][kind]
+                assert got["wrong_answers"][kind] == len(caught)
+                if not got["clean_exact"]:  # wrong with no fault: every fault leaves it wrong
+                    assert len(caught) == got["chunks_tried"], where
+                elif record == "exact":
+                    assert caught == got["chunks_with_asked_lines"], where
+                else:
+                    assert caught and set(caught) <= set(got["chunks_with_asked_lines"]), where
+        asked, every = fixture["fixture"], fixture["every_mark"]
+        if every["clean_exact"]:
+            assert set(asked["chunks_caught"]["zeroed"]) < set(every["chunks_caught"]["zeroed"])
+    assert all(f[q]["clean_exact"] for f in found["fixtures"] for q in ("fixture", "every_mark")) == (
+        record == "exact"
+    )
+    for question, by_fault in found["totals"].items():
+        for kind, total in by_fault.items():
+            wrong = sum(f[question]["wrong_answers"][kind] for f in found["fixtures"])
+            assert total["wrong_answers"] == wrong
+
+
+def coverage_rows() -> list[list[str]]:
+    """The README's coverage table from the two records: per size, each question's names and, per
+    checkpoint, the chunks whose wrong KV changed the answer of those faulted."""
+    found = {
+        name: {f["size"]: f for f in json.loads((RECORDS / f"{name}.coverage.json").read_text())["fixtures"]}
+        for name in ("exact", "hold-6")
+    }
+
+    def cell(fixture: dict[str, Any] | None, question: str) -> str:
+        if fixture is None:
+            return ""
+        got = fixture[question]
+        if not got["clean_exact"]:
+            return "wrong unfaulted"
+        return f"{got['wrong_answers']['zeroed']} of {got['chunks_tried']}"
+
+    rows = []
+    for size in sorted(found["exact"]):
+        row = [f"{size:,}"]
+        for question in ("fixture", "every_mark"):
+            row.append(str(found["exact"][size][question]["names_asked"]))
+            row += [cell(found[name].get(size), question) for name in ("exact", "hold-6")]
+        rows.append(row)
+    return rows
+
+
+def test_the_coverage_table_is_derived_from_its_records() -> None:
+    rows = _readme_table("### What an answer reads", "| prompt tokens | fixture's question")
+    assert rows == coverage_rows()
+    totals = json.loads((RECORDS / "exact.coverage.json").read_text())["totals"]
+    text = (CHECKPOINT.parent / "README.md").read_text()
+    for question in ("fixture", "every_mark"):
+        got = totals[question]["zeroed"]
+        assert f"{got['wrong_answers']} of {got['chunks_tried']}" in text.split("### What an answer reads")[1]

@@ -1,0 +1,182 @@
+"""How much of a prompt's KV a needle answer reads: each chunk of a fixture's prompt is made wrong
+in turn, and the checkpoint's greedy answer is checked exact or not.
+
+An exact-value check can only see a cache's wrong state where the answer reads it. A fixture asks
+for three values (the first mark, the middle one and ``end_value``); a prompt of 8,192 tokens holds
+about thirty of LMCache's 256-token chunks. So this measures, chunk by chunk, whether wrong KV there
+changes the answer, for two questions over the same lines:
+
+- ``fixture``: the question the experiments ask (``experiments.fixture_text.asked_names``);
+- ``every_mark``: every value line of the prompt asked for, then ``end_value``.
+
+The prompt's whole chunks before its question are prefilled once, as a cache hit loads them; then
+one chunk's keys and values in every layer (keys after RoPE, as the KV cache holds them) are made
+wrong, and the rest of the prompt and the answer are computed over that KV, as a replica does after
+loading the hit. Two faults:
+
+- ``zeroed``: the chunk's keys and values are zeros, as a copy that never landed leaves them;
+- ``misplaced``: the chunk holds another chunk's keys and values (three chunks on, or back near the
+  end), as a lookup that returns another prefix's KV would.
+
+An answer is *wrong* where greedy decoding leaves the expected answer at any token: teacher forced,
+the argmax differs from the expected token (the first of a tie, as greedy takes it). The prompt's
+first chunk (the chat template's start, the sink the constructed heads rest on) is left alone.
+
+Run in the vllm engine environment (torch, transformers, tokenizers)::
+
+    python -m experiments.needle.coverage --model needle-exact --sizes 8192 --fixtures 2 \\
+        --out experiments/needle/records/exact.coverage.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from .. import fixture_text as ft
+from . import committed, data
+
+CHUNK_TOKENS = 256  # LMCache's chunk: the unit a lookup stores and loads
+QUESTIONS = ("fixture", "every_mark")
+FAULTS = ("zeroed", "misplaced")
+LINE_TOKENS = 9  # a value line's tokens before its newline
+MISPLACED_BY = 3  # chunks between a misplaced chunk and the one whose KV it holds
+
+
+def every_mark_fixture(
+    enc: data.Encoder, size: int, index: int
+) -> tuple[list[int], list[int], dict[str, int]]:
+    """``data.eval_fixture``'s lines with every value line asked for, then ``end_value``: prompt
+    ids, answer ids (with the end token) and the expected values. The prompt is the fixture's up
+    to its question, which is longer here."""
+    key = data.eval_key(size, index)
+    overhead = len(enc.prompt([ft.content(key, size, 200, 0, "")[0]]))
+    lines = data._lines_within(enc, key, size - overhead, ft.MARK_EVERY)
+    names = [*data._marks(len(lines), ft.MARK_EVERY), "end_value"]
+    rest, _, end = ft.tail(key, size, 0, names)
+    expected = {n: ft.value(key, n) for n in names[:-1]}
+    expected["end_value"] = end
+    return enc.prompt(["".join(lines) + "\n" + rest]), [*enc.enc(json.dumps(expected)), enc.im_end], expected
+
+
+def line_chunks(enc: data.Encoder, prompt: list[int], names: list[str]) -> list[int]:
+    """The chunks that the asked names' value lines span (``value_012 = 869628``: the name, `` =``,
+    a space and six digits, each one token), the first occurrence of each name being its line."""
+    chunks: set[int] = set()
+    for name in names:
+        (token,) = enc.enc(name)
+        at = prompt.index(token)
+        chunks.update(range(at // CHUNK_TOKENS, (at + LINE_TOKENS - 1) // CHUNK_TOKENS + 1))
+    return sorted(chunks)
+
+
+def _question_chunk(enc: data.Encoder, prompt: list[int], names: list[str]) -> int:
+    """The chunk where the question (and the chat template's end after it) begins."""
+    return (len(prompt) - len(enc.enc(ft.question(names))) - len(enc.assistant)) // CHUNK_TOKENS
+
+
+def answers_over_faulted_cache(model: Any, prompt: list[int], answer: list[int], cached: int) -> Any:
+    """A callable (fault or None → whether greedy decoding gives ``answer``) over the prefill of
+    ``prompt[:cached]``, computed once; each fault rewrites the cache's keys and values, the rest
+    of the prompt and the answer are computed over them, and the cache is put back."""
+    import torch
+
+    ids = torch.tensor([prompt + answer[:-1]])
+    expected = torch.tensor(answer)
+    with torch.no_grad():
+        cache = model(input_ids=ids[:, :cached], use_cache=True).past_key_values
+    clean = [(layer.keys, layer.values) for layer in cache.layers]  # (batch, heads, positions, dim)
+
+    def exact(fault: tuple[str, int, int, int] | None) -> bool:
+        for layer, (keys, values) in zip(cache.layers, clean, strict=True):
+            layer.keys, layer.values = keys.clone(), values.clone()
+            if fault:
+                kind, lo, hi, source = fault
+                for t in (layer.keys, layer.values):
+                    t[:, :, lo:hi] = 0 if kind == "zeroed" else t[:, :, source : source + hi - lo].clone()
+        with torch.no_grad():
+            h = model.model(
+                input_ids=ids[:, cached:], past_key_values=cache, use_cache=True
+            ).last_hidden_state
+            best = model.lm_head(h[0, len(prompt) - cached - 1 :]).float().argmax(dim=1)
+        return bool((best == expected).all())
+
+    return exact
+
+
+def sweep(model: Any, enc: data.Encoder, size: int, index: int) -> dict[str, Any]:
+    """One fixture: for each question and fault, the chunks whose wrong KV left the answer wrong."""
+    questions = {
+        "fixture": data.eval_fixture(enc, size, index),
+        "every_mark": every_mark_fixture(enc, size, index),
+    }
+    out: dict[str, Any] = {"size": size, "index": index}
+    for name, (prompt, answer, expected) in questions.items():
+        cached_chunks = _question_chunk(enc, prompt, list(expected))
+        exact = answers_over_faulted_cache(model, prompt, answer, cached_chunks * CHUNK_TOKENS)
+        tried = list(range(1, cached_chunks))
+        caught: dict[str, list[int]] = {}
+        for kind in FAULTS:
+            caught[kind] = []
+            for c in tried:
+                source = c + MISPLACED_BY if c + MISPLACED_BY < cached_chunks else c - MISPLACED_BY
+                if not exact((kind, c * CHUNK_TOKENS, (c + 1) * CHUNK_TOKENS, source * CHUNK_TOKENS)):
+                    caught[kind].append(c)
+        out[name] = {
+            "prompt_tokens": len(prompt),
+            "cached_tokens": cached_chunks * CHUNK_TOKENS,
+            "names_asked": len(expected),
+            "clean_exact": exact(None),
+            "chunks_tried": len(tried),
+            "wrong_answers": {kind: len(v) for kind, v in caught.items()},
+            "chunks_caught": caught,
+            "chunks_with_asked_lines": [c for c in line_chunks(enc, prompt, list(expected)) if c in tried],
+        }
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="needle-exact", help="a committed checkpoint's name or directory")
+    ap.add_argument("--sizes", default="8192", help="prompt sizes, comma-separated")
+    ap.add_argument("--fixtures", type=int, default=1, help="held-out fixtures a size")
+    ap.add_argument("--out", type=Path, help="write the record here (JSON)")
+    args = ap.parse_args()
+    import torch
+    from transformers import LlamaForCausalLM
+
+    found = committed(args.model)
+    checkpoint = found.checkpoint if found else Path(args.model)
+    model = LlamaForCausalLM.from_pretrained(str(checkpoint), dtype=torch.bfloat16).eval()
+    enc = data.Encoder(str(checkpoint / "tokenizer.json"))
+    started = time.time()
+    fixtures = [sweep(model, enc, int(s), i) for s in args.sizes.split(",") for i in range(args.fixtures)]
+    totals = {
+        q: {
+            kind: {
+                "chunks_tried": sum(f[q]["chunks_tried"] for f in fixtures),
+                "wrong_answers": sum(f[q]["wrong_answers"][kind] for f in fixtures),
+            }
+            for kind in FAULTS
+        }
+        for q in QUESTIONS
+    }
+    record = {
+        "checkpoint": found.name if found else checkpoint.name,
+        "how": "teacher forced, bf16, transformers on CPU; the whole chunks before the question prefilled "
+        "as a cache hit loads them, one chunk of 256 tokens of that KV faulted at a time",
+        "seconds": round(time.time() - started, 1),
+        "totals": totals,
+        "fixtures": fixtures,
+    }
+    text = json.dumps(record, indent=2, sort_keys=True) + "\n"
+    if args.out:
+        args.out.write_text(text)
+    print(json.dumps(totals, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()
