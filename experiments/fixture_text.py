@@ -20,6 +20,7 @@ __all__ = [
     "WORDS",
     "content",
     "digest",
+    "every_mark",
     "filler_line",
     "line",
     "mark_name",
@@ -150,10 +151,18 @@ def asked_names(k: int) -> list[str]:
     return [mark_name(0), mark_name(mid), "end_value"] if mid else [mark_name(0), "end_value"]
 
 
-def content(key: str, nominal: int, k: int, pad: int, text: str) -> tuple[str, str, dict[str, int]]:
+def every_mark(k: int) -> list[str]:
+    """Every value line's name among a stream's first ``k`` lines, then ``end_value``."""
+    return [*(mark_name(i // MARK_EVERY) for i in range(k) if i % MARK_EVERY == FIRST_MARK), "end_value"]
+
+
+def content(
+    key: str, nominal: int, k: int, pad: int, text: str, names: Sequence[str] | None = None
+) -> tuple[str, str, dict[str, int]]:
     """A fixture's user message from the stream's first ``k`` lines (``text``): the message,
-    its question and the expected values in the order asked."""
-    names = asked_names(k)
+    its question and the expected values in the order asked. ``names``: what it asks, ending in
+    ``end_value`` (default :func:`asked_names`, what the experiments ask)."""
+    names = asked_names(k) if names is None else list(names)
     rest, asked, end = tail(key, nominal, pad, names)
     expected = {n: value(key, n) for n in names[:-1]}
     expected["end_value"] = end

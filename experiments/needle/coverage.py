@@ -22,10 +22,12 @@ An answer is *wrong* where greedy decoding leaves the expected answer at any tok
 the argmax differs from the expected token (the first of a tie, as greedy takes it). The prompt's
 first chunk (the chat template's start, the sink the constructed heads rest on) is left alone.
 
-Run in the vllm engine environment (torch, transformers, tokenizers)::
+Run in the vllm engine environment (torch, transformers, tokenizers); the committed records::
 
-    python -m experiments.needle.coverage --model needle-exact --sizes 8192 --fixtures 2 \\
+    python -m experiments.needle.coverage --model needle-exact --sizes 2048,4096,8192,16384,32768 \\
         --out experiments/needle/records/exact.coverage.json
+    python -m experiments.needle.coverage --model needle --sizes 2048,4096,8192,16384 \\
+        --out experiments/needle/records/hold-6.coverage.json
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +47,7 @@ QUESTIONS = ("fixture", "every_mark")
 FAULTS = ("zeroed", "misplaced")
 LINE_TOKENS = 9  # a value line's tokens before its newline
 MISPLACED_BY = 3  # chunks between a misplaced chunk and the one whose KV it holds
+Fault = tuple[str, int, int, int]  # kind, first and end position, the first position copied from
 
 
 def every_mark_fixture(
@@ -52,14 +56,9 @@ def every_mark_fixture(
     """``data.eval_fixture``'s lines with every value line asked for, then ``end_value``: prompt
     ids, answer ids (with the end token) and the expected values. The prompt is the fixture's up
     to its question, which is longer here."""
-    key = data.eval_key(size, index)
-    overhead = len(enc.prompt([ft.content(key, size, 200, 0, "")[0]]))
-    lines = data._lines_within(enc, key, size - overhead, ft.MARK_EVERY)
-    names = [*data._marks(len(lines), ft.MARK_EVERY), "end_value"]
-    rest, _, end = ft.tail(key, size, 0, names)
-    expected = {n: ft.value(key, n) for n in names[:-1]}
-    expected["end_value"] = end
-    return enc.prompt(["".join(lines) + "\n" + rest]), [*enc.enc(json.dumps(expected)), enc.im_end], expected
+    key, lines = data.eval_lines(enc, size, index)
+    user, _, expected = ft.content(key, size, len(lines), 0, "".join(lines), ft.every_mark(len(lines)))
+    return enc.prompt([user]), [*enc.enc(json.dumps(expected)), enc.im_end], expected
 
 
 def line_chunks(enc: data.Encoder, prompt: list[int], names: list[str]) -> list[int]:
@@ -78,7 +77,9 @@ def _question_chunk(enc: data.Encoder, prompt: list[int], names: list[str]) -> i
     return (len(prompt) - len(enc.enc(ft.question(names))) - len(enc.assistant)) // CHUNK_TOKENS
 
 
-def answers_over_faulted_cache(model: Any, prompt: list[int], answer: list[int], cached: int) -> Any:
+def answers_over_faulted_cache(
+    model: Any, prompt: list[int], answer: list[int], cached: int
+) -> Callable[[Fault | None], bool]:
     """A callable (fault or None → whether greedy decoding gives ``answer``) over the prefill of
     ``prompt[:cached]``, computed once; each fault rewrites the cache's keys and values, the rest
     of the prompt and the answer are computed over them, and the cache is put back."""
@@ -90,7 +91,7 @@ def answers_over_faulted_cache(model: Any, prompt: list[int], answer: list[int],
         cache = model(input_ids=ids[:, :cached], use_cache=True).past_key_values
     clean = [(layer.keys, layer.values) for layer in cache.layers]  # (batch, heads, positions, dim)
 
-    def exact(fault: tuple[str, int, int, int] | None) -> bool:
+    def exact(fault: Fault | None) -> bool:
         for layer, (keys, values) in zip(cache.layers, clean, strict=True):
             layer.keys, layer.values = keys.clone(), values.clone()
             if fault:

@@ -173,12 +173,17 @@ def make_batch(
     return ids, mask
 
 
+def eval_lines(enc: Encoder, size: int, index: int) -> tuple[str, list[str]]:
+    """The stream key of held-out fixture ``index`` of about ``size`` tokens, and its lines."""
+    key = eval_key(size, index)
+    overhead = len(enc.prompt([ft.content(key, size, 200, 0, "")[0]]))
+    return key, _lines_within(enc, key, size - overhead, ft.MARK_EVERY)
+
+
 def eval_fixture(enc: Encoder, size: int, index: int) -> tuple[list[int], list[int], dict[str, int]]:
     """A held-out fixture of about ``size`` prompt tokens, built like ``FixtureFactory``'s:
     prompt ids, answer ids (with the end token) and the expected values."""
-    key = eval_key(size, index)
-    overhead = len(enc.prompt([ft.content(key, size, 200, 0, "")[0]]))
-    lines = _lines_within(enc, key, size - overhead, ft.MARK_EVERY)
+    key, lines = eval_lines(enc, size, index)
     text = "".join(lines)
     user, _, expected = ft.content(key, size, len(lines), 0, text)
     pad = max(0, size - len(enc.prompt([user])))  # " note" is one token
