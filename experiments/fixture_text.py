@@ -20,10 +20,10 @@ __all__ = [
     "WORDS",
     "content",
     "digest",
-    "every_mark",
     "filler_line",
     "line",
     "mark_name",
+    "marks",
     "stream_lines",
     "tail",
     "turn_text",
@@ -151,9 +151,9 @@ def asked_names(k: int) -> list[str]:
     return [mark_name(0), mark_name(mid), "end_value"] if mid else [mark_name(0), "end_value"]
 
 
-def every_mark(k: int) -> list[str]:
-    """Every value line's name among a stream's first ``k`` lines, then ``end_value``."""
-    return [*(mark_name(i // MARK_EVERY) for i in range(k) if i % MARK_EVERY == FIRST_MARK), "end_value"]
+def marks(k: int, every: int = MARK_EVERY) -> list[str]:
+    """The names of the value lines among a stream's first ``k`` lines (:func:`line`'s rule)."""
+    return [mark_name(i // every) for i in range(k) if i % every == FIRST_MARK]
 
 
 def content(

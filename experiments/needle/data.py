@@ -94,10 +94,6 @@ def _lines_within(enc: Encoder, key: str, budget: int, every: int, per_line: flo
             used += len(ids)
 
 
-def _marks(k: int, every: int) -> list[str]:
-    return [ft.mark_name(i // every) for i in range(k) if i % every == ft.FIRST_MARK]
-
-
 def _lookalikes(name: str, present: set[str]) -> list[str]:
     digits = name[-3:]
     alike = {"value_" + "".join(p) for p in (digits[1:] + digits[0], digits[2] + digits[:2], digits[::-1])}
@@ -121,7 +117,7 @@ def train_sample(enc: Encoder, key: str, length: int, rng: random.Random, quiz: 
         session = False
     lines = _lines_within(enc, key, max(8, length - reserve), every)
     k = len(lines)
-    present = _marks(k, every)
+    present = ft.marks(k, every)
     if not present:
         names = ["end_value"]
     elif fixture_like:

@@ -83,7 +83,8 @@ def test_both_runs_served_needle_exact_and_passed_every_check(record: Record) ->
 
 def test_exact_values_held_at_every_size_and_on_every_on_cross_replica_reuse(record: Record) -> None:
     url, events, _ = record
-    runs = "', '".join(_shape_runs(events))
+    shape_runs = _shape_runs(events)
+    runs = "', '".join(shape_runs)
     rows = ledger_rows(
         url,
         f"""SELECT q.run_id, q.nominal_tokens, q.step, b.arm, r.prompt_tokens, h.external_hit_tokens,
@@ -101,17 +102,17 @@ def test_exact_values_held_at_every_size_and_on_every_on_cross_replica_reuse(rec
     for size, checks in by_size.items():
         cross_on = [r for r in checks if r["step"] == "cross" and r["arm"] == "ON"]
         # two ON blocks a run, one cross-replica reuse each, each loading its whole shared prefix
-        assert len(cross_on) == 2 * len(_shape_runs(events)), size
+        assert len(cross_on) == 2 * len(shape_runs), size
         assert all(r["external_hit_tokens"] >= r["prompt_tokens"] - 256 for r in cross_on), size
 
 
 def test_the_documented_table_is_the_pooled_report(record: Record) -> None:
     _, events, report = record
-    original = _shape_runs(events)[0]
+    shape_runs = _shape_runs(events)
     derived: dict[int, list[str]] = defaultdict(list)
     for cell in report["tables"]["ttft_series"]:
-        if cell["series"] == original:
-            assert cell["runs"] == _shape_runs(events) and cell["matched_units"] == 4
+        if cell["series"] == shape_runs[0]:
+            assert cell["runs"] == shape_runs and cell["matched_units"] == 4
             assert cell["inference"]["mode"] == "descriptive"  # four block pairs: fewer than six
             derived[cell["nominal_tokens"]].append(f"{cell['mean_change_pct']:+.1f} %")
     assert documented_table(POOLED_HEADER, SECTION) == dict(derived)
