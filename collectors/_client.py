@@ -95,6 +95,9 @@ class RequestSpec:
     path: str
     body: Mapping[str, Any]
     meta: Mapping[str, Any] = field(default_factory=dict)
+    text_chars: int = _TEXT_PREFIX
+    """How much of the answer ``response.received.output_text_prefix`` keeps: a checked answer
+    longer than the default (an every-line one) is kept whole, so the audit reads it itself."""
 
 
 @dataclass(frozen=True)
@@ -519,12 +522,13 @@ def _finish(
         min_logprob_margin=st.margin,
         token_margins=tuple(st.margins),
     )
-    sink.emit("response.received", response_data(outcome))
+    sink.emit("response.received", response_data(outcome, spec.text_chars))
     return outcome
 
 
-def response_data(outcome: Outcome) -> dict[str, Any]:
-    """The ``response.received`` data of an outcome (the text itself is never stored);
+def response_data(outcome: Outcome, text_chars: int = _TEXT_PREFIX) -> dict[str, Any]:
+    """The ``response.received`` data of an outcome: the text's first ``text_chars`` characters
+    and its digest (a fixture's answer is kept whole, a long generation is not);
     ``min_logprob_margin`` only when the request asked for top logprobs."""
     data = {
         "request_id": outcome.request_id,
@@ -540,7 +544,7 @@ def response_data(outcome: Outcome) -> dict[str, Any]:
         "text_sha256": outcome.text_sha256,
         "finish_reason": outcome.finish_reason,
         "error": outcome.error,
-        "output_text_prefix": outcome.text[:_TEXT_PREFIX],
+        "output_text_prefix": outcome.text[:text_chars],
         "content_chunks": outcome.content_chunks,
         "ok": outcome.ok,
         "ttft_method": outcome.ttft_method,

@@ -199,6 +199,17 @@ class SessionPlan:
     key: str
 
 
+def exact_values_limit(
+    card_limit: int | None, card: Mapping[str, Any] | None, asked_lines: str
+) -> int | None:
+    """The largest prompt whose answers an exact-value check holds: the card's limit (None: no
+    card, any size) for the seed's question; for every-line questions the card's every-line
+    limit, 0 where it cites no evaluation that asked them."""
+    if card_limit is None or asked_lines == "spot":
+        return card_limit
+    return int((card or {}).get("every_line_served_max_tokens") or 0)
+
+
 class RunContext:
     """The ``ctx`` an experiment's ``run(ctx)`` receives (see experiments/README.md)."""
 
@@ -229,7 +240,10 @@ class RunContext:
         )
         # How TTFT is dated: a run param, so run.started records the choice (each response, what was used).
         self.ttft_method = str(self.params.get("ttft_method") or DEFAULT_TTFT_METHOD)
-        self.fixtures = FixtureFactory(self._tokenize)
+        # What a fixture's question asks (fixture_text.ASKED_LINES): a run param, so run.started
+        # records it, and each fixture.created its own.
+        self.asked_lines = str(self.params.get("asked_lines") or "spot")
+        self.fixtures = FixtureFactory(self._tokenize, asked_lines=self.asked_lines)
         self._progress = progress or (lambda _what, _n: None)
         self._created: set[tuple[str, str]] = set()
         self._tokenize_url: str | None = None
@@ -262,8 +276,12 @@ class RunContext:
 
     @property
     def meaningful_up_to_tokens(self) -> int | None:
-        """The largest prompt whose answers mean something (a model card's limit); None: any."""
-        return self.target.meaningful_up_to_tokens
+        """The largest prompt whose answers mean something (a model card's limit); None: any.
+        Every-line questions take the card's every-line limit: 0 (none served) where the card
+        cites no evaluation that asked them."""
+        return exact_values_limit(
+            self.target.meaningful_up_to_tokens, self.target.model_card, self.asked_lines
+        )
 
     def answers_meaningful_at(self, prompt_tokens: int | None) -> bool:
         """Whether an exact-value check applies to a prompt of this size."""
@@ -405,6 +423,9 @@ class RunContext:
                 "max_tokens": int(self.params.get("max_tokens", 64)),
                 "answers_meaningful": self.answers_meaningful,
                 "exact_values_up_to_tokens": self.meaningful_up_to_tokens,
+                # Only when not the seed's question: a replay of a run recorded before the
+                # choice existed still registers its plan byte for byte.
+                **({"asked_lines": self.asked_lines} if self.asked_lines != "spot" else {}),
             },
         }
         plan["plan_sha256"] = sha256_hex(canonical_json(plan))
@@ -670,7 +691,9 @@ class Block:
 
     # --- building blocks ---------------------------------------------------------
 
-    def _spec(self, replica: Replica, body: dict[str, Any], meta: dict[str, Any]) -> RequestSpec:
+    def _spec(
+        self, replica: Replica, body: dict[str, Any], meta: dict[str, Any], checked: Fixture | None = None
+    ) -> RequestSpec:
         full = {
             "replica": replica.index,
             "gpu": replica.gpu,
@@ -687,7 +710,9 @@ class Block:
             **meta,
         }
         full["request_key"] = f"b{self.index}/{full.get('request_key', '')}"
-        return RequestSpec(new_id(), replica.endpoint, _PATH, body, full)
+        spec = RequestSpec(new_id(), replica.endpoint, _PATH, body, full)
+        keep = checked.answer_chars if checked is not None else None
+        return spec if keep is None else dataclasses.replace(spec, text_chars=keep)
 
     async def _after(self, outcome: Outcome, replica: Replica, warmup: bool) -> None:
         """Count the request; fail the block if its replica stopped answering health checks."""
@@ -744,7 +769,7 @@ class Block:
         """
         if not warmup:
             await self.ensure_isolation_certified()
-        limit = max_tokens or self._default_max_tokens()
+        limit = max_tokens or self._answer_limit(fixture if expected is not None else None)
         rep = self.replica(replica)
         spec = self._request_spec(
             messages,
@@ -758,6 +783,7 @@ class Block:
             fixture=fixture,
             prompt_tokens=prompt_tokens,
             meta={"warmup": warmup, **meta},
+            checked=expected is not None,
         )
         sending = 0.0  # the request's own seconds: the scrapes around it are not the session's time
 
@@ -787,6 +813,11 @@ class Block:
     def _default_max_tokens(self) -> int:
         return int(self.ctx.params.get("max_tokens", 64))
 
+    def _answer_limit(self, asked: Fixture | None) -> int:
+        """``max_tokens`` of a request whose answer is checked against ``asked``: the run's, or
+        more where an every-line answer needs it (a cut-off answer would fail as wrong)."""
+        return max(self._default_max_tokens(), (asked.answer_limit or 0) if asked else 0)
+
     def _request_spec(
         self,
         messages: Messages,
@@ -801,8 +832,10 @@ class Block:
         fixture: Fixture | None,
         prompt_tokens: int | None,
         meta: Mapping[str, Any],
+        checked: bool = False,
     ) -> RequestSpec:
-        """The request's body and its ``request.sent`` fields: one builder for every path."""
+        """The request's body and its ``request.sent`` fields: one builder for every path.
+        ``checked``: the answer is checked against ``fixture`` (its text kept as that needs)."""
         body = self.ctx.body(messages, namespace, max_tokens=limit, ignore_eos=ignore_eos)
         return self._spec(
             rep,
@@ -816,6 +849,7 @@ class Block:
                 "prompt_tokens_expected": prompt_tokens,
                 **meta,
             },
+            fixture if checked else None,
         )
 
     def _answer_checks(
@@ -1086,7 +1120,7 @@ class Block:
                 turn.messages,
                 rep,
                 namespace=plan.namespace,
-                limit=self._default_max_tokens(),
+                limit=self._answer_limit(fx),
                 ignore_eos=False,
                 workload=workload,
                 step="turn",
@@ -1094,10 +1128,11 @@ class Block:
                 fixture=fx,
                 prompt_tokens=turn.prompt_tokens,
                 meta=meta,
+                checked=True,
             )
             outcome = await self.ctx.send(spec, self.sink)
             if self._answer_checks(outcome, fx.expected, turn.index == 0, turn.prompt_tokens):
-                key, limit = f"{plan.key}/t{turn.index}", self._default_max_tokens()
+                key, limit = f"{plan.key}/t{turn.index}", self._answer_limit(fx)
                 self._sent[outcome.request_id] = Sent(
                     turn.messages, rep.index, plan.namespace, limit, False, key, fx
                 )

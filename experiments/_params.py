@@ -47,13 +47,18 @@ beyond the device cache (the report's regime), with LRU eviction.
 """
 
 
-CLIENT_PARAMS: Final[dict[str, Any]] = {"ttft_method": DEFAULT_TTFT_METHOD}
+CLIENT_PARAMS: Final[dict[str, Any]] = {"ttft_method": DEFAULT_TTFT_METHOD, "asked_lines": "spot"}
 """Options of the request client, settable by ``--param`` for every target.
 
 ``ttft_method``: which transport and clock date each response's first and last
 content chunk (``kernel-stamp``, ``socket-read`` or ``httpx-read``; see
 collectors.TTFT_METHODS). The resolved value is in ``run.started.params``, and
 every ``response.received`` records the method that actually dated it.
+
+``asked_lines``: what each fixture's question asks (experiments.fixture_text.ASKED_LINES):
+``spot`` (the seed's: the first value line, the middle one and ``end_value``) or ``every``
+(every value line and ``end_value``, answers about 2 % of the prompt's tokens long; a served
+model's card must show it answers them for the checks to apply, see experiments/needle).
 """
 
 

@@ -13,11 +13,13 @@ from collections.abc import Sequence
 from typing import Final
 
 __all__ = [
+    "ASKED_LINES",
     "FIRST_MARK",
     "MARK_EVERY",
     "PAD_WORD",
     "QUESTION",
     "WORDS",
+    "asked_names",
     "content",
     "digest",
     "filler_line",
@@ -94,6 +96,11 @@ WORDS: Final = (
     "was",
 )
 PAD_WORD: Final = " note"
+ASKED_LINES: Final = ("spot", "every")
+"""What a fixture's question asks: ``spot``, the first value line, the one nearest the middle and
+``end_value`` (a short answer: a wrong chunk of KV shows only where it holds one of them);
+``every``, every value line and ``end_value`` (an answer about 2 % of the prompt's tokens, which
+a wrong chunk holding any value line changes)."""
 QUESTION: Final = "Return the values of {names} as JSON. Reply with the JSON object only."
 
 
@@ -143,9 +150,14 @@ def tail(key: str, nominal: int, pad_words: int, names: Sequence[str]) -> tuple[
     return f"end_value = {end}\n" + (f"{pad}\n" if pad else "") + "\n" + asked, asked, end
 
 
-def asked_names(k: int) -> list[str]:
-    """The names a fixture of ``k`` lines asks for: the first mark, the one nearest the middle
-    (when there are two), and ``end_value``."""
+def asked_names(k: int, asked: str = "spot") -> list[str]:
+    """The names a fixture of ``k`` lines asks for (:data:`ASKED_LINES`). ``spot``: the first
+    mark, the one nearest the middle (when there are two), and ``end_value``; ``every``: every
+    mark (:func:`marks`) and ``end_value``."""
+    if asked == "every":
+        return [*marks(k), "end_value"]
+    if asked != "spot":
+        raise ValueError(f"asked lines must be one of {', '.join(ASKED_LINES)}, got {asked!r}")
     mid = max(1, round(k / 2 / MARK_EVERY)) if k > MARK_EVERY + FIRST_MARK else 0
     mid = min(mid, max(0, (k - 1 - FIRST_MARK) // MARK_EVERY))
     return [mark_name(0), mark_name(mid), "end_value"] if mid else [mark_name(0), "end_value"]

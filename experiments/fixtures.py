@@ -16,9 +16,16 @@ seed's excluded trial), and why namespaces include the size.
 
 Every ``MARK_EVERY`` lines the stream has a value line (``value_007 = 412907``);
 a fixture asks for the first (beginning), the one nearest its middle, and its
-tail's ``end_value``. Session turns append canonical history: the expected
-JSON as the previous assistant answer, then a user message that grows the
-prompt by ``growth`` tokens (1,055 in the seed) and asks again.
+tail's ``end_value`` (``asked_lines="spot"``, the seed's question), or for every
+value line and ``end_value`` (``asked_lines="every"``): a longer answer, which a
+wrong chunk of KV holding any value line changes, not only one holding an asked
+one. Such a fixture knows its answer's length in the target's tokens, and its
+requests allow for it (:attr:`Fixture.answer_limit`).
+
+Session turns append canonical history: the expected JSON as the previous
+assistant answer, then a user message that grows the prompt by ``growth``
+tokens (1,055 in the seed) and asks again; a turn cannot grow by less than the
+answer it repeats, so ``every`` sessions grow by that much at least.
 """
 
 from __future__ import annotations
@@ -85,6 +92,25 @@ class Fixture:
     question: str
     expected: dict[str, int]
     lines: int
+    asked_lines: str = "spot"
+    answer_tokens: int | None = None
+    """The expected answer's tokens as the target counts them (measured for ``every`` only)."""
+
+    @property
+    def answer_limit(self) -> int | None:
+        """``max_tokens`` that leaves room for the whole answer (``every``), else None: the
+        run's ``max_tokens`` then holds it. An eighth more than the answer, and 16 tokens, for a
+        model that spaces its JSON differently from ``json.dumps``; no more, since the prompt and
+        the limit must fit the engine's context (256,000 tokens and their answer fit 262,144)."""
+        if self.answer_tokens is None:
+            return None
+        return self.answer_tokens + self.answer_tokens // 8 + 16
+
+    @property
+    def answer_chars(self) -> int | None:
+        """Characters of a response to this fixture kept in the ledger (``every``: the whole
+        answer with room to spare, so the audit reads it; else None, the collector's default)."""
+        return None if self.answer_tokens is None else 2 * len(self.expected_json) + 256
 
     @property
     def messages(self) -> Messages:
@@ -110,6 +136,8 @@ class Fixture:
             "text_sha256": sha256_hex(self.content.encode()),
             "lines": self.lines,
             "key": self.key,
+            "asked_lines": self.asked_lines,
+            **({} if self.answer_tokens is None else {"answer_tokens": self.answer_tokens}),
         }
 
 
@@ -137,9 +165,12 @@ class FixtureFactory:
     reuses it in every block, so ON and OFF blocks send identical inputs.
     """
 
-    def __init__(self, tokenize: Tokenize, *, tolerance: int = 8) -> None:
+    def __init__(self, tokenize: Tokenize, *, tolerance: int = 8, asked_lines: str = "spot") -> None:
+        if asked_lines not in text.ASKED_LINES:
+            raise ValueError(f"asked_lines must be one of {', '.join(text.ASKED_LINES)}, got {asked_lines!r}")
         self.tokenize = tokenize
         self.tolerance = tolerance
+        self.asked_lines = asked_lines
         self._streams: dict[str, _Stream] = {}
         self._fixtures: dict[tuple[str, int], Fixture] = {}
         self._sessions: dict[tuple[str, int, int, int], SessionHistory] = {}
@@ -159,7 +190,8 @@ class FixtureFactory:
         return self._streams[key]
 
     def _content(self, key: str, nominal: int, k: int, pad: int) -> tuple[str, str, dict[str, int]]:
-        return text.content(key, nominal, k, pad, self._stream(key).text(k))
+        names = text.asked_names(k, self.asked_lines)
+        return text.content(key, nominal, k, pad, self._stream(key).text(k), names)
 
     async def fixture(self, key: str, nominal: int) -> Fixture:
         """The fixture of stream ``key`` at ``nominal`` prompt tokens."""
@@ -191,8 +223,19 @@ class FixtureFactory:
         k, count = await self._largest_fitting(key, nominal, k, count)
         pad, count = await self._pad(key, nominal, k, count)
         content, question, expected = self._content(key, nominal, k, pad)
-        fid = "fx-" + sha256_hex(f"{key}|{nominal}".encode())[:16]
-        return Fixture(fid, key, nominal, count, content, question, expected, k)
+        # A spot fixture keeps the id it always had; an every-line one of the same stream and
+        # size is another fixture (another question and expectation).
+        every = self.asked_lines == "every"
+        fid = "fx-" + sha256_hex(f"{key}|{nominal}{'|every' if every else ''}".encode())[:16]
+        answer = await self._answer_tokens(content, expected) if every else None
+        return Fixture(fid, key, nominal, count, content, question, expected, k, self.asked_lines, answer)
+
+    async def _answer_tokens(self, content: str, expected: dict[str, int]) -> int:
+        """The answer's tokens: the prompt with it as the assistant's turn, less the prompt
+        (the turn's own template tokens included: a little more than the answer itself)."""
+        user = {"role": "user", "content": content}
+        with_answer = await self._count([user, {"role": "assistant", "content": json.dumps(expected)}])
+        return max(1, with_answer - await self._count([user]))
 
     async def _pad(self, key: str, nominal: int, k: int, count: int) -> tuple[int, int]:
         """Pad words close the last gap without overshooting ``nominal``: a word is about a

@@ -220,6 +220,13 @@ async def _prepare(ctx: RunContext, run_id: str) -> None:
             if below
             else f"shows no size above it measured at {threshold} or more (none was measured)"
         )
+        if ctx.asked_lines == "every":
+            why = (
+                f"cites every-line evaluations at {threshold} or more "
+                f"up to {ctx.meaningful_up_to_tokens} tokens"
+                if "every_line_served_max_tokens" in card
+                else "cites no evaluation that asked every value line"
+            )
         sink.emit_run(
             "note.added",
             {

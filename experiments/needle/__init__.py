@@ -98,6 +98,8 @@ class Card:
     min_margin_by_size: dict[int, float | None]
     threshold: float
     source: str
+    every_line_max_tokens: int | None = None
+    """The largest prompt whose every-line answers the card serves (None: never evaluated)."""
 
     def serves(self, prompt_tokens: int | None) -> bool:
         """Whether answers at this prompt size are meaningful (exact-value checks apply)."""
@@ -114,6 +116,11 @@ class Card:
             "accuracy_by_size": {str(n): a for n, a in sorted(self.accuracy_by_size.items())},
             "unserved": {str(n): a for n, a in self.unserved().items()},
             "source": self.source,
+            **(
+                {}
+                if self.every_line_max_tokens is None
+                else {"every_line_served_max_tokens": self.every_line_max_tokens}
+            ),
         }
 
 
@@ -125,6 +132,7 @@ def load_card(path: Path = CARD) -> Card:
         min_margin_by_size={int(k): v for k, v in data["min_margin_by_size"].items()},
         threshold=float(data["threshold"]),
         source=str(data["source"]),
+        every_line_max_tokens=int(data["every_line"]["served_max_tokens"]) if "every_line" in data else None,
     )
 
 
@@ -148,16 +156,8 @@ def seal(directory: Path = CHECKPOINT, manifest: Path = MANIFEST, **about: Any) 
     return data
 
 
-def write_card(
-    evaluations: dict[str, dict[str, Any]], threshold: float = 0.99, path: Path = CARD, **about: Any
-) -> dict[str, Any]:
-    """The card from evaluations (each: ``accuracy_by_size``, ``min_margin_by_size``,
-    ``n_by_size`` keyed by size as text). Engine evaluations (names starting ``vllm``) decide
-    the sizes they measured: a size takes the figures of the engine that did worst there (lower
-    accuracy, then lower margin), so a size is served only where every engine that measured it
-    answered at or above ``threshold``. Other evaluations (in process) fill in sizes no engine
-    measured, the first listed first. The card serves every size up to the first one below
-    ``threshold``."""
+def _decide(evaluations: dict[str, dict[str, Any]], threshold: float) -> dict[str, Any]:
+    """The figures of each size from the evaluations that measured it, and the sizes served."""
 
     def measured(name: str, size: str) -> bool:
         return evaluations[name]["accuracy_by_size"].get(size) is not None
@@ -191,16 +191,39 @@ def write_card(
         if acc[size] < threshold:
             break
         served = size
-    data = {
-        **about,
-        "threshold": threshold,
+    return {
         "served_max_tokens": served,
-        "source": ", ".join(f"{n}: {e.get('what', '')}" for n, e in evaluations.items()),
         "accuracy_by_size": {str(k): acc[k] for k in sorted(acc)},
         "min_margin_by_size": {str(k): margin[k] for k in sorted(acc)},
         "n_by_size": {str(k): count[k] for k in sorted(acc)},
         "source_by_size": {str(k): source[k] for k in sorted(acc)},
+    }
+
+
+def write_card(
+    evaluations: dict[str, dict[str, Any]], threshold: float = 0.99, path: Path = CARD, **about: Any
+) -> dict[str, Any]:
+    """The card from evaluations (each: ``accuracy_by_size``, ``min_margin_by_size``,
+    ``n_by_size`` keyed by size as text). Engine evaluations (names starting ``vllm``) decide
+    the sizes they measured: a size takes the figures of the engine that did worst there (lower
+    accuracy, then lower margin), so a size is served only where every engine that measured it
+    answered at or above ``threshold``. Other evaluations (in process) fill in sizes no engine
+    measured, the first listed first. The card serves every size up to the first one below
+    ``threshold``.
+
+    Evaluations that asked every value line (``asks = "every"``) decide, by the same rules,
+    the card's ``every_line`` part: the sizes at which every-line questions are served. The
+    others decide the card's own figures (the seed's spot question)."""
+    spot = {n: e for n, e in evaluations.items() if e.get("asks", "spot") == "spot"}
+    every = {n: e for n, e in evaluations.items() if e.get("asks", "spot") == "every"}
+    data = {
+        **about,
+        "threshold": threshold,
+        **_decide(spot, threshold),
+        "source": ", ".join(f"{n}: {e.get('what', '')}" for n, e in evaluations.items()),
         "evaluations": {n: {k: v for k, v in e.items()} for n, e in evaluations.items()},
     }
+    if every:
+        data["every_line"] = _decide(every, threshold)
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     return data

@@ -36,7 +36,9 @@ class CardSourceError(Exception):
     """A cited evaluation cannot be read, does not verify, or evaluated another checkpoint."""
 
 
-def _ledger_figures(record: Path, manifest: dict[str, str], run_id: str | None) -> dict[str, Any]:
+def _ledger_figures(
+    record: Path, manifest: dict[str, str], run_id: str | None, asks: str = "spot"
+) -> dict[str, Any]:
     from ledger import import_jsonl, open_ledger, verify_ledger
     from reports import needle_figures
 
@@ -46,11 +48,12 @@ def _ledger_figures(record: Path, manifest: dict[str, str], run_id: str | None) 
             import_jsonl(led, record)
             if not verify_ledger(led).ok:
                 raise CardSourceError(f"{record.name}: the ledger's chain does not verify")
-            runs = [
-                str(e.run_id)
+            started = {
+                str(e.run_id): e.data
                 for e in led.events(kind="run.started")
                 if e.run_id and e.data.get("experiment") == "needle_eval"
-            ]
+            }
+            runs = list(started)
             if run_id is None:
                 if len(runs) != 1:
                     raise CardSourceError(
@@ -59,6 +62,13 @@ def _ledger_figures(record: Path, manifest: dict[str, str], run_id: str | None) 
                 run_id = runs[0]
             elif run_id not in runs:
                 raise CardSourceError(f"{record.name}: no needle_eval run {run_id}")
+            # What the run's fixtures asked, as it recorded them (a run from before the choice
+            # existed asked the spot question).
+            asked = (started[run_id].get("params") or {}).get("asked_lines", "spot")
+            if asked != asks:
+                raise CardSourceError(
+                    f"{record.name}: run {run_id} asked {asked!r} lines, the card cites it for {asks!r}"
+                )
             audits = [e for e in led.events(run_id=run_id, kind="checkpoint.audited")]
             files = {f["name"]: f["sha256"] for a in audits for f in a.data.get("files", [])}
             if not audits or files != manifest:
@@ -86,15 +96,26 @@ def evaluations(sources: dict[str, Any], manifest: dict[str, str]) -> dict[str, 
         record = HERE / item["record"]
         if not record.is_file():
             raise CardSourceError(f"{item['name']}: no record at {item['record']}")
+        asks = item.get("asks", "spot")
+        if asks not in ("spot", "every"):
+            raise CardSourceError(f"{item['name']}: asks must be 'spot' or 'every', got {asks!r}")
         if record.name.endswith(".jsonl.xz"):
-            got = _ledger_figures(record, manifest, item.get("run"))
+            got = _ledger_figures(record, manifest, item.get("run"), asks)
         elif record.name.endswith(".eval.json"):
+            if asks != "spot":
+                raise CardSourceError(f"{item['name']}: an in-process record asks the spot question only")
             got = _in_process_figures(record)
         else:
             raise CardSourceError(
                 f"{item['name']}: {item['record']} is neither a ledger export nor an eval.json"
             )
-        out[item["name"]] = {**got, "record": item["record"], "what": item["what"]}
+        # "asks" only where it is not the spot question: the cards written before it stay as they are.
+        out[item["name"]] = {
+            **got,
+            "record": item["record"],
+            "what": item["what"],
+            **({"asks": asks} if asks != "spot" else {}),
+        }
     return out
 
 
@@ -148,7 +169,17 @@ def main(argv: list[str] | None = None) -> int:
             f"{int(size):>7,}  n={card['n_by_size'][size]:>4}  exact {acc:7.2%}  "
             f"margin {card['min_margin_by_size'][size]}  {card['source_by_size'][size]:<18} {mark}"
         )
+    every = card.get("every_line")
+    if every is not None:
+        for size, acc in every["accuracy_by_size"].items():
+            mark = "served" if int(size) <= every["served_max_tokens"] else "not served"
+            print(
+                f"{int(size):>7,}  n={every['n_by_size'][size]:>4}  every line exact {acc:7.2%}  "
+                f"margin {every['min_margin_by_size'][size]}  {every['source_by_size'][size]:<18} {mark}"
+            )
     print(f"wrote {kept.card.relative_to(HERE.parent.parent)}: serves up to {served:,} tokens")
+    if every is not None:
+        print(f"  every-line questions up to {every['served_max_tokens']:,} tokens")
     return 0
 
 

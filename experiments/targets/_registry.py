@@ -14,6 +14,7 @@ from typing import Any
 from collectors import TTFT_METHODS
 
 from .._params import CLIENT_PARAMS, TARGET_PARAMS, ParamError
+from ..fixture_text import ASKED_LINES
 from ._base import Target
 
 __all__ = ["TARGETS", "check_target_params", "make_target", "target_defaults"]
@@ -61,6 +62,9 @@ def check_target_params(name: str, params: Mapping[str, Any]) -> None:
     method = params.get("ttft_method")
     if method not in TTFT_METHODS:
         raise ParamError(f"ttft_method must be one of {', '.join(TTFT_METHODS)}, got {method!r}")
+    asked = params.get("asked_lines", "spot")
+    if asked not in ASKED_LINES:
+        raise ParamError(f"asked_lines must be one of {', '.join(ASKED_LINES)}, got {asked!r}")
     if name != "sim":
         _vllm_module().check_params(dict(params))
         return

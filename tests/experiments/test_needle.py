@@ -290,6 +290,49 @@ def test_a_card_serves_a_size_only_where_every_engine_measured_it_at_the_thresho
     assert json.loads((tmp_path / "card.json").read_text()) == card
 
 
+def test_every_line_evaluations_decide_the_cards_every_line_part_only(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Evaluations that asked every value line decide ``every_line`` by the same rules and leave
+    the card's own figures (the seed's question) as the others give them; a run asking every
+    line takes that limit, 0 where the card cites none."""
+    from experiments._context import exact_values_limit
+    from experiments.needle import load_card, write_card
+
+    def ev(acc: dict[str, float], asks: str | None = None) -> dict[str, Any]:
+        out = {
+            "accuracy_by_size": acc,
+            "min_margin_by_size": dict.fromkeys(acc, 5.0),
+            "n_by_size": dict.fromkeys(acc, 8),
+        }
+        return out if asks is None else {**out, "asks": asks}
+
+    spot_only = {"vllm-gpu": ev({"1024": 1.0, "8192": 1.0, "32768": 1.0})}
+    before = write_card(spot_only, path=tmp_path / "before.json")
+    card = write_card(
+        {
+            **spot_only,
+            "vllm-gpu-every": ev({"1024": 1.0, "8192": 1.0, "32768": 0.5}, "every"),
+            "vllm-cpu-every": ev({"1024": 1.0, "8192": 1.0}, "every"),
+        },
+        path=tmp_path / "card.json",
+    )
+    assert "every_line" not in before
+    assert {k: card[k] for k in before if k not in ("source", "evaluations")} == {
+        k: v for k, v in before.items() if k not in ("source", "evaluations")
+    }
+    assert card["served_max_tokens"] == 32768
+    assert card["every_line"]["served_max_tokens"] == 8192
+    # Equal figures: the first listed decides (as for the card's own sizes).
+    assert card["every_line"]["source_by_size"] == dict.fromkeys(["1024", "8192", "32768"], "vllm-gpu-every")
+    loaded, plain = load_card(tmp_path / "card.json"), load_card(tmp_path / "before.json")
+    assert loaded.every_line_max_tokens == 8192 and plain.every_line_max_tokens is None
+    assert loaded.summary()["every_line_served_max_tokens"] == 8192
+    assert "every_line_served_max_tokens" not in plain.summary()
+    assert exact_values_limit(loaded.served_max_tokens, loaded.summary(), "spot") == 32768
+    assert exact_values_limit(loaded.served_max_tokens, loaded.summary(), "every") == 8192
+    assert exact_values_limit(plain.served_max_tokens, plain.summary(), "every") == 0
+    assert exact_values_limit(None, None, "every") is None  # no card: every size, either question
+
+
 def _readme_table(after: str, header: str) -> list[list[str]]:
     """The cells of the first README table with ``header`` after the text ``after``."""
     lines = (CHECKPOINT.parent / "README.md").read_text().split(after, 1)[1].splitlines()

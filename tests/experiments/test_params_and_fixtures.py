@@ -50,6 +50,7 @@ def test_check_params_names_the_culprit() -> None:
         (["run", "needle_eval", "--param", 'fixtures_by_size={"4096": 8}'], "not in sizes: [4096]"),
         (["run", "needle_eval", "--param", 'fixtures_by_size={"1024": 0}'], "positive integers"),
         (["run", "needle_eval", "--param", "fixtures_by_size=[8]"], "object of size: count"),
+        (["run", "screening", "--param", "asked_lines=all"], "asked_lines must be one of spot, every"),
     ],
 )
 def test_bad_usage_exits_2_and_writes_nothing(tmp_path: Path, args: list[str], needle: str) -> None:

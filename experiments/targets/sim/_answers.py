@@ -115,6 +115,8 @@ class Taint:
 
     kind: str  # "corrupt-transfer" or "unordered-copy"
     delta: int = 15
+    chunk: int | None = None
+    """Only this chunk of a load comes in wrong (None: every loaded chunk)."""
 
 
 @dataclass(frozen=True)

@@ -103,7 +103,8 @@ class ReplicaEngine:
         if external and (load is not None or any(found)):  # else no chunk brings a taint
             for j, stored in enumerate(found):
                 start, end = max(j * chunk, local), min((j + 1) * chunk, local + external)
-                taint = load or stored
+                wrong = load is not None and load.chunk in (None, j)
+                taint = load if wrong else stored
                 if start < end and taint is not None:
                     taints.append(TaintRange(start, end, taint))
             taints.sort(key=lambda t: t.start)

@@ -12,9 +12,13 @@ no fault. Kinds, their keys (defaults) and where they act:
 - ``corrupt-transfer``: state loaded from the shared tier is wrong; answers
   come back garbled, still HTTP 200 with hits counted. Scope: the replica
   that loads, or ``tier`` (every load).
-- ``unordered-copy`` (``delta=15``): state loaded from the tier is slightly
-  wrong; one value whose needle lies in the loaded range is off by ``delta``
-  (938639 → 938624). Scope as ``corrupt-transfer``.
+- ``unordered-copy`` (``delta=15``, ``chunk``): state loaded from the tier is
+  slightly wrong; one value whose needle lies in the loaded range is off by
+  ``delta`` (938639 → 938624). With ``chunk=J`` only the prompt's chunk J
+  (0-based, ``chunk_size`` tokens) comes in wrong, as one misplaced chunk of a
+  long load: an answer shows it only if it reads a value in that chunk (a
+  spot question mostly does not; an every-line one does where the chunk holds
+  a value line). Scope as ``corrupt-transfer``.
 - ``namespace-leak``: ``cache_salt`` is ignored when hashing: in the replica's
   local prefix cache (``@replica=N``), the tier's keys (``@tier``), or both.
 - ``stale-counters`` (``after=0``): after that many finished requests the
@@ -55,7 +59,7 @@ __all__ = ["FAULT_KINDS", "Fault", "FaultSet", "parse_faults"]
 # Kind -> allowed keys with their defaults (as strings, parsed on use).
 _DEFAULTS: Final[dict[str, dict[str, str]]] = {
     "corrupt-transfer": {},
-    "unordered-copy": {"delta": "15"},
+    "unordered-copy": {"delta": "15", "chunk": ""},
     "namespace-leak": {},
     "stale-counters": {"after": "0"},
     "http-errors": {"every": "3", "rate": "", "status": "500"},
@@ -90,6 +94,9 @@ class Fault:
         for key in self.params:
             if self.params[key]:
                 float(self.params[key])
+        chunk = self.params.get("chunk", "")
+        if chunk and not chunk.isdigit():
+            raise ValueError(f"fault {self.kind!r}: chunk must be a chunk index (0, 1, ...), got {chunk!r}")
 
     def _raw(self, key: str) -> str:
         return self.params.get(key) or _DEFAULTS[self.kind][key]
@@ -174,8 +181,10 @@ class FaultSet:
         for kind in _LOAD_FAULTS:
             fault = self.replica(index, kind) or self.tier(kind)
             if fault is not None:
-                delta = fault.int_param("delta") if kind == "unordered-copy" else 0
-                return Taint(kind, delta)
+                if kind != "unordered-copy":
+                    return Taint(kind, 0)
+                chunk = fault.int_param("chunk") if fault.has_param("chunk") else None
+                return Taint(kind, fault.int_param("delta"), chunk)
         return None
 
     def near_tie(self, index: int, ordinal: int) -> tuple[float, bool] | None:
