@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import lzma
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -113,6 +114,42 @@ def test_dry_run_plans_the_gpu_study(tmp_path: Path) -> None:
         assert expected in screening, expected
     assert "--into" in next(ln for ln in lines if ln.startswith("install:"))
     assert not (tmp_path / "out" / "summary.json").exists()  # nothing ran
+
+
+def test_the_engine_site_is_named_by_the_bundle_not_the_work_folder(tmp_path: Path) -> None:
+    """The replicas' PYTHONPATH is in every ON config's digest: one bundle is one site, whatever the
+    work folder, and a call after the install finds it by the work folder's site-key."""
+    stash = tmp_path / "stash"
+    stash.mkdir()
+    (stash / "BUNDLE.json").write_text(json.dumps({"key": "0123abcd"}))
+    sites = tmp_path / "sites"
+
+    def plan(work: str, *args: str) -> tuple[str, str]:
+        proc = subprocess.run(
+            [sys.executable, str(DRIVER), "--out", str(tmp_path / "out"), "--work", str(tmp_path / work),
+             "--steps", "install,screening", "--dry-run", *args],
+            capture_output=True, text=True, timeout=120, cwd=tmp_path,
+            env={**os.environ, "KVLEDGER_SITES": str(sites)},
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        lines = [ln.split("] ", 1)[1] for ln in proc.stdout.splitlines() if "] " in ln]
+        install = next(ln for ln in lines if ln.startswith("install:"))
+        screening = next(ln for ln in lines if ln.startswith("screening:"))
+        return install, screening
+
+    site = str(sites / "bundle-0123abcd")
+    first, second = plan("a", "--stash", str(stash)), plan("b", "--stash", str(stash))
+    assert f"--into {site}" in first[0] and f"--into {site}" in second[0]
+    assert f'"PYTHONPATH": "{site}"' in first[1] and first[1].replace("/a/", "/b/") == second[1]
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "site-key").write_text("0123abcd\n")  # as the install step leaves it
+    later = subprocess.run(
+        [sys.executable, str(DRIVER), "--out", str(tmp_path / "out"), "--work", str(tmp_path / "c"),
+         "--steps", "screening", "--dry-run"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        env={**os.environ, "KVLEDGER_SITES": str(sites)},
+    )  # fmt: skip
+    assert f'"PYTHONPATH": "{site}"' in later.stdout, later.stdout
 
 
 def test_dry_run_gives_the_cpu_engines_max_model_len_only_when_asked(tmp_path: Path) -> None:
