@@ -4,6 +4,7 @@ matches its manifest, a card that says what it serves. (Serving it: tests/engine
 from __future__ import annotations
 
 import json
+from collections import defaultdict
 from decimal import ROUND_HALF_UP, Decimal
 from types import SimpleNamespace
 from typing import Any
@@ -400,6 +401,36 @@ def test_the_committed_checkpoints_engine_tables_are_the_cards_evaluations(
     assert [row[0] for row in rows] == [f"{n:,}" for n in sorted(cells)]
     for row, n in zip(rows, sorted(cells), strict=True):
         assert row[1:] == cells[n], n
+
+
+def test_needle_exacts_every_line_table_is_the_cards_every_line_evaluations() -> None:
+    """The README's every-line table: each engine's answers per size are the card's every-line
+    evaluations (each re-derived from its run by the card test), the names asked the largest
+    fixture's of those runs, and the card serves every-line questions to the largest size."""
+    import lzma
+
+    data = json.loads(EXACT.card.read_text())
+    evaluations = {n: e for n, e in data["evaluations"].items() if e.get("asks") == "every"}
+    names: dict[int, int] = defaultdict(int)
+    for item in evaluations.values():
+        path = (EXACT.card.parent / item["record"]).resolve()
+        with lzma.open(path, "rt") as f:
+            for line in f:
+                e = json.loads(line)
+                if e["kind"] == "fixture.created" and e["data"].get("asked_lines") == "every":
+                    size = e["data"]["nominal_tokens"]
+                    names[size] = max(names[size], len(e["data"]["expected"]))
+    cells: dict[int, list[str]] = defaultdict(lambda: ["", ""])
+    for column, name in enumerate(("vllm-cpu-every", "vllm-gpu-every")):
+        ev = evaluations[name]
+        for size, acc in ev["accuracy_by_size"].items():
+            n = ev["n_by_size"][size]
+            cells[int(size)][column] = f"{round(acc * n)}/{n}"
+    rows = _readme_table("### Every value line asked", "| prompt tokens | vLLM 0.32.0, CPU |")
+    assert [row[0] for row in rows] == [f"{n:,}" for n in sorted(cells)]
+    for row, size in zip(rows, sorted(cells), strict=True):
+        assert row[1:] == [*cells[size], str(names[size])], size
+    assert data["every_line"]["served_max_tokens"] == max(cells) == 256_000
 
 
 def test_the_committed_card_is_what_its_cited_evaluations_give(tmp_path) -> None:  # type: ignore[no-untyped-def]
