@@ -227,15 +227,16 @@ class FixtureFactory:
         # size is another fixture (another question and expectation).
         every = self.asked_lines == "every"
         fid = "fx-" + sha256_hex(f"{key}|{nominal}{'|every' if every else ''}".encode())[:16]
-        answer = await self._answer_tokens(content, expected) if every else None
+        answer = await self._answer_tokens(content, count, expected) if every else None
         return Fixture(fid, key, nominal, count, content, question, expected, k, self.asked_lines, answer)
 
-    async def _answer_tokens(self, content: str, expected: dict[str, int]) -> int:
-        """The answer's tokens: the prompt with it as the assistant's turn, less the prompt
-        (the turn's own template tokens included: a little more than the answer itself)."""
+    async def _answer_tokens(self, content: str, prompt_tokens: int, expected: dict[str, int]) -> int:
+        """The answer's tokens: the prompt with it as the assistant's turn, less the prompt's
+        ``prompt_tokens`` (the turn's own template tokens included: a little more than the answer
+        itself). One more count, of a prompt as long as the fixture's and its answer."""
         user = {"role": "user", "content": content}
         with_answer = await self._count([user, {"role": "assistant", "content": json.dumps(expected)}])
-        return max(1, with_answer - await self._count([user]))
+        return max(1, with_answer - prompt_tokens)
 
     async def _pad(self, key: str, nominal: int, k: int, count: int) -> tuple[int, int]:
         """Pad words close the last gap without overshooting ``nominal``: a word is about a
