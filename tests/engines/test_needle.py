@@ -274,3 +274,45 @@ def test_the_coverage_sweep_gives_its_committed_record_again(
     (again,) = json.loads(out.read_text())["fixtures"]
     committed = json.loads((needle.HERE / "records" / f"{record}.coverage.json").read_text())["fixtures"]
     assert again == next(f for f in committed if f["size"] == 2048 and f["index"] == 0)
+
+
+@pytest.fixture(scope="module")
+def exact_every(engines: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RecordedRun]:
+    url = f"sqlite:///{tmp_path_factory.mktemp('exact-every') / 'ledger.db'}"
+    params = {
+        "sizes": [1024, 4096],
+        "fixtures": 2,
+        "max_model_len": 4096 + 512,
+        "model": "needle-exact",
+        "asked_lines": "every",
+    }
+    result = ledger_cli(
+        "run", "needle_eval", "--target", "vllm", "--db", url, "--no-progress", *param_args(params)
+    )
+    print(f"\nneedle_eval of needle-exact, every line asked: exit {result.exit_code}\n{result.output}")
+    yield recorded(url, result)
+
+
+def test_needle_exact_answers_every_value_line_on_the_cpu_engine(exact_every: RecordedRun) -> None:
+    """Every value line asked on the real engine: the fixtures sized and their answers counted by
+    its /tokenize, each request given room for its answer, each answer kept whole and exact."""
+    import hashlib
+
+    from experiments import fixture_text
+
+    assert exact_every.exit_code == 0, exact_every.output
+    got = _figures(exact_every)
+    assert got["accuracy_by_size"] == {"1024": 1.0, "4096": 1.0}
+    fixtures = {e.data["fixture_id"]: e.data for e in exact_every.of("fixture.created")}
+    sent = {e.data["request_id"]: e.data for e in exact_every.of("request.sent") if not e.data["warmup"]}
+    first: dict[str, dict[str, Any]] = {}
+    for e in exact_every.of("response.received"):
+        first.setdefault(e.data["request_id"], e.data)
+    assert len(sent) == 4
+    for request, q in sent.items():
+        fx, response = fixtures[q["fixture_id"]], first[request]
+        assert sorted(fx["expected"]) == sorted([*fixture_text.marks(fx["lines"]), "end_value"])
+        assert q["params"]["max_tokens"] == max(48, fx["answer_tokens"] + fx["answer_tokens"] // 8 + 16)
+        text = response["output_text_prefix"]
+        assert hashlib.sha256(text.encode()).hexdigest() == response["text_sha256"]
+        assert json.loads(text) == fx["expected"]
