@@ -43,7 +43,7 @@ def _runs(src: Source, run: str | None) -> list[dict[str, Any]]:
     """:func:`runs`, each with the seq it is ordered by (``_seq``: its start)."""
     return src.rows(
         f"""
-        SELECT r.run_id, r.experiment, r.target, r.finish_status, r.code_commit,
+        SELECT r.run_id, r.experiment, r.target, r.finish_status, r.code_commit, r.asked_lines,
                list({{'block_id': b.block_id, 'position': b.position, 'arm': b.arm, 'pair': b.pair,
                      'config_sha256': b.config_sha256, 'status': b.finish_status}} ORDER BY b.position, b.seq)
                  AS blocks, min(r.seq) AS _seq

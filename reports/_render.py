@@ -416,7 +416,9 @@ def to_markdown(report: dict[str, Any]) -> str:
         "Runs: "
         + (
             ", ".join(
-                f"`{r['run_id']}` ({r['experiment']}, {'–'.join(b['arm'] for b in r['blocks'])})"
+                f"`{r['run_id']}` ({r['experiment']}, {'–'.join(b['arm'] for b in r['blocks'])}"
+                # What its exact-value checks asked, where not the seed's three lines.
+                + (", every value line asked)" if r.get("asked_lines") == "every" else ")")
                 for r in report["runs"]
             )
             or "none"

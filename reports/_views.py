@@ -121,7 +121,7 @@ SELECT r.run_id, r.seq, r.experiment, r.params->>'target' AS target,
        r.params->>'config_sha256' AS validated_config,
        coalesce(r.code->>'commit', r.code->>'git_commit') AS code_commit,
        r.packages, f.status AS finish_status, r.seed, coalesce(r.registers_plan, false) AS registers_plan,
-       r.replay_of
+       r.replay_of, coalesce(r.params->>'asked_lines', 'spot') AS asked_lines
 FROM ({
             _extract(
                 "run.started",

@@ -125,6 +125,11 @@ def test_an_every_line_run_sends_room_for_its_answers_keeps_them_whole_and_the_a
         assert whole, "the whole answer is in the ledger, read by the audit itself"
         assert recorded is True and derived is True
     assert not [f for f in findings if f.code == "assertion-inconsistent"]
+    # The report says what the run's exact-value checks asked.
+    report = ledger_cli("report", "--db", f"sqlite:///{db}", "--json")
+    assert [r["asked_lines"] for r in json.loads(report.output)["runs"]] == ["every"]
+    markdown = ledger_cli("report", "--db", f"sqlite:///{db}", "--markdown").output
+    assert "(screening, OFF–ON–ON–OFF, every value line asked)" in markdown
 
 
 def _token_of(content: str, name: str) -> int:
