@@ -460,6 +460,35 @@ def test_the_card_refuses_an_evaluation_of_another_checkpoint(tmp_path) -> None:
     assert not (tmp_path / "card.json").exists()
 
 
+def test_the_card_refuses_an_evaluation_cited_for_a_question_its_run_did_not_ask(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A run cited for every-line questions must have asked them (its run.started params), and the
+    other way round; an in-process record asks the seed's question only."""
+    from experiments.needle import card as card_command
+
+    sources = EXACT.sources.read_text()
+    swapped = tmp_path / "swapped.toml"
+    swapped.write_text(sources.replace('name = "vllm-gpu"\n', 'name = "vllm-gpu"\nasks = "every"\n', 1))
+    with pytest.raises(
+        card_command.CardSourceError, match=r"asked 'spot' lines, the card cites it for 'every'"
+    ):
+        card_command.build(swapped, EXACT.manifest, tmp_path / "card.json")
+    unasked = tmp_path / "unasked.toml"
+    unasked.write_text(
+        sources.replace('name = "vllm-cpu-every"\nasks = "every"\n', 'name = "vllm-cpu-every"\n')
+    )
+    with pytest.raises(
+        card_command.CardSourceError, match=r"asked 'every' lines, the card cites it for 'spot'"
+    ):
+        card_command.build(unasked, EXACT.manifest, tmp_path / "card.json")
+    in_process = tmp_path / "in-process.toml"
+    in_process.write_text(
+        sources.replace('name = "in-process-cpu"\n', 'name = "in-process-cpu"\nasks = "every"\n')
+    )
+    with pytest.raises(card_command.CardSourceError, match="in-process record asks the spot question only"):
+        card_command.build(in_process, EXACT.manifest, tmp_path / "card.json")
+    assert not (tmp_path / "card.json").exists()
+
+
 # --- needle-exact: the constructed checkpoint ------------------------------------------------------
 
 
