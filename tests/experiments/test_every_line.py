@@ -142,8 +142,9 @@ def _token_of(content: str, name: str) -> int:
 
 def test_a_wrong_chunk_outside_the_spot_lines_is_seen_only_by_every_line_questions(tmp_path: Path) -> None:
     """One chunk of each cross-replica load comes in wrong (``unordered-copy:chunk=2``): HTTP 200,
-    the hits counted in full. The seed's question passes every cross-replica reuse over it; the
-    every-line question fails there, naming a value line that lies in that chunk."""
+    the hits counted in full. The seed's question passes every cross-replica reuse over it (it
+    sees the fault only on the next local reuse, whose later blocks the sim computed over the
+    wrong one); the every-line question fails there, naming a value line that lies in that chunk."""
     shape = {"sizes": [8000], "workloads": ["micro"], "sim_fault": "unordered-copy:chunk=2"}
     failed: dict[str, list[tuple[str, list[str]]]] = {}
     for asked in ("spot", "every"):
