@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from decimal import ROUND_HALF_UP, Decimal
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -460,32 +461,31 @@ def test_the_card_refuses_an_evaluation_of_another_checkpoint(tmp_path) -> None:
     assert not (tmp_path / "card.json").exists()
 
 
-def test_the_card_refuses_an_evaluation_cited_for_a_question_its_run_did_not_ask(tmp_path) -> None:  # type: ignore[no-untyped-def]
+_EVERY = 'asks = "every"\n'
+
+
+@pytest.mark.parametrize(
+    "cited, edited, refusal",
+    [
+        ('name = "vllm-gpu"\n', 'name = "vllm-gpu"\n' + _EVERY, "asked 'spot' lines, the card"),
+        ('name = "vllm-cpu-every"\n' + _EVERY, 'name = "vllm-cpu-every"\n', "asked 'every' lines, the card"),
+        ('name = "in-process-cpu"\n', 'name = "in-process-cpu"\n' + _EVERY, "in-process record asks"),
+    ],
+    ids=["spot-run-cited-for-every", "every-run-cited-for-spot", "in-process-cited-for-every"],
+)  # fmt: skip
+def test_the_card_refuses_an_evaluation_cited_for_a_question_its_run_did_not_ask(
+    tmp_path: Path, cited: str, edited: str, refusal: str
+) -> None:
     """A run cited for every-line questions must have asked them (its run.started params), and the
     other way round; an in-process record asks the seed's question only."""
     from experiments.needle import card as card_command
 
     sources = EXACT.sources.read_text()
-    swapped = tmp_path / "swapped.toml"
-    swapped.write_text(sources.replace('name = "vllm-gpu"\n', 'name = "vllm-gpu"\nasks = "every"\n', 1))
-    with pytest.raises(
-        card_command.CardSourceError, match=r"asked 'spot' lines, the card cites it for 'every'"
-    ):
-        card_command.build(swapped, EXACT.manifest, tmp_path / "card.json")
-    unasked = tmp_path / "unasked.toml"
-    unasked.write_text(
-        sources.replace('name = "vllm-cpu-every"\nasks = "every"\n', 'name = "vllm-cpu-every"\n')
-    )
-    with pytest.raises(
-        card_command.CardSourceError, match=r"asked 'every' lines, the card cites it for 'spot'"
-    ):
-        card_command.build(unasked, EXACT.manifest, tmp_path / "card.json")
-    in_process = tmp_path / "in-process.toml"
-    in_process.write_text(
-        sources.replace('name = "in-process-cpu"\n', 'name = "in-process-cpu"\nasks = "every"\n')
-    )
-    with pytest.raises(card_command.CardSourceError, match="in-process record asks the spot question only"):
-        card_command.build(in_process, EXACT.manifest, tmp_path / "card.json")
+    assert sources.count(cited) == 1
+    edited_sources = tmp_path / "card.toml"
+    edited_sources.write_text(sources.replace(cited, edited))
+    with pytest.raises(card_command.CardSourceError, match=refusal):
+        card_command.build(edited_sources, EXACT.manifest, tmp_path / "card.json")
     assert not (tmp_path / "card.json").exists()
 
 
