@@ -70,7 +70,7 @@ def evaluate(
         "--param",
         f"asked_lines={asked_lines}",
     ]
-    # An every-line answer is about 2 % of its prompt's tokens: room for it in the context.
+    # An every-line answer is about 1.5 % of its prompt's tokens: room for it in the context.
     room = 512 + (max(sizes) // 40 if asked_lines == "every" else 0)
     if max(sizes) + room > 4096:  # the target's default context
         cmd += ["--param", f"max_model_len={max(sizes) + room}"]

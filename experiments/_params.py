@@ -57,7 +57,7 @@ every ``response.received`` records the method that actually dated it.
 
 ``asked_lines``: what each fixture's question asks (experiments.fixture_text.ASKED_LINES):
 ``spot`` (the seed's: the first value line, the middle one and ``end_value``) or ``every``
-(every value line and ``end_value``, answers about 2 % of the prompt's tokens long; a served
+(every value line and ``end_value``, answers about 1.5 % of the prompt's tokens long; a served
 model's card must show it answers them for the checks to apply, see experiments/needle).
 """
 

@@ -99,7 +99,7 @@ PAD_WORD: Final = " note"
 ASKED_LINES: Final = ("spot", "every")
 """What a fixture's question asks: ``spot``, the first value line, the one nearest the middle and
 ``end_value`` (a short answer: a wrong chunk of KV shows only where it holds one of them);
-``every``, every value line and ``end_value`` (an answer about 2 % of the prompt's tokens, which
+``every``, every value line and ``end_value`` (an answer about 1.5 % of the prompt's tokens, which
 a wrong chunk holding any value line changes)."""
 QUESTION: Final = "Return the values of {names} as JSON. Reply with the JSON object only."
 
