@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from experiments.fixture_text import ASKED_LINES
 from experiments.needle import COMMITTED, NEEDLE, committed
 from ledger import Ledger, open_ledger
 from reports import needle_figures as figures
@@ -93,7 +94,7 @@ def main() -> int:
     ap.add_argument(
         "--asked-lines",
         default="spot",
-        choices=["spot", "every"],
+        choices=ASKED_LINES,
         help="what each fixture asks: the seed's three lines, or every value line",
     )
     ap.add_argument(

@@ -213,13 +213,6 @@ async def _prepare(ctx: RunContext, run_id: str) -> None:
         card = ctx.target.model_card or {}
         below = ", ".join(f"{n}: {a:.1%}" for n, a in card.get("unserved", {}).items())
         threshold = f"{card.get('threshold', 0.99):.0%}"
-        # A card may serve every size it measured: then nothing above it was shown to reach the
-        # threshold, which is as much a reason as a size measured below it.
-        why = (
-            f"declares accuracy below {threshold} there ({below})"
-            if below
-            else f"shows no size above it measured at {threshold} or more (none was measured)"
-        )
         if ctx.asked_lines == "every":
             why = (
                 f"cites every-line evaluations at {threshold} or more "
@@ -227,6 +220,12 @@ async def _prepare(ctx: RunContext, run_id: str) -> None:
                 if "every_line_served_max_tokens" in card
                 else "cites no evaluation that asked every value line"
             )
+        elif below:
+            why = f"declares accuracy below {threshold} there ({below})"
+        else:
+            # A card may serve every size it measured: then nothing above it was shown to reach
+            # the threshold, which is as much a reason as a size measured below it.
+            why = f"shows no size above it measured at {threshold} or more (none was measured)"
         sink.emit_run(
             "note.added",
             {

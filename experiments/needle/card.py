@@ -27,6 +27,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from ..fixture_text import ASKED_LINES
 from . import CARD, COMMITTED, HERE, MANIFEST, NEEDLE, Committed, committed, write_card
 
 SOURCES = HERE / "card.toml"
@@ -97,8 +98,10 @@ def evaluations(sources: dict[str, Any], manifest: dict[str, str]) -> dict[str, 
         if not record.is_file():
             raise CardSourceError(f"{item['name']}: no record at {item['record']}")
         asks = item.get("asks", "spot")
-        if asks not in ("spot", "every"):
-            raise CardSourceError(f"{item['name']}: asks must be 'spot' or 'every', got {asks!r}")
+        if asks not in ASKED_LINES:
+            raise CardSourceError(
+                f"{item['name']}: asks must be one of {', '.join(ASKED_LINES)}, got {asks!r}"
+            )
         if record.name.endswith(".jsonl.xz"):
             got = _ledger_figures(record, manifest, item.get("run"), asks)
         elif record.name.endswith(".eval.json"):

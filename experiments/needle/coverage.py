@@ -57,7 +57,7 @@ def every_mark_fixture(
     ids, answer ids (with the end token) and the expected values. The prompt is the fixture's up
     to its question, which is longer here."""
     key, lines = data.eval_lines(enc, size, index)
-    names = [*ft.marks(len(lines)), "end_value"]
+    names = ft.asked_names(len(lines), "every")
     user, _, expected = ft.content(key, size, len(lines), 0, "".join(lines), names)
     return enc.prompt([user]), [*enc.enc(json.dumps(expected)), enc.im_end], expected
 

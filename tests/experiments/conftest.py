@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from experiments.targets.sim import count_tokens, render_chat
 from ledger import Event, open_ledger
 
 REPO = Path(__file__).resolve().parents[2]
@@ -57,3 +58,8 @@ def ledger_subprocess() -> Iterator[list[subprocess.Popen[bytes]]]:
 
 
 LEDGER = [sys.executable, "-c", "from ledger._cli import main; main()"]
+
+
+async def local_tokens(messages: list[dict[str, str]]) -> int:
+    """Prompt tokens of chat messages as the sim target counts them (a FixtureFactory's tokenize)."""
+    return count_tokens(render_chat(messages, add_generation_prompt=True, enable_thinking=False))

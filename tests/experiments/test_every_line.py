@@ -18,11 +18,7 @@ from ledger import open_ledger
 from reports import audit, open_source
 
 from .._cli import ledger_cli, param_args
-from .conftest import SMALL
-
-
-async def _local_tokens(messages: list[dict[str, str]]) -> int:
-    return count_tokens(render_chat(messages, add_generation_prompt=True, enable_thinking=False))
+from .conftest import SMALL, local_tokens
 
 
 def test_the_asked_names_are_the_spot_lines_or_every_value_line() -> None:
@@ -39,8 +35,8 @@ def test_the_asked_names_are_the_spot_lines_or_every_value_line() -> None:
 
 def test_every_line_fixtures_ask_every_value_line_and_know_their_answers_length() -> None:
     async def build() -> list[Any]:
-        every = FixtureFactory(_local_tokens, asked_lines="every")
-        spot = FixtureFactory(_local_tokens)
+        every = FixtureFactory(local_tokens, asked_lines="every")
+        spot = FixtureFactory(local_tokens)
         return [
             await every.fixture("314159:micro:0", 4000),
             await every.fixture("314159:micro:0", 16000),
@@ -67,7 +63,7 @@ def test_every_line_fixtures_ask_every_value_line_and_know_their_answers_length(
     assert spot.answer_tokens is None and spot.answer_limit is None and spot.answer_chars is None
     assert "answer_tokens" not in spot.event_data("ns") and spot.event_data("ns")["asked_lines"] == "spot"
     with pytest.raises(ValueError, match="asked_lines must be one of spot, every"):
-        FixtureFactory(_local_tokens, asked_lines="most")
+        FixtureFactory(local_tokens, asked_lines="most")
 
 
 def _rows(db: Path, sql: str, *args: Any) -> list[tuple[Any, ...]]:
@@ -175,7 +171,7 @@ def test_a_wrong_chunk_outside_the_spot_lines_is_seen_only_by_every_line_questio
     assert failed["every"], "the every-line question sees the wrong chunk"
 
     async def content(key: str) -> str:
-        return (await FixtureFactory(_local_tokens, asked_lines="every").fixture(key, 8000)).content
+        return (await FixtureFactory(local_tokens, asked_lines="every").fixture(key, 8000)).content
 
     for fid, names in failed["every"]:
         text = asyncio.run(content(keys[fid]))

@@ -10,9 +10,9 @@ import pytest
 
 from experiments._params import ParamError, check_params, parse_param
 from experiments.fixtures import FixtureFactory, make_namespace
-from experiments.targets.sim import count_tokens, render_chat
 
 from .._cli import ledger_cli
+from .conftest import local_tokens
 
 
 def test_param_values_are_json_literals_else_strings() -> None:
@@ -83,12 +83,8 @@ def test_needle_eval_sends_each_sizes_own_fixture_count(tmp_path: Path) -> None:
     assert {s: sizes.count(s) for s in set(sizes)} == {1024: 2, 2048: 5, 3072: 2}
 
 
-async def _local_tokens(messages: list[dict[str, str]]) -> int:
-    return count_tokens(render_chat(messages, add_generation_prompt=True, enable_thinking=False))
-
-
 def test_fixtures_hit_nominal_sizes_and_share_prefixes() -> None:
-    factory = FixtureFactory(_local_tokens)
+    factory = FixtureFactory(local_tokens)
 
     async def build() -> list:
         return [await factory.fixture("314159:micro:0", n) for n in (1000, 4000, 16000)]
@@ -101,11 +97,11 @@ def test_fixtures_hit_nominal_sizes_and_share_prefixes() -> None:
     # Like real files: the larger fixture starts with the smaller one's text (all but its tail).
     head = small.content[: int(0.9 * len(small.content))]
     assert large.content.startswith(head)
-    assert asyncio.run(FixtureFactory(_local_tokens).fixture("314159:micro:0", 4000)) == mid
+    assert asyncio.run(FixtureFactory(local_tokens).fixture("314159:micro:0", 4000)) == mid
 
 
 def test_session_history_is_canonical_and_grows_by_turn_growth() -> None:
-    factory = FixtureFactory(_local_tokens)
+    factory = FixtureFactory(local_tokens)
 
     async def build():  # type: ignore[no-untyped-def]
         fx = await factory.fixture("314159:session:0", 2000)
