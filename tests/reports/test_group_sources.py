@@ -87,6 +87,10 @@ def test_each_group_has_the_tables_report_and_audit_of_a_source_opened_for_it(
             try:
                 assert src.scope == want.scope == run_scope(team_ledger, group)
                 assert src.head == want.head == whole_head
+                # A verified source builds the audit's re-derivations on a thread of its own from
+                # open: wait for both, or the listing races that build.
+                src.rederive()
+                want.rederive()
                 got_tables, want_tables = _tables(src), _tables(want)
                 assert sorted(got_tables) == sorted(want_tables)
                 assert [name for name in want_tables if got_tables[name] != want_tables[name]] == []
