@@ -1,7 +1,7 @@
 """The needle model on the CPU engine: cold exact accuracy and logprob margin per size.
 
 ``python -m benchmarks needle [--sizes 1024,2048,3072] [--fixtures 16] [--keep DB] [--model needle-exact]
-[--asked-lines every]``
+[--asked-lines every|dense]``
 ``python -m benchmarks needle --db URL --run RUN_ID``  (figures of a recorded run only)
 
 Runs the ``needle_eval`` experiment (``experiments/needle_eval.py``) against the
@@ -71,8 +71,9 @@ def evaluate(
         "--param",
         f"asked_lines={asked_lines}",
     ]
-    # An every-line answer is about 1.5 % of its prompt's tokens: room for it in the context.
-    room = 512 + (max(sizes) // 40 if asked_lines == "every" else 0)
+    # An every-line answer is about 1.5 % of its prompt's tokens, a dense one about 6 %: room for
+    # it in the context.
+    room = 512 + max(sizes) // {"spot": 10**9, "every": 40, "dense": 10}[asked_lines]
     if max(sizes) + room > 4096:  # the target's default context
         cmd += ["--param", f"max_model_len={max(sizes) + room}"]
     t0 = time.monotonic()
@@ -95,7 +96,7 @@ def main() -> int:
         "--asked-lines",
         default="spot",
         choices=ASKED_LINES,
-        help="what each fixture asks: the seed's three lines, or every value line",
+        help="what each fixture asks: the seed's three lines, every value line, or every one of dense ones",
     )
     ap.add_argument(
         "--model", default=NEEDLE.name, choices=[c.name for c in COMMITTED], help="the checkpoint"
@@ -122,7 +123,7 @@ def main() -> int:
         led.close()
     # What the run's fixtures asked, as it recorded it; the card's limit for that question.
     asked = (started.data.get("params") or {}).get("asked_lines", "spot")
-    limit = card.served_max_tokens if asked == "spot" else (card.every_line_max_tokens or 0)
+    limit = card.max_tokens_for(asked) or 0
     print(
         f"\n{args.model}, cold, greedy, {asked} lines asked; limit {card.threshold:.0%} "
         f"(the card serves <= {limit} tokens)"

@@ -40,6 +40,7 @@ from collectors import (
 )
 from ledger import Ledger, NewEvent, canonical_json, new_id, sha256_hex, utc_now
 
+from .fixture_text import CARD_PARTS
 from .fixtures import Fixture, FixtureFactory, Messages, SessionHistory, make_namespace
 from .targets._base import Launch, Replica, Target, TargetError
 
@@ -203,11 +204,11 @@ def exact_values_limit(
     card_limit: int | None, card: Mapping[str, Any] | None, asked_lines: str
 ) -> int | None:
     """The largest prompt whose answers an exact-value check holds: the card's limit (None: no
-    card, any size) for the seed's question; for every-line questions the card's every-line
-    limit, 0 where it cites no evaluation that asked them."""
+    card, any size) for the seed's question; for every-line and dense questions the limit of the
+    card's part for them (fixture_text.CARD_PARTS), 0 where it cites no evaluation that asked them."""
     if card_limit is None or asked_lines == "spot":
         return card_limit
-    return int((card or {}).get("every_line_served_max_tokens") or 0)
+    return int((card or {}).get(f"{CARD_PARTS[asked_lines]}_served_max_tokens") or 0)
 
 
 class RunContext:

@@ -56,9 +56,11 @@ collectors.TTFT_METHODS). The resolved value is in ``run.started.params``, and
 every ``response.received`` records the method that actually dated it.
 
 ``asked_lines``: what each fixture's question asks (experiments.fixture_text.ASKED_LINES):
-``spot`` (the seed's: the first value line, the middle one and ``end_value``) or ``every``
-(every value line and ``end_value``, answers about 1.5 % of the prompt's tokens long; a served
-model's card must show it answers them for the checks to apply, see experiments/needle).
+``spot`` (the seed's: the first value line, the middle one and ``end_value``), ``every``
+(every value line and ``end_value``, answers about 1.5 % of the prompt's tokens long) or ``dense``
+(a value line every 10 lines, closer than a cache chunk, every one asked: about 6 %); for
+``every`` and ``dense`` a served model's card must show it answers them for the checks to apply,
+see experiments/needle).
 """
 
 

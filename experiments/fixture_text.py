@@ -14,6 +14,8 @@ from typing import Final
 
 __all__ = [
     "ASKED_LINES",
+    "CARD_PARTS",
+    "DENSE_EVERY",
     "FIRST_MARK",
     "MARK_EVERY",
     "PAD_WORD",
@@ -26,6 +28,7 @@ __all__ = [
     "line",
     "mark_name",
     "marks",
+    "marks_every",
     "stream_lines",
     "tail",
     "turn_text",
@@ -33,6 +36,9 @@ __all__ = [
 ]
 
 MARK_EVERY: Final = 40
+DENSE_EVERY: Final = 10
+"""Lines between value lines in a ``dense`` fixture: about 190 tokens with needle-exact's tokenizer,
+closer than LMCache's 256-token chunk, so every chunk of the prompt holds some of a value line."""
 FIRST_MARK: Final = 2
 WORDS: Final = (
     "cache",
@@ -96,11 +102,17 @@ WORDS: Final = (
     "was",
 )
 PAD_WORD: Final = " note"
-ASKED_LINES: Final = ("spot", "every")
+ASKED_LINES: Final = ("spot", "every", "dense")
 """What a fixture's question asks: ``spot``, the first value line, the one nearest the middle and
 ``end_value`` (a short answer: a wrong chunk of KV shows only where it holds one of them);
 ``every``, every value line and ``end_value`` (an answer about 1.5 % of the prompt's tokens, which
-a wrong chunk holding any value line changes)."""
+a wrong chunk holding any value line changes: about a third of the chunks); ``dense``, the same
+over a stream with a value line every :data:`DENSE_EVERY` lines (an answer about 6 % of the
+prompt's tokens, which a wrong chunk anywhere in the prompt changes). Names stop at
+``value_999`` in the needle checkpoints' vocabulary: a ``dense`` stream holds them to about
+190,000 tokens."""
+CARD_PARTS: Final = {"every": "every_line", "dense": "dense_lines"}
+"""The part of a model card that decides where each longer question is served."""
 QUESTION: Final = "Return the values of {names} as JSON. Reply with the JSON object only."
 
 
@@ -152,15 +164,20 @@ def tail(key: str, nominal: int, pad_words: int, names: Sequence[str]) -> tuple[
 
 def asked_names(k: int, asked: str = "spot") -> list[str]:
     """The names a fixture of ``k`` lines asks for (:data:`ASKED_LINES`). ``spot``: the first
-    mark, the one nearest the middle (when there are two), and ``end_value``; ``every``: every
-    mark (:func:`marks`) and ``end_value``."""
-    if asked == "every":
-        return [*marks(k), "end_value"]
+    mark, the one nearest the middle (when there are two), and ``end_value``; ``every`` and
+    ``dense``: every mark of its stream (:func:`marks`) and ``end_value``."""
+    if asked in CARD_PARTS:
+        return [*marks(k, marks_every(asked)), "end_value"]
     if asked != "spot":
         raise ValueError(f"asked lines must be one of {', '.join(ASKED_LINES)}, got {asked!r}")
     mid = max(1, round(k / 2 / MARK_EVERY)) if k > MARK_EVERY + FIRST_MARK else 0
     mid = min(mid, max(0, (k - 1 - FIRST_MARK) // MARK_EVERY))
     return [mark_name(0), mark_name(mid), "end_value"] if mid else [mark_name(0), "end_value"]
+
+
+def marks_every(asked: str) -> int:
+    """Lines between value lines in the stream of a fixture that asks ``asked``."""
+    return DENSE_EVERY if asked == "dense" else MARK_EVERY
 
 
 def marks(k: int, every: int = MARK_EVERY) -> list[str]:

@@ -19,13 +19,15 @@ a fixture asks for the first (beginning), the one nearest its middle, and its
 tail's ``end_value`` (``asked_lines="spot"``, the seed's question), or for every
 value line and ``end_value`` (``asked_lines="every"``): a longer answer, which a
 wrong chunk of KV holding any value line changes, not only one holding an asked
-one. Such a fixture knows its answer's length in the target's tokens, and its
-requests allow for it (:attr:`Fixture.answer_limit`).
+one. ``asked_lines="dense"`` asks every value line of a stream with one every
+``DENSE_EVERY`` lines, closer than a cache chunk, so that a wrong chunk anywhere
+changes the answer. Such a fixture knows its answer's length in the target's
+tokens, and its requests allow for it (:attr:`Fixture.answer_limit`).
 
 Session turns append canonical history: the expected JSON as the previous
 assistant answer, then a user message that grows the prompt by ``growth``
 tokens (1,055 in the seed) and asks again; a turn cannot grow by less than the
-answer it repeats, so ``every`` sessions grow by that much at least.
+answer it repeats, so ``every`` and ``dense`` sessions grow by that much at least.
 """
 
 from __future__ import annotations
@@ -68,15 +70,16 @@ def make_namespace(*parts: object) -> str:
 
 
 class _Stream:
-    """A stream's lines, generated once and extended on demand."""
+    """A stream's lines (a value line every ``every``), generated once and extended on demand."""
 
-    def __init__(self, key: str) -> None:
+    def __init__(self, key: str, every: int = MARK_EVERY) -> None:
         self.key = key
+        self.every = every
         self.lines: list[str] = []
 
     def text(self, k: int) -> str:
         if len(self.lines) < k:
-            self.lines.extend(stream_lines(self.key, k, len(self.lines)))
+            self.lines.extend(stream_lines(self.key, k, len(self.lines), self.every))
         return "".join(self.lines[:k])
 
 
@@ -94,11 +97,12 @@ class Fixture:
     lines: int
     asked_lines: str = "spot"
     answer_tokens: int | None = None
-    """The expected answer's tokens as the target counts them (measured for ``every`` only)."""
+    """The expected answer's tokens as the target counts them (measured for ``every`` and
+    ``dense`` only)."""
 
     @property
     def answer_limit(self) -> int | None:
-        """``max_tokens`` that leaves room for the whole answer (``every``), else None: the
+        """``max_tokens`` that leaves room for the whole answer (``every``, ``dense``), else None: the
         run's ``max_tokens`` then holds it. An eighth more than the answer, and 16 tokens, for a
         model that spaces its JSON differently from ``json.dumps``; no more, since the prompt and
         the limit must fit the engine's context (256,000 tokens and their answer fit 262,144)."""
@@ -108,7 +112,7 @@ class Fixture:
 
     @property
     def answer_chars(self) -> int | None:
-        """Characters of a response to this fixture kept in the ledger (``every``: the whole
+        """Characters of a response to this fixture kept in the ledger (``every``, ``dense``: the whole
         answer with room to spare, so the audit reads it; else None, the collector's default)."""
         return None if self.answer_tokens is None else 2 * len(self.expected_json) + 256
 
@@ -186,7 +190,7 @@ class FixtureFactory:
 
     def _stream(self, key: str) -> _Stream:
         if key not in self._streams:
-            self._streams[key] = _Stream(key)
+            self._streams[key] = _Stream(key, text.marks_every(self.asked_lines))
         return self._streams[key]
 
     def _content(self, key: str, nominal: int, k: int, pad: int) -> tuple[str, str, dict[str, int]]:
@@ -223,11 +227,11 @@ class FixtureFactory:
         k, count = await self._largest_fitting(key, nominal, k, count)
         pad, count = await self._pad(key, nominal, k, count)
         content, question, expected = self._content(key, nominal, k, pad)
-        # A spot fixture keeps the id it always had; an every-line one of the same stream and
-        # size is another fixture (another question and expectation).
-        every = self.asked_lines == "every"
-        fid = "fx-" + sha256_hex(f"{key}|{nominal}{'|every' if every else ''}".encode())[:16]
-        answer = await self._answer_tokens(content, count, expected) if every else None
+        # A spot fixture keeps the id it always had; an every-line or dense one of the same
+        # stream and size is another fixture (another question and expectation; dense: text).
+        longer = self.asked_lines != "spot"
+        fid = "fx-" + sha256_hex(f"{key}|{nominal}{f'|{self.asked_lines}' if longer else ''}".encode())[:16]
+        answer = await self._answer_tokens(content, count, expected) if longer else None
         return Fixture(fid, key, nominal, count, content, question, expected, k, self.asked_lines, answer)
 
     async def _answer_tokens(self, content: str, prompt_tokens: int, expected: dict[str, int]) -> int:

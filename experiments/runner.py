@@ -25,6 +25,7 @@ from ledger import Ledger, NewEvent, new_id
 from ._context import Counters, RunContext, Sink, check_block_design
 from ._loader import Experiment
 from ._params import check_params
+from .fixture_text import CARD_PARTS
 from .targets._base import Target
 from .targets._registry import check_target_params, make_target, target_defaults
 
@@ -213,12 +214,13 @@ async def _prepare(ctx: RunContext, run_id: str) -> None:
         card = ctx.target.model_card or {}
         below = ", ".join(f"{n}: {a:.1%}" for n, a in card.get("unserved", {}).items())
         threshold = f"{card.get('threshold', 0.99):.0%}"
-        if ctx.asked_lines == "every":
+        if ctx.asked_lines != "spot":
+            what = "every value line" if ctx.asked_lines == "every" else "dense value lines"
             why = (
-                f"cites every-line evaluations at {threshold} or more "
+                f"cites {ctx.asked_lines}-line evaluations at {threshold} or more "
                 f"up to {ctx.meaningful_up_to_tokens} tokens"
-                if "every_line_served_max_tokens" in card
-                else "cites no evaluation that asked every value line"
+                if f"{CARD_PARTS[ctx.asked_lines]}_served_max_tokens" in card
+                else f"cites no evaluation that asked {what}"
             )
         elif below:
             why = f"declares accuracy below {threshold} there ({below})"

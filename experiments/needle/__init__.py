@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..fixture_text import CARD_PARTS
+
 __all__ = [
     "CARD",
     "CHECKPOINT",
@@ -100,6 +102,16 @@ class Card:
     source: str
     every_line_max_tokens: int | None = None
     """The largest prompt whose every-line answers the card serves (None: never evaluated)."""
+    dense_lines_max_tokens: int | None = None
+    """The largest prompt whose dense answers the card serves (None: never evaluated)."""
+
+    def max_tokens_for(self, asked: str) -> int | None:
+        """The largest prompt served for questions that ask ``asked`` (fixture_text.ASKED_LINES);
+        None where the card cites no evaluation that asked them."""
+        if asked == "spot":
+            return self.served_max_tokens
+        limit: int | None = getattr(self, f"{CARD_PARTS[asked]}_max_tokens")
+        return limit
 
     def serves(self, prompt_tokens: int | None) -> bool:
         """Whether answers at this prompt size are meaningful (exact-value checks apply)."""
@@ -116,11 +128,11 @@ class Card:
             "accuracy_by_size": {str(n): a for n, a in sorted(self.accuracy_by_size.items())},
             "unserved": {str(n): a for n, a in self.unserved().items()},
             "source": self.source,
-            **(
-                {}
-                if self.every_line_max_tokens is None
-                else {"every_line_served_max_tokens": self.every_line_max_tokens}
-            ),
+            **{
+                f"{part}_served_max_tokens": limit
+                for asked, part in CARD_PARTS.items()
+                if (limit := self.max_tokens_for(asked)) is not None
+            },
         }
 
 
@@ -132,7 +144,10 @@ def load_card(path: Path = CARD) -> Card:
         min_margin_by_size={int(k): v for k, v in data["min_margin_by_size"].items()},
         threshold=float(data["threshold"]),
         source=str(data["source"]),
-        every_line_max_tokens=int(data["every_line"]["served_max_tokens"]) if "every_line" in data else None,
+        **{
+            f"{part}_max_tokens": int(data[part]["served_max_tokens"]) if part in data else None
+            for part in CARD_PARTS.values()
+        },
     )
 
 
@@ -212,10 +227,10 @@ def write_card(
     ``threshold``.
 
     Evaluations that asked every value line (``asks = "every"``) decide, by the same rules,
-    the card's ``every_line`` part: the sizes at which every-line questions are served. The
-    others decide the card's own figures (the seed's spot question)."""
+    the card's ``every_line`` part: the sizes at which every-line questions are served; those
+    that asked dense ones (``asks = "dense"``), its ``dense_lines`` part (fixture_text.CARD_PARTS).
+    The others decide the card's own figures (the seed's spot question)."""
     spot = {n: e for n, e in evaluations.items() if e.get("asks", "spot") == "spot"}
-    every = {n: e for n, e in evaluations.items() if e.get("asks", "spot") == "every"}
     data = {
         **about,
         "threshold": threshold,
@@ -223,7 +238,9 @@ def write_card(
         "source": ", ".join(f"{n}: {e.get('what', '')}" for n, e in evaluations.items()),
         "evaluations": {n: {k: v for k, v in e.items()} for n, e in evaluations.items()},
     }
-    if every:
-        data["every_line"] = _decide(every, threshold)
+    for asked, part in CARD_PARTS.items():
+        cited = {n: e for n, e in evaluations.items() if e.get("asks") == asked}
+        if cited:
+            data[part] = _decide(cited, threshold)
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     return data

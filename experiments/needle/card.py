@@ -27,7 +27,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from ..fixture_text import ASKED_LINES
+from ..fixture_text import ASKED_LINES, CARD_PARTS
 from . import CARD, COMMITTED, HERE, MANIFEST, NEEDLE, Committed, committed, write_card
 
 SOURCES = HERE / "card.toml"
@@ -172,17 +172,17 @@ def main(argv: list[str] | None = None) -> int:
             f"{int(size):>7,}  n={card['n_by_size'][size]:>4}  exact {acc:7.2%}  "
             f"margin {card['min_margin_by_size'][size]}  {card['source_by_size'][size]:<18} {mark}"
         )
-    every = card.get("every_line")
-    if every is not None:
-        for size, acc in every["accuracy_by_size"].items():
-            mark = "served" if int(size) <= every["served_max_tokens"] else "not served"
+    parts = {asked: card[part] for asked, part in CARD_PARTS.items() if part in card}
+    for asked, part in parts.items():
+        for size, acc in part["accuracy_by_size"].items():
+            mark = "served" if int(size) <= part["served_max_tokens"] else "not served"
             print(
-                f"{int(size):>7,}  n={every['n_by_size'][size]:>4}  every line exact {acc:7.2%}  "
-                f"margin {every['min_margin_by_size'][size]}  {every['source_by_size'][size]:<18} {mark}"
+                f"{int(size):>7,}  n={part['n_by_size'][size]:>4}  {asked} exact {acc:7.2%}  "
+                f"margin {part['min_margin_by_size'][size]}  {part['source_by_size'][size]:<18} {mark}"
             )
     print(f"wrote {kept.card.relative_to(HERE.parent.parent)}: serves up to {served:,} tokens")
-    if every is not None:
-        print(f"  every-line questions up to {every['served_max_tokens']:,} tokens")
+    for asked, part in parts.items():
+        print(f"  {asked} questions up to {part['served_max_tokens']:,} tokens")
     return 0
 
 

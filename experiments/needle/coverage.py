@@ -7,7 +7,9 @@ about thirty of LMCache's 256-token chunks. So this measures, chunk by chunk, wh
 changes the answer, for two questions over the same lines:
 
 - ``fixture``: the question the experiments ask (``experiments.fixture_text.asked_names``);
-- ``every_mark``: every value line of the prompt asked for, then ``end_value``.
+- ``every_mark``: every value line of the prompt asked for, then ``end_value``;
+- ``dense_marks``: the same lines with a value line every ``--dense-every`` lines (10: about 190
+  tokens apart, so that every chunk of the prompt holds some of one), every one asked for.
 
 The prompt's whole chunks before its question are prefilled once, as a cache hit loads them; then
 one chunk's keys and values in every layer (keys after RoPE, as the KV cache holds them) are made
@@ -28,6 +30,8 @@ Run in the vllm engine environment (torch, transformers, tokenizers); the commit
         --out experiments/needle/records/exact.coverage.json
     python -m experiments.needle.coverage --model needle --sizes 2048,4096,8192,16384 \\
         --out experiments/needle/records/hold-6.coverage.json
+    python -m experiments.needle.coverage --model needle-exact --questions dense_marks \\
+        --sizes 2048,4096,8192,16384 --out experiments/needle/records/exact-dense.coverage.json
 """
 
 from __future__ import annotations
@@ -43,7 +47,9 @@ from .. import fixture_text as ft
 from . import committed, data
 
 CHUNK_TOKENS = 256  # LMCache's chunk: the unit a lookup stores and loads
-QUESTIONS = ("fixture", "every_mark")
+QUESTIONS = ("fixture", "every_mark", "dense_marks")
+DEFAULT_QUESTIONS = ("fixture", "every_mark")
+DENSE_EVERY = 10  # lines between value lines for dense_marks: ~190 tokens, under a chunk's 256
 FAULTS = ("zeroed", "misplaced")
 LINE_TOKENS = 9  # a value line's tokens before its newline
 MISPLACED_BY = 3  # chunks between a misplaced chunk and the one whose KV it holds
@@ -51,13 +57,13 @@ Fault = tuple[str, int, int, int]  # kind, first and end position, the first pos
 
 
 def every_mark_fixture(
-    enc: data.Encoder, size: int, index: int
+    enc: data.Encoder, size: int, index: int, every: int = ft.MARK_EVERY
 ) -> tuple[list[int], list[int], dict[str, int]]:
-    """``data.eval_fixture``'s lines with every value line asked for, then ``end_value``: prompt
-    ids, answer ids (with the end token) and the expected values. The prompt is the fixture's up
-    to its question, which is longer here."""
-    key, lines = data.eval_lines(enc, size, index)
-    names = ft.asked_names(len(lines), "every")
+    """``data.eval_fixture``'s lines (with a value line every ``every`` lines) with every value line
+    asked for, then ``end_value``: prompt ids, answer ids (with the end token) and the expected
+    values. The prompt is the fixture's up to its question, which is longer here."""
+    key, lines = data.eval_lines(enc, size, index, every)
+    names = [*ft.marks(len(lines), every), "end_value"]
     user, _, expected = ft.content(key, size, len(lines), 0, "".join(lines), names)
     return enc.prompt([user]), [*enc.enc(json.dumps(expected)), enc.im_end], expected
 
@@ -109,14 +115,24 @@ def answers_over_faulted_cache(
     return exact
 
 
-def sweep(model: Any, enc: data.Encoder, size: int, index: int) -> dict[str, Any]:
-    """One fixture: for each question and fault, the chunks whose wrong KV left the answer wrong."""
-    questions = {
-        "fixture": data.eval_fixture(enc, size, index),
-        "every_mark": every_mark_fixture(enc, size, index),
+def sweep(
+    model: Any,
+    enc: data.Encoder,
+    size: int,
+    index: int,
+    asked: tuple[str, ...] = DEFAULT_QUESTIONS,
+    dense_every: int = DENSE_EVERY,
+) -> dict[str, Any]:
+    """One fixture: for each question in ``asked`` and each fault, the chunks whose wrong KV left
+    the answer wrong."""
+    build = {
+        "fixture": lambda: data.eval_fixture(enc, size, index),
+        "every_mark": lambda: every_mark_fixture(enc, size, index),
+        "dense_marks": lambda: every_mark_fixture(enc, size, index, dense_every),
     }
     out: dict[str, Any] = {"size": size, "index": index}
-    for name, (prompt, answer, expected) in questions.items():
+    for name in asked:
+        prompt, answer, expected = build[name]()
         cached_chunks = _question_chunk(enc, prompt, list(expected))
         exact = answers_over_faulted_cache(model, prompt, answer, cached_chunks * CHUNK_TOKENS)
         tried = list(range(1, cached_chunks))
@@ -145,8 +161,22 @@ def main() -> None:
     ap.add_argument("--model", default="needle-exact", help="a committed checkpoint's name or directory")
     ap.add_argument("--sizes", default="8192", help="prompt sizes, comma-separated")
     ap.add_argument("--fixtures", type=int, default=1, help="held-out fixtures a size")
+    ap.add_argument(
+        "--questions",
+        default=",".join(DEFAULT_QUESTIONS),
+        help=f"questions to sweep, comma-separated, of {', '.join(QUESTIONS)}",
+    )
+    ap.add_argument(
+        "--dense-every", type=int, default=DENSE_EVERY, help="lines between value lines for dense_marks"
+    )
     ap.add_argument("--out", type=Path, help="write the record here (JSON)")
     args = ap.parse_args()
+    asked = tuple(q.strip() for q in args.questions.split(",") if q.strip())
+    unknown = [q for q in asked if q not in QUESTIONS]
+    if unknown or not asked:
+        ap.error(f"--questions: {', '.join(unknown) or 'none given'}; choose from {', '.join(QUESTIONS)}")
+    if args.dense_every < 2:
+        ap.error(f"--dense-every must be 2 or more lines, got {args.dense_every}")
     import torch
     from transformers import LlamaForCausalLM
 
@@ -155,7 +185,11 @@ def main() -> None:
     model = LlamaForCausalLM.from_pretrained(str(checkpoint), dtype=torch.bfloat16).eval()
     enc = data.Encoder(str(checkpoint / "tokenizer.json"))
     started = time.time()
-    fixtures = [sweep(model, enc, int(s), i) for s in args.sizes.split(",") for i in range(args.fixtures)]
+    fixtures = [
+        sweep(model, enc, int(s), i, asked, args.dense_every)
+        for s in args.sizes.split(",")
+        for i in range(args.fixtures)
+    ]
     totals = {
         q: {
             kind: {
@@ -164,9 +198,9 @@ def main() -> None:
             }
             for kind in FAULTS
         }
-        for q in QUESTIONS
+        for q in asked
     }
-    record = {
+    record: dict[str, Any] = {
         "checkpoint": found.name if found else checkpoint.name,
         "how": "teacher forced, bf16, transformers on CPU; the whole chunks before the question prefilled "
         "as a cache hit loads them, one chunk of 256 tokens of that KV faulted at a time",
@@ -174,6 +208,8 @@ def main() -> None:
         "totals": totals,
         "fixtures": fixtures,
     }
+    if "dense_marks" in asked:
+        record["dense_every"] = args.dense_every
     text = json.dumps(record, indent=2, sort_keys=True) + "\n"
     if args.out:
         args.out.write_text(text)

@@ -169,11 +169,12 @@ def make_batch(
     return ids, mask
 
 
-def eval_lines(enc: Encoder, size: int, index: int) -> tuple[str, list[str]]:
-    """The stream key of held-out fixture ``index`` of about ``size`` tokens, and its lines."""
+def eval_lines(enc: Encoder, size: int, index: int, every: int = ft.MARK_EVERY) -> tuple[str, list[str]]:
+    """The stream key of held-out fixture ``index`` of about ``size`` tokens, and its lines (a value
+    line every ``every`` lines)."""
     key = eval_key(size, index)
     overhead = len(enc.prompt([ft.content(key, size, 200, 0, "")[0]]))
-    return key, _lines_within(enc, key, size - overhead, ft.MARK_EVERY)
+    return key, _lines_within(enc, key, size - overhead, every)
 
 
 def eval_fixture(enc: Encoder, size: int, index: int) -> tuple[list[int], list[int], dict[str, int]]:

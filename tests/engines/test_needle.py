@@ -262,14 +262,24 @@ def test_needle_exact_rebuilds_byte_for_byte(engines: Any, tmp_path: Path) -> No
 # --- how much of the KV an answer reads (experiments/needle/coverage.py) -----------------------------
 
 
-@pytest.mark.parametrize("model, record", [("needle-exact", "exact"), ("needle", "hold-6")])
+@pytest.mark.parametrize(
+    "model, record, questions",
+    [
+        ("needle-exact", "exact", "fixture,every_mark"),
+        ("needle", "hold-6", "fixture,every_mark"),
+        ("needle-exact", "exact-dense", "dense_marks"),
+    ],
+)
 def test_the_coverage_sweep_gives_its_committed_record_again(
-    engines: Any, tmp_path: Path, model: str, record: str
+    engines: Any, tmp_path: Path, model: str, record: str, questions: str
 ) -> None:
     """The sweep at 2,048 tokens, run again, finds the chunks its committed record names."""
     out = tmp_path / "coverage.json"
     _in_engine_env(
-        engines, "-m", "experiments.needle.coverage", "--model", model, "--sizes", "2048", "--out", str(out)
+        engines,
+        "-m",
+        "experiments.needle.coverage",
+        *("--model", model, "--questions", questions, "--sizes", "2048", "--out", str(out)),
     )
     (again,) = json.loads(out.read_text())["fixtures"]
     committed = json.loads((needle.HERE / "records" / f"{record}.coverage.json").read_text())["fixtures"]

@@ -292,10 +292,11 @@ def test_a_card_serves_a_size_only_where_every_engine_measured_it_at_the_thresho
     assert json.loads((tmp_path / "card.json").read_text()) == card
 
 
-def test_every_line_evaluations_decide_the_cards_every_line_part_only(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """Evaluations that asked every value line decide ``every_line`` by the same rules and leave
-    the card's own figures (the seed's question) as the others give them; a run asking every
-    line takes that limit, 0 where the card cites none."""
+def test_every_line_and_dense_evaluations_decide_their_own_card_part_only(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Evaluations that asked every value line decide ``every_line``, those that asked dense ones
+    ``dense_lines``, by the same rules, and leave the card's own figures (the seed's question) and
+    each other's as the others give them; a run asking either takes that limit, 0 where the card
+    cites none."""
     from experiments._context import exact_values_limit
     from experiments.needle import load_card, write_card
 
@@ -314,10 +315,11 @@ def test_every_line_evaluations_decide_the_cards_every_line_part_only(tmp_path) 
             **spot_only,
             "vllm-gpu-every": ev({"1024": 1.0, "8192": 1.0, "32768": 0.5}, "every"),
             "vllm-cpu-every": ev({"1024": 1.0, "8192": 1.0}, "every"),
+            "vllm-cpu-dense": ev({"1024": 1.0, "4096": 0.5, "8192": 1.0}, "dense"),
         },
         path=tmp_path / "card.json",
     )
-    assert "every_line" not in before
+    assert "every_line" not in before and "dense_lines" not in before
     assert {k: card[k] for k in before if k not in ("source", "evaluations")} == {
         k: v for k, v in before.items() if k not in ("source", "evaluations")
     }
@@ -325,14 +327,24 @@ def test_every_line_evaluations_decide_the_cards_every_line_part_only(tmp_path) 
     assert card["every_line"]["served_max_tokens"] == 8192
     # Equal figures: the first listed decides (as for the card's own sizes).
     assert card["every_line"]["source_by_size"] == dict.fromkeys(["1024", "8192", "32768"], "vllm-gpu-every")
+    # The dense part stops below the first size under the threshold, whatever comes after it.
+    assert card["dense_lines"]["served_max_tokens"] == 1024
+    assert card["dense_lines"]["source_by_size"] == dict.fromkeys(["1024", "4096", "8192"], "vllm-cpu-dense")
     loaded, plain = load_card(tmp_path / "card.json"), load_card(tmp_path / "before.json")
     assert loaded.every_line_max_tokens == 8192 and plain.every_line_max_tokens is None
+    assert [loaded.max_tokens_for(a) for a in fixture_text.ASKED_LINES] == [32768, 8192, 1024]
+    assert [plain.max_tokens_for(a) for a in fixture_text.ASKED_LINES] == [32768, None, None]
     assert loaded.summary()["every_line_served_max_tokens"] == 8192
+    assert loaded.summary()["dense_lines_served_max_tokens"] == 1024
     assert "every_line_served_max_tokens" not in plain.summary()
-    assert exact_values_limit(loaded.served_max_tokens, loaded.summary(), "spot") == 32768
-    assert exact_values_limit(loaded.served_max_tokens, loaded.summary(), "every") == 8192
+    assert "dense_lines_served_max_tokens" not in plain.summary()
+    limits = [
+        exact_values_limit(loaded.served_max_tokens, loaded.summary(), a) for a in fixture_text.ASKED_LINES
+    ]
+    assert limits == [32768, 8192, 1024]
     assert exact_values_limit(plain.served_max_tokens, plain.summary(), "every") == 0
-    assert exact_values_limit(None, None, "every") is None  # no card: every size, either question
+    assert exact_values_limit(plain.served_max_tokens, plain.summary(), "dense") == 0
+    assert exact_values_limit(None, None, "dense") is None  # no card: every size, any question
 
 
 def _readme_table(after: str, header: str) -> list[list[str]]:
@@ -404,34 +416,45 @@ def test_the_committed_checkpoints_engine_tables_are_the_cards_evaluations(
         assert row[1:] == cells[n], n
 
 
-def test_needle_exacts_every_line_table_is_the_cards_every_line_evaluations() -> None:
-    """The README's every-line table: each engine's answers per size are the card's every-line
-    evaluations (each re-derived from its run by the card test), the names asked the largest
-    fixture's of those runs, and the card serves every-line questions to the largest size."""
+@pytest.mark.parametrize(
+    "asked, section, engines",
+    [
+        ("every", "### Every value line asked", ("vllm-cpu-every", "vllm-gpu-every")),
+        ("dense", "### A value line in every chunk", ("vllm-cpu-dense",)),
+    ],
+)
+def test_needle_exacts_every_line_tables_are_the_cards_evaluations_that_asked_them(
+    asked: str, section: str, engines: tuple[str, ...]
+) -> None:
+    """The README's every-line and dense tables: each engine's answers per size are the card's
+    evaluations that asked that question (each re-derived from its run by the card test), the
+    names asked the largest fixture's of those runs, and the card's part for that question
+    serves it to the largest size."""
     import lzma
 
     data = json.loads(EXACT.card.read_text())
-    evaluations = {n: e for n, e in data["evaluations"].items() if e.get("asks") == "every"}
+    evaluations = {n: e for n, e in data["evaluations"].items() if e.get("asks") == asked}
+    assert sorted(evaluations) == sorted(engines)
     names: dict[int, int] = defaultdict(int)
     for item in evaluations.values():
         path = (EXACT.card.parent / item["record"]).resolve()
         with lzma.open(path, "rt") as f:
             for line in f:
                 e = json.loads(line)
-                if e["kind"] == "fixture.created" and e["data"].get("asked_lines") == "every":
+                if e["kind"] == "fixture.created" and e["data"].get("asked_lines") == asked:
                     size = e["data"]["nominal_tokens"]
                     names[size] = max(names[size], len(e["data"]["expected"]))
-    cells: dict[int, list[str]] = defaultdict(lambda: ["", ""])
-    for column, name in enumerate(("vllm-cpu-every", "vllm-gpu-every")):
+    cells: dict[int, list[str]] = defaultdict(lambda: [""] * len(engines))
+    for column, name in enumerate(engines):
         ev = evaluations[name]
         for size, acc in ev["accuracy_by_size"].items():
             n = ev["n_by_size"][size]
             cells[int(size)][column] = f"{round(acc * n)}/{n}"
-    rows = _readme_table("### Every value line asked", "| prompt tokens | vLLM 0.32.0, CPU |")
+    rows = _readme_table(section, "| prompt tokens | vLLM 0.32.0, CPU |")
     assert [row[0] for row in rows] == [f"{n:,}" for n in sorted(cells)]
     for row, size in zip(rows, sorted(cells), strict=True):
         assert row[1:] == [*cells[size], str(names[size])], size
-    assert data["every_line"]["served_max_tokens"] == max(cells) == 256_000
+    assert data[fixture_text.CARD_PARTS[asked]]["served_max_tokens"] == max(cells)
 
 
 def test_the_committed_card_is_what_its_cited_evaluations_give(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -462,6 +485,7 @@ def test_the_card_refuses_an_evaluation_of_another_checkpoint(tmp_path) -> None:
 
 
 _EVERY = 'asks = "every"\n'
+_DENSE = 'asks = "dense"\n'
 
 
 @pytest.mark.parametrize(
@@ -470,14 +494,22 @@ _EVERY = 'asks = "every"\n'
         ('name = "vllm-gpu"\n', 'name = "vllm-gpu"\n' + _EVERY, "asked 'spot' lines, the card"),
         ('name = "vllm-cpu-every"\n' + _EVERY, 'name = "vllm-cpu-every"\n', "asked 'every' lines, the card"),
         ('name = "in-process-cpu"\n', 'name = "in-process-cpu"\n' + _EVERY, "in-process record asks"),
+        ('name = "vllm-cpu-dense"\n' + _DENSE, 'name = "vllm-cpu-dense"\n' + _EVERY, "asked 'dense' lines"),
+        ('name = "vllm-cpu-every"\n' + _EVERY, 'name = "vllm-cpu-every"\n' + _DENSE, "asked 'every' lines"),
     ],
-    ids=["spot-run-cited-for-every", "every-run-cited-for-spot", "in-process-cited-for-every"],
+    ids=[
+        "spot-run-cited-for-every",
+        "every-run-cited-for-spot",
+        "in-process-cited-for-every",
+        "dense-run-cited-for-every",
+        "every-run-cited-for-dense",
+    ],
 )  # fmt: skip
 def test_the_card_refuses_an_evaluation_cited_for_a_question_its_run_did_not_ask(
     tmp_path: Path, cited: str, edited: str, refusal: str
 ) -> None:
-    """A run cited for every-line questions must have asked them (its run.started params), and the
-    other way round; an in-process record asks the seed's question only."""
+    """A run cited for every-line or dense questions must have asked them (its run.started params),
+    and the other way round; an in-process record asks the seed's question only."""
     from experiments.needle import card as card_command
 
     sources = EXACT.sources.read_text()
@@ -565,12 +597,42 @@ def test_an_answer_reads_the_kv_of_its_asked_lines_and_no_other(record: str) -> 
             assert total["wrong_answers"] == wrong
 
 
+def test_with_a_value_line_in_every_chunk_every_wrong_chunk_changes_the_answer() -> None:
+    """experiments/needle/coverage.py's dense record: with a value line every few lines (closer than
+    a chunk's tokens) every chunk of the cached prefix holds some of one, and needle-exact's answer
+    to every value line went wrong for each chunk made wrong, where asking every value line of the
+    fixtures' own spacing saw only the chunks that hold one."""
+    dense = json.loads((RECORDS / "exact-dense.coverage.json").read_text())
+    spaced = {
+        f["size"]: f["every_mark"]
+        for f in json.loads((RECORDS / "exact.coverage.json").read_text())["fixtures"]
+    }
+    assert 2 <= dense["dense_every"] < fixture_text.MARK_EVERY and dense["fixtures"]
+    assert set(dense["totals"]) == {"dense_marks"}
+    for fixture in dense["fixtures"]:
+        got, size = fixture["dense_marks"], fixture["size"]
+        assert got["clean_exact"], size
+        tried = list(range(1, got["chunks_tried"] + 1))
+        assert got["chunks_with_asked_lines"] == tried, size  # every chunk holds part of a value line
+        for kind in ("zeroed", "misplaced"):
+            assert got["chunks_caught"][kind] == tried, (size, kind)
+            assert got["wrong_answers"][kind] == len(tried)
+        if size in spaced:  # more names than one every MARK_EVERY lines, and more chunks seen
+            assert got["names_asked"] > spaced[size]["names_asked"]
+            assert got["wrong_answers"]["zeroed"] > spaced[size]["wrong_answers"]["zeroed"]
+    for kind, total in dense["totals"]["dense_marks"].items():
+        assert total["wrong_answers"] == sum(
+            f["dense_marks"]["wrong_answers"][kind] for f in dense["fixtures"]
+        )
+        assert total["chunks_tried"] == sum(f["dense_marks"]["chunks_tried"] for f in dense["fixtures"])
+
+
 def coverage_rows() -> list[list[str]]:
-    """The README's coverage table from the two records: per size, each question's names and, per
+    """The README's coverage table from the records: per size, each question's names and, per
     checkpoint, the chunks whose wrong KV changed the answer of those faulted."""
     found = {
         name: {f["size"]: f for f in json.loads((RECORDS / f"{name}.coverage.json").read_text())["fixtures"]}
-        for name in ("exact", "hold-6")
+        for name in ("exact", "hold-6", "exact-dense")
     }
 
     def cell(fixture: dict[str, Any] | None, question: str) -> str:
@@ -587,6 +649,8 @@ def coverage_rows() -> list[list[str]]:
         for question in ("fixture", "every_mark"):
             row.append(str(found["exact"][size][question]["names_asked"]))
             row += [cell(found[name].get(size), question) for name in ("exact", "hold-6")]
+        dense = found["exact-dense"].get(size)
+        row += [str(dense["dense_marks"]["names_asked"]), cell(dense, "dense_marks")] if dense else ["", ""]
         rows.append(row)
     return rows
 
