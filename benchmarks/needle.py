@@ -73,7 +73,8 @@ def evaluate(
     ]
     # An every-line answer is about 1.5 % of its prompt's tokens, a dense one about 6 %: room for
     # it in the context.
-    room = 512 + max(sizes) // {"spot": 10**9, "every": 40, "dense": 10}[asked_lines]
+    share = {"every": 40, "dense": 10}.get(asked_lines)
+    room = 512 + (max(sizes) // share if share else 0)
     if max(sizes) + room > 4096:  # the target's default context
         cmd += ["--param", f"max_model_len={max(sizes) + room}"]
     t0 = time.monotonic()

@@ -4,12 +4,13 @@ in turn, and the checkpoint's greedy answer is checked exact or not.
 An exact-value check can only see a cache's wrong state where the answer reads it. A fixture asks
 for three values (the first mark, the middle one and ``end_value``); a prompt of 8,192 tokens holds
 about thirty of LMCache's 256-token chunks. So this measures, chunk by chunk, whether wrong KV there
-changes the answer, for two questions over the same lines:
+changes the answer, for these questions:
 
 - ``fixture``: the question the experiments ask (``experiments.fixture_text.asked_names``);
-- ``every_mark``: every value line of the prompt asked for, then ``end_value``;
-- ``dense_marks``: the same lines with a value line every ``--dense-every`` lines (10: about 190
-  tokens apart, so that every chunk of the prompt holds some of one), every one asked for.
+- ``every_mark``: every value line of the same prompt asked for, then ``end_value``;
+- ``dense_marks``: a stream with a value line every ``--dense-every`` lines (10, the experiments'
+  ``asked_lines=dense``: about 190 tokens apart, so that every chunk holds some of one), every one
+  asked for (``--questions dense_marks``; the first two are the default).
 
 The prompt's whole chunks before its question are prefilled once, as a cache hit loads them; then
 one chunk's keys and values in every layer (keys after RoPE, as the KV cache holds them) are made
@@ -49,7 +50,6 @@ from . import committed, data
 CHUNK_TOKENS = 256  # LMCache's chunk: the unit a lookup stores and loads
 QUESTIONS = ("fixture", "every_mark", "dense_marks")
 DEFAULT_QUESTIONS = ("fixture", "every_mark")
-DENSE_EVERY = 10  # lines between value lines for dense_marks: ~190 tokens, under a chunk's 256
 FAULTS = ("zeroed", "misplaced")
 LINE_TOKENS = 9  # a value line's tokens before its newline
 MISPLACED_BY = 3  # chunks between a misplaced chunk and the one whose KV it holds
@@ -121,7 +121,7 @@ def sweep(
     size: int,
     index: int,
     asked: tuple[str, ...] = DEFAULT_QUESTIONS,
-    dense_every: int = DENSE_EVERY,
+    dense_every: int = ft.DENSE_EVERY,
 ) -> dict[str, Any]:
     """One fixture: for each question in ``asked`` and each fault, the chunks whose wrong KV left
     the answer wrong."""
@@ -167,7 +167,7 @@ def main() -> None:
         help=f"questions to sweep, comma-separated, of {', '.join(QUESTIONS)}",
     )
     ap.add_argument(
-        "--dense-every", type=int, default=DENSE_EVERY, help="lines between value lines for dense_marks"
+        "--dense-every", type=int, default=ft.DENSE_EVERY, help="lines between value lines for dense_marks"
     )
     ap.add_argument("--out", type=Path, help="write the record here (JSON)")
     args = ap.parse_args()
