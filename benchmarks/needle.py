@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from experiments.fixture_text import ASKED_LINES
+from experiments.fixture_text import ASKED_LINES, marks_every
 from experiments.needle import COMMITTED, NEEDLE, committed
 from ledger import Ledger, open_ledger
 from reports import needle_figures as figures
@@ -71,10 +71,9 @@ def evaluate(
         "--param",
         f"asked_lines={asked_lines}",
     ]
-    # An every-line answer is about 1.5 % of its prompt's tokens, a dense one about 6 %: room for
-    # it in the context.
-    share = {"every": 40, "dense": 10}.get(asked_lines)
-    room = 512 + (max(sizes) // share if share else 0)
+    # An answer to every value line takes about 11 tokens a line, one every MARK_EVERY (dense:
+    # DENSE_EVERY) lines of about 19 tokens each: a prompt's tokens over the spacing leave room.
+    room = 512 + (0 if asked_lines == "spot" else max(sizes) // marks_every(asked_lines))
     if max(sizes) + room > 4096:  # the target's default context
         cmd += ["--param", f"max_model_len={max(sizes) + room}"]
     t0 = time.monotonic()

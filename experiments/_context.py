@@ -40,7 +40,7 @@ from collectors import (
 )
 from ledger import Ledger, NewEvent, canonical_json, new_id, sha256_hex, utc_now
 
-from .fixture_text import CARD_PARTS
+from .fixture_text import served_key
 from .fixtures import Fixture, FixtureFactory, Messages, SessionHistory, make_namespace
 from .targets._base import Launch, Replica, Target, TargetError
 
@@ -208,7 +208,7 @@ def exact_values_limit(
     card's part for them (fixture_text.CARD_PARTS), 0 where it cites no evaluation that asked them."""
     if card_limit is None or asked_lines == "spot":
         return card_limit
-    return int((card or {}).get(f"{CARD_PARTS[asked_lines]}_served_max_tokens") or 0)
+    return int((card or {}).get(served_key(asked_lines)) or 0)
 
 
 class RunContext:

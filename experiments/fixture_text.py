@@ -29,6 +29,7 @@ __all__ = [
     "mark_name",
     "marks",
     "marks_every",
+    "served_key",
     "stream_lines",
     "tail",
     "turn_text",
@@ -113,6 +114,14 @@ prompt's tokens, which a wrong chunk anywhere in the prompt changes). Names stop
 190,000 tokens."""
 CARD_PARTS: Final = {"every": "every_line", "dense": "dense_lines"}
 """The part of a model card that decides where each longer question is served."""
+
+
+def served_key(asked: str) -> str:
+    """The key of a card summary's largest prompt served for questions that ask ``asked`` (one of
+    :data:`CARD_PARTS`; the seed's question has the card's own ``served_max_tokens``)."""
+    return f"{CARD_PARTS[asked]}_served_max_tokens"
+
+
 QUESTION: Final = "Return the values of {names} as JSON. Reply with the JSON object only."
 
 

@@ -25,7 +25,7 @@ from ledger import Ledger, NewEvent, new_id
 from ._context import Counters, RunContext, Sink, check_block_design
 from ._loader import Experiment
 from ._params import check_params
-from .fixture_text import CARD_PARTS
+from .fixture_text import served_key
 from .targets._base import Target
 from .targets._registry import check_target_params, make_target, target_defaults
 
@@ -219,7 +219,7 @@ async def _prepare(ctx: RunContext, run_id: str) -> None:
             why = (
                 f"cites {ctx.asked_lines}-line evaluations at {threshold} or more "
                 f"up to {ctx.meaningful_up_to_tokens} tokens"
-                if f"{CARD_PARTS[ctx.asked_lines]}_served_max_tokens" in card
+                if served_key(ctx.asked_lines) in card
                 else f"cites no evaluation that asked {what}"
             )
         elif below:

@@ -402,10 +402,7 @@ def validation_sections(v: dict[str, Any]) -> list[Section]:
 
 
 # What a run's exact-value checks asked, where not the seed's three lines (experiments' asked_lines).
-_ASKED_NOTE = {
-    "every": ", every value line asked)",
-    "dense": ", dense value lines, every one asked)",
-}
+_ASKED_NOTE = {"every": ", every value line asked", "dense": ", dense value lines, every one asked"}
 
 
 def _md_cell(text: str) -> str:
@@ -425,7 +422,8 @@ def to_markdown(report: dict[str, Any]) -> str:
             ", ".join(
                 f"`{r['run_id']}` ({r['experiment']}, {'–'.join(b['arm'] for b in r['blocks'])}"
                 # What its exact-value checks asked, where not the seed's three lines.
-                + _ASKED_NOTE.get(str(r.get("asked_lines")), ")")
+                + _ASKED_NOTE.get(str(r.get("asked_lines")), "")
+                + ")"
                 for r in report["runs"]
             )
             or "none"

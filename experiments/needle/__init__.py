@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..fixture_text import CARD_PARTS
+from ..fixture_text import CARD_PARTS, served_key
 
 __all__ = [
     "CARD",
@@ -129,8 +129,8 @@ class Card:
             "unserved": {str(n): a for n, a in self.unserved().items()},
             "source": self.source,
             **{
-                f"{part}_served_max_tokens": limit
-                for asked, part in CARD_PARTS.items()
+                served_key(asked): limit
+                for asked in CARD_PARTS
                 if (limit := self.max_tokens_for(asked)) is not None
             },
         }

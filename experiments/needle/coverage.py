@@ -8,8 +8,8 @@ changes the answer, for these questions:
 
 - ``fixture``: the question the experiments ask (``experiments.fixture_text.asked_names``);
 - ``every_mark``: every value line of the same prompt asked for, then ``end_value``;
-- ``dense_marks``: a stream with a value line every ``--dense-every`` lines (10, the experiments'
-  ``asked_lines=dense``: about 190 tokens apart, so that every chunk holds some of one), every one
+- ``dense_marks``: the lines of the experiments' ``asked_lines=dense``, a value line every
+  ``DENSE_EVERY`` lines (about 190 tokens apart, so that every chunk holds some of one), every one
   asked for (``--questions dense_marks``; the first two are the default).
 
 The prompt's whole chunks before its question are prefilled once, as a cache hit loads them; then
@@ -57,13 +57,14 @@ Fault = tuple[str, int, int, int]  # kind, first and end position, the first pos
 
 
 def every_mark_fixture(
-    enc: data.Encoder, size: int, index: int, every: int = ft.MARK_EVERY
+    enc: data.Encoder, size: int, index: int, asked: str = "every"
 ) -> tuple[list[int], list[int], dict[str, int]]:
-    """``data.eval_fixture``'s lines (with a value line every ``every`` lines) with every value line
-    asked for, then ``end_value``: prompt ids, answer ids (with the end token) and the expected
-    values. The prompt is the fixture's up to its question, which is longer here."""
-    key, lines = data.eval_lines(enc, size, index, every)
-    names = [*ft.marks(len(lines), every), "end_value"]
+    """``data.eval_fixture``'s lines (``asked``: ``every``, or ``dense`` for a stream with a value
+    line every ``DENSE_EVERY`` lines) with every value line asked for, then ``end_value``: prompt
+    ids, answer ids (with the end token) and the expected values. The prompt is the fixture's up
+    to its question, which is longer here."""
+    key, lines = data.eval_lines(enc, size, index, ft.marks_every(asked))
+    names = ft.asked_names(len(lines), asked)
     user, _, expected = ft.content(key, size, len(lines), 0, "".join(lines), names)
     return enc.prompt([user]), [*enc.enc(json.dumps(expected)), enc.im_end], expected
 
@@ -121,14 +122,13 @@ def sweep(
     size: int,
     index: int,
     asked: tuple[str, ...] = DEFAULT_QUESTIONS,
-    dense_every: int = ft.DENSE_EVERY,
 ) -> dict[str, Any]:
     """One fixture: for each question in ``asked`` and each fault, the chunks whose wrong KV left
     the answer wrong."""
     build = {
         "fixture": lambda: data.eval_fixture(enc, size, index),
         "every_mark": lambda: every_mark_fixture(enc, size, index),
-        "dense_marks": lambda: every_mark_fixture(enc, size, index, dense_every),
+        "dense_marks": lambda: every_mark_fixture(enc, size, index, "dense"),
     }
     out: dict[str, Any] = {"size": size, "index": index}
     for name in asked:
@@ -166,17 +166,12 @@ def main() -> None:
         default=",".join(DEFAULT_QUESTIONS),
         help=f"questions to sweep, comma-separated, of {', '.join(QUESTIONS)}",
     )
-    ap.add_argument(
-        "--dense-every", type=int, default=ft.DENSE_EVERY, help="lines between value lines for dense_marks"
-    )
     ap.add_argument("--out", type=Path, help="write the record here (JSON)")
     args = ap.parse_args()
     asked = tuple(q.strip() for q in args.questions.split(",") if q.strip())
     unknown = [q for q in asked if q not in QUESTIONS]
     if unknown or not asked:
         ap.error(f"--questions: {', '.join(unknown) or 'none given'}; choose from {', '.join(QUESTIONS)}")
-    if args.dense_every < 2:
-        ap.error(f"--dense-every must be 2 or more lines, got {args.dense_every}")
     import torch
     from transformers import LlamaForCausalLM
 
@@ -186,9 +181,7 @@ def main() -> None:
     enc = data.Encoder(str(checkpoint / "tokenizer.json"))
     started = time.time()
     fixtures = [
-        sweep(model, enc, int(s), i, asked, args.dense_every)
-        for s in args.sizes.split(",")
-        for i in range(args.fixtures)
+        sweep(model, enc, int(s), i, asked) for s in args.sizes.split(",") for i in range(args.fixtures)
     ]
     totals = {
         q: {
@@ -208,8 +201,8 @@ def main() -> None:
         "totals": totals,
         "fixtures": fixtures,
     }
-    if "dense_marks" in asked:
-        record["dense_every"] = args.dense_every
+    if "dense_marks" in asked:  # the spacing its lines had
+        record["dense_every"] = ft.DENSE_EVERY
     text = json.dumps(record, indent=2, sort_keys=True) + "\n"
     if args.out:
         args.out.write_text(text)

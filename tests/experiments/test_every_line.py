@@ -142,6 +142,21 @@ def test_an_every_line_run_sends_room_for_its_answers_keeps_them_whole_and_the_a
     assert f"(screening, OFF–ON–ON–OFF, {_SAID[asked]})" in markdown
 
 
+def _failed_cross_exact(db: Path) -> list[tuple[str, list[str]]]:
+    """Each failed exact-value check of a cross-replica reuse: its fixture and the names it got wrong."""
+    return [
+        (fid, json.loads(mismatched))
+        for fid, mismatched in _rows(
+            db,
+            """SELECT json_extract(q.data, '$.fixture_id'), json_extract(a.data, '$.mismatched')
+               FROM events a JOIN events q ON q.kind = 'request.sent'
+                AND json_extract(q.data, '$.request_id') = json_extract(a.data, '$.request_id')
+               WHERE a.kind = 'assertion.evaluated' AND json_extract(a.data, '$.check') = 'exact_values'
+                 AND json_extract(q.data, '$.step') = 'cross' AND NOT json_extract(a.data, '$.passed')""",
+        )
+    ]
+
+
 def _token_of(content: str, name: str) -> int:
     """Where a value line's value starts, in the sim's tokens of the chat prompt."""
     rendered = render_chat(
@@ -160,17 +175,7 @@ def test_a_wrong_chunk_outside_the_spot_lines_is_seen_only_by_every_line_questio
     for asked in ("spot", "every"):
         db = tmp_path / f"{asked}.db"
         _run(db, asked, **shape)
-        failed[asked] = [
-            (fid, json.loads(mismatched))
-            for fid, mismatched in _rows(
-                db,
-                """SELECT json_extract(q.data, '$.fixture_id'), json_extract(a.data, '$.mismatched')
-                   FROM events a JOIN events q ON q.kind = 'request.sent'
-                    AND json_extract(q.data, '$.request_id') = json_extract(a.data, '$.request_id')
-                   WHERE a.kind = 'assertion.evaluated' AND json_extract(a.data, '$.check') = 'exact_values'
-                     AND json_extract(q.data, '$.step') = 'cross' AND NOT json_extract(a.data, '$.passed')""",
-            )
-        ]
+        failed[asked] = _failed_cross_exact(db)
         full = _rows(
             db,
             """SELECT json_extract(data, '$.passed') FROM events
@@ -208,24 +213,14 @@ def test_a_wrong_chunk_holding_no_value_line_is_seen_only_by_dense_questions(tmp
     held = chunks(every)
     bare = min(set(range(1, max(held))) - held)  # inside the prompt, and no value line there
     assert bare in chunks(dense)
-    failed: dict[str, list[list[str]]] = {}
+    failed: dict[str, list[tuple[str, list[str]]]] = {}
     for asked in ("every", "dense"):
         db = tmp_path / f"{asked}.db"
         _run(db, asked, sizes=[size], workloads=["micro"], sim_fault=f"unordered-copy:chunk={bare}")
         launched = "SELECT json_extract(data, '$.config.chunk_size') FROM events WHERE kind = ?"
         assert {c for (c,) in _rows(db, launched, "deployment.launched")} == {chunk_size}
-        failed[asked] = [
-            json.loads(mismatched)
-            for (mismatched,) in _rows(
-                db,
-                """SELECT json_extract(a.data, '$.mismatched') FROM events a
-                   JOIN events q ON q.kind = 'request.sent'
-                    AND json_extract(q.data, '$.request_id') = json_extract(a.data, '$.request_id')
-                   WHERE a.kind = 'assertion.evaluated' AND json_extract(a.data, '$.check') = 'exact_values'
-                     AND json_extract(q.data, '$.step') = 'cross' AND NOT json_extract(a.data, '$.passed')""",
-            )
-        ]
+        failed[asked] = _failed_cross_exact(db)
     assert failed["every"] == []
     assert failed["dense"], "the dense question sees the wrong chunk"
-    for names in failed["dense"]:
+    for _fid, names in failed["dense"]:
         assert names and {_token_of(dense.content, n) // chunk_size for n in names} == {bare}
