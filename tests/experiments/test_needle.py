@@ -420,7 +420,7 @@ def test_the_committed_checkpoints_engine_tables_are_the_cards_evaluations(
     "asked, section, engines",
     [
         ("every", "### Every value line asked", ("vllm-cpu-every", "vllm-gpu-every")),
-        ("dense", "### A value line in every chunk", ("vllm-cpu-dense",)),
+        ("dense", "### A value line in every chunk", ("vllm-cpu-dense", "vllm-gpu-dense")),
     ],
 )
 def test_needle_exacts_every_line_tables_are_the_cards_evaluations_that_asked_them(
