@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -100,18 +100,18 @@ class Card:
     min_margin_by_size: dict[int, float | None]
     threshold: float
     source: str
-    every_line_max_tokens: int | None = None
-    """The largest prompt whose every-line answers the card serves (None: never evaluated)."""
-    dense_lines_max_tokens: int | None = None
-    """The largest prompt whose dense answers the card serves (None: never evaluated)."""
+    longer_max_tokens: dict[str, int] = field(default_factory=dict)
+    """For each longer question (a key of fixture_text.CARD_PARTS) whose card part exists, the
+    largest prompt whose answers to it the card serves; a question never evaluated is absent."""
 
     def max_tokens_for(self, asked: str) -> int | None:
         """The largest prompt served for questions that ask ``asked`` (fixture_text.ASKED_LINES);
         None where the card cites no evaluation that asked them."""
         if asked == "spot":
             return self.served_max_tokens
-        limit: int | None = getattr(self, f"{CARD_PARTS[asked]}_max_tokens")
-        return limit
+        if asked not in CARD_PARTS:  # an unknown question is refused, not served
+            raise KeyError(asked)
+        return self.longer_max_tokens.get(asked)
 
     def serves(self, prompt_tokens: int | None) -> bool:
         """Whether answers at this prompt size are meaningful (exact-value checks apply)."""
@@ -144,9 +144,8 @@ def load_card(path: Path = CARD) -> Card:
         min_margin_by_size={int(k): v for k, v in data["min_margin_by_size"].items()},
         threshold=float(data["threshold"]),
         source=str(data["source"]),
-        **{
-            f"{part}_max_tokens": int(data[part]["served_max_tokens"]) if part in data else None
-            for part in CARD_PARTS.values()
+        longer_max_tokens={
+            asked: int(data[part]["served_max_tokens"]) for asked, part in CARD_PARTS.items() if part in data
         },
     )
 

@@ -331,7 +331,7 @@ def test_every_line_and_dense_evaluations_decide_their_own_card_part_only(tmp_pa
     assert card["dense_lines"]["served_max_tokens"] == 1024
     assert card["dense_lines"]["source_by_size"] == dict.fromkeys(["1024", "4096", "8192"], "vllm-cpu-dense")
     loaded, plain = load_card(tmp_path / "card.json"), load_card(tmp_path / "before.json")
-    assert loaded.every_line_max_tokens == 8192 and plain.every_line_max_tokens is None
+    assert loaded.longer_max_tokens == {"every": 8192, "dense": 1024} and plain.longer_max_tokens == {}
     assert [loaded.max_tokens_for(a) for a in fixture_text.ASKED_LINES] == [32768, 8192, 1024]
     assert [plain.max_tokens_for(a) for a in fixture_text.ASKED_LINES] == [32768, None, None]
     assert loaded.summary()["every_line_served_max_tokens"] == 8192
