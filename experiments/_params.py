@@ -25,6 +25,7 @@ TARGET_PARAMS: Final[dict[str, Any]] = {
     "sim_fault": None,
     "hash_seed": 0,
     "sim_capacity_blocks": 65_536,
+    "sim_device": "sim",
 }
 """Options of the sim target (not of the experiment), settable by ``--param`` for every experiment.
 
@@ -44,6 +45,12 @@ target's do (the sim hashes chunks with SHA-256 and shares either way):
 ``vllm:cache_config_info`` ``num_gpu_blocks``); the default holds about a
 million tokens, so the seed's workloads fit. A smaller one puts a workload
 beyond the device cache (the report's regime), with LRU eviction.
+
+``sim_device``: the device model the sim's replicas report (``gpu.name`` of
+``deployment.launched`` and ``request.sent``), as a real replica reports its
+GPU's. Not part of the config digest, as a GPU's model is not: a replay given
+another one stands for the same run replayed on other hardware, which
+``ledger report --pool-replays`` does not pool with its original.
 """
 
 

@@ -18,6 +18,7 @@ from typing import Any
 from ledger import Ledger, NewEvent, ReplayError
 
 from ._loader import load_source
+from ._params import CLIENT_PARAMS
 from .runner import DERIVED_PARAMS, RunResult, prepare_params, run_sync
 from .targets._registry import target_defaults
 
@@ -77,8 +78,17 @@ def _recorded(ledger: Ledger, run_id: str) -> Mapping[str, Any]:
     return started.data
 
 
-def replay(ledger: Ledger, run_id: str, *, target: str | None = None, progress: bool = False) -> Comparison:
-    """Re-run ``run_id`` and compare payload digests request by request."""
+def replay(
+    ledger: Ledger,
+    run_id: str,
+    *,
+    target: str | None = None,
+    progress: bool = False,
+    target_options: Mapping[str, Any] | None = None,
+) -> Comparison:
+    """Re-run ``run_id`` and compare payload digests request by request. ``target_options``
+    changes options of the target, never the experiment's params (the requests stay the same):
+    e.g. the sim's ``sim_device``, a replay on other hardware."""
     data = _recorded(ledger, run_id)
     recorded = dict(data["params"])
     target_name = target or recorded.get("target", "sim")
@@ -88,7 +98,13 @@ def replay(ledger: Ledger, run_id: str, *, target: str | None = None, progress: 
         # Another target: keep the experiment's params, drop the old target's options.
         known = set(exp.defaults) | set(target_defaults(target_name))
         given = {k: v for k, v in given.items() if k in known}
-    params = prepare_params(exp, target_name, given)
+    options = dict(target_options or {})
+    # The client's options (asked_lines, ttft_method) shape or date the requests: not changeable.
+    changeable = set(target_defaults(target_name)) - set(CLIENT_PARAMS) - set(exp.defaults)
+    not_target = sorted(set(options) - changeable)
+    if not_target:
+        raise ReplayError(f"not options of the {target_name} target: {', '.join(not_target)}")
+    params = prepare_params(exp, target_name, {**given, **options})
     result = run_sync(
         ledger,
         exp,

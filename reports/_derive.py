@@ -354,9 +354,54 @@ def ttft_series_table(src: Source, run: str | None) -> list[dict[str, Any]]:
         _by_series("kv_ttft_pairs"),
     )
     table = _in_table_3_order([row for row in cells if row["series"] in pooled], "series")
+    hardware = {
+        str(run): list(devices or [])
+        for run, devices in src.tuples("SELECT run_id, hardware FROM kv_run_hardware")
+    }
     for row in table:
         row["runs"] = pooled[row["series"]]
+        row["hardware"] = hardware.get(row["series"], [])
     return table
+
+
+def replays_not_pooled(src: Source, run: str | None) -> list[dict[str, Any]]:
+    """The replays with block pairs that kv_series keeps out of their original's series, and what
+    differs: the plan (or none registered), the validated config, or the hardware its blocks ran
+    on. With ``run``, those that replay it or are it."""
+    rows = src.rows(
+        """WITH r AS (
+            SELECT k.run_id, k.seq, k.replay_of, k.validated_config AS config, p.plan, h.hardware
+            FROM kv_runs k
+            LEFT JOIN (SELECT run_id, min(plan_sha256) AS plan FROM kv_plans GROUP BY run_id) p USING (run_id)
+            LEFT JOIN kv_run_hardware h USING (run_id))
+        SELECT c.run_id, c.replay_of, c.seq AS _seq,
+               c.plan IS NOT NULL AND c.plan = o.plan AS same_plan,
+               c.config IS NOT DISTINCT FROM o.config AS same_config,
+               c.hardware IS NOT DISTINCT FROM o.hardware AS same_hardware,
+               c.hardware, o.hardware AS original_hardware
+        FROM r c JOIN r o ON o.run_id = c.replay_of
+        WHERE c.run_id IN (SELECT run_id FROM kv_series WHERE pair IS NOT NULL)
+          AND ($run IS NULL OR $run IN (c.run_id, c.replay_of))
+        ORDER BY c.seq""",
+        {"run": run},
+    )
+    left_out = []
+    for row in rows:
+        differs = [
+            name
+            for name, same in (
+                ("plan", row.pop("same_plan")),
+                ("config", row.pop("same_config")),
+                ("hardware", row.pop("same_hardware")),
+            )
+            if not same
+        ]
+        if differs:
+            row["differs"] = differs
+            row["hardware"] = list(row["hardware"] or [])
+            row["original_hardware"] = list(row["original_hardware"] or [])
+            left_out.append(row)
+    return left_out
 
 
 def ttft_methods(src: Source, run: str | None) -> list[dict[str, Any]]:
@@ -477,6 +522,7 @@ class ReportParts:
     regime: list[dict[str, Any]]
     block_states: list[dict[str, Any]]
     ttft_series: list[dict[str, Any]] | None
+    replays_not_pooled: list[dict[str, Any]] | None = None
 
     def owned(self, keep: Callable[[str | None], bool]) -> ReportParts:
         """These parts' rows of the runs ``keep`` says yes to (a pooled series by its first run;
@@ -501,6 +547,7 @@ class ReportParts:
             regime=rows(self.regime),
             block_states=rows(self.block_states),
             ttft_series=None if self.ttft_series is None else rows(self.ttft_series, "series"),
+            replays_not_pooled=None if self.replays_not_pooled is None else rows(self.replays_not_pooled),
         )
 
 
@@ -522,6 +569,7 @@ def report_parts(src: Source, run: str | None, pool_replays: bool = False) -> Re
             regime=regime(src, run),
             block_states=_block_states(src, run),
             ttft_series=ttft_series_table(src, run) if pool_replays else None,
+            replays_not_pooled=replays_not_pooled(src, run) if pool_replays else None,
         )
 
 
@@ -581,6 +629,9 @@ def merge_report(parts: list[ReportParts], run: str | None) -> dict[str, Any]:
     if first.ttft_series is not None:
         series = joined(lambda p: p.ttft_series or [], lambda r: str(r["series"]))
         report["tables"]["ttft_series"] = Clean(series)
+        report["tables"]["replays_not_pooled"] = _without_seq(
+            joined(lambda p: p.replays_not_pooled or [], by_seq)
+        )
     return report
 
 

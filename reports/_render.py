@@ -143,6 +143,24 @@ _PAIRED_HEAD = [
 ]
 
 
+def _not_pooled_note(row: dict[str, Any], label: Callable[[Any], str] = run_label) -> str:
+    """Why a replay is not in its original's pooled series."""
+    reasons = []
+    for name in row["differs"]:
+        if name == "hardware":
+            ran = ", ".join(row["hardware"]) or "unrecorded"
+            original = ", ".join(row["original_hardware"]) or "unrecorded"
+            reasons.append(f"hardware differs ({ran} against {original})")
+        elif name == "plan":
+            reasons.append("its plan differs or is unregistered")
+        else:
+            reasons.append("its validated config differs")
+    return (
+        f"run {label(row['run_id'])} replays {label(row['replay_of'])} but is not pooled with it: "
+        + "; ".join(reasons)
+    )
+
+
 def ttft_method_notes(rows: list[dict[str, Any]], label: Callable[[Any], str] = run_label) -> list[str]:
     """How the TTFT figures were dated, per run; a run with several methods is called mixed."""
     by_run: dict[str, list[dict[str, Any]]] = {}
@@ -209,8 +227,8 @@ def sections(report: dict[str, Any], label: Callable[[Any], str] = run_label) ->
         *(
             [
                 Section(
-                    "Table 3, pooled: a run and its replays (same plan, same config) as one sample "
-                    "of block pairs",
+                    "Table 3, pooled: a run and its replays (same plan, config and hardware) as one "
+                    "sample of block pairs",
                     ["series", "size", "locality", *_PAIRED_HEAD],
                     _paired_rows(
                         t["ttft_series"],
@@ -221,12 +239,16 @@ def sections(report: dict[str, Any], label: Callable[[Any], str] = run_label) ->
                         label=label,
                         key="series",
                     ),
-                    sorted(
-                        {
-                            f"series {label(r['series'])}: runs {', '.join(label(x) for x in r['runs'])}"
-                            for r in t["ttft_series"]
-                        }
-                    ),
+                    [
+                        *sorted(
+                            {
+                                f"series {label(r['series'])}: runs {', '.join(label(x) for x in r['runs'])}"
+                                + (f" on {', '.join(r['hardware'])}" if r.get("hardware") else "")
+                                for r in t["ttft_series"]
+                            }
+                        ),
+                        *(_not_pooled_note(r, label) for r in t.get("replays_not_pooled", [])),
+                    ],
                 )
             ]
             if "ttft_series" in t

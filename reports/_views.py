@@ -121,7 +121,7 @@ SELECT r.run_id, r.seq, r.experiment, r.params->>'target' AS target,
        r.params->>'config_sha256' AS validated_config,
        coalesce(r.code->>'commit', r.code->>'git_commit') AS code_commit,
        r.packages, f.status AS finish_status, r.seed, coalesce(r.registers_plan, false) AS registers_plan,
-       r.replay_of, coalesce(r.params->>'asked_lines', 'spot') AS asked_lines
+       r.replay_of, coalesce(r.params->>'asked_lines', 'spot') AS asked_lines, r.host->>'cpu' AS host_cpu
 FROM ({
             _extract(
                 "run.started",
@@ -133,6 +133,7 @@ FROM ({
                     "seed": "BIGINT",
                     "registers_plan": "BOOLEAN",
                     "replay_of": "VARCHAR",
+                    "host": "JSON",
                 },
             )
         }) r
@@ -177,31 +178,6 @@ FROM ({
             )
         })""",
     ),
-    # Each run's series: a replay (run.started.replay_of) joins the series of the run it replayed when
-    # both registered the same plan and validated the same config (the same requests against the
-    # same configuration); any other run is a series of its own. ``unit`` numbers the series' block
-    # pairs (run by run in the order they started, then pair), so that the pairs of a run and its
-    # replays can be counted as one sample of block pairs (reports/_derive.py ttft_series_table,
-    # `ledger report --pool-replays`).
-    (
-        "kv_series",
-        """
-WITH RECURSIVE r AS (
-    SELECT k.run_id, k.seq, k.replay_of, k.validated_config AS config, p.plan
-    FROM kv_runs k LEFT JOIN (SELECT run_id, min(plan_sha256) AS plan FROM kv_plans GROUP BY run_id) p
-    USING (run_id)),
-up(run_id, series, depth) AS (
-    SELECT run_id, run_id, 0 FROM r
-    UNION ALL
-    SELECT u.run_id, o.run_id, u.depth + 1
-    FROM up u JOIN r c ON c.run_id = u.series JOIN r o ON o.run_id = c.replay_of
-    WHERE c.plan IS NOT NULL AND c.plan = o.plan AND c.config IS NOT DISTINCT FROM o.config AND u.depth < 64),
-series AS (SELECT run_id, arg_max(series, depth) AS series FROM up GROUP BY run_id),
-pairs AS (SELECT DISTINCT b.run_id, b.pair FROM kv_blocks b WHERE b.pair IS NOT NULL)
-SELECT s.run_id, s.series, p.pair,
-       CAST(dense_rank() OVER (PARTITION BY s.series ORDER BY r.seq, p.pair) - 1 AS BIGINT) AS unit
-FROM series s JOIN r USING (run_id) LEFT JOIN pairs p USING (run_id)""",
-    ),
     # Each block's starting cache state (cache.inspected): prefix-cache reset, KV usage, and what the
     # shared tier held (stored objects, resident bytes: each where its service exposes it).
     (
@@ -241,6 +217,9 @@ LEFT JOIN (SELECT block_id, arg_max(status, seq) AS status
         f"""
 SELECT run_id, block_id, seq, replica, config_sha256, transfer_path, target, model->>'revision' AS revision,
        arm, hash_seed, engine_version,
+       -- The device the engine ran on: the GPU's model as the replica's process saw it, else the
+       -- engine's device (cpu; the sim target names itself).
+       coalesce(gpu->>'name', device) AS device_model,
        -- The LMCache a launch names: the vllm target's lmcache object, or flat fields.
        coalesce(lmcache_version, json_extract_string(lmcache, '$.version')) AS lmcache_version,
        coalesce(lmcache_allocator, json_extract_string(lmcache, '$.allocator.in_use')) AS lmcache_allocator,
@@ -265,9 +244,52 @@ FROM ({
                     "lmcache_ops": "BOOLEAN",
                     "lmcache": "JSON",
                     "cache_config": "JSON",
+                    "gpu": "JSON",
+                    "device": "VARCHAR",
                 },
             )
         })""",
+    ),
+    # The hardware each run's blocks ran on: the distinct device models of its launches, a CPU
+    # engine's qualified by the host's CPU (kv_series pools replays only on equal hardware).
+    (
+        "kv_run_hardware",
+        """
+SELECT l.run_id,
+       list(DISTINCT CASE WHEN l.device_model = 'cpu' THEN 'cpu: ' || coalesce(k.host_cpu, 'unrecorded')
+                          ELSE l.device_model END
+            ORDER BY CASE WHEN l.device_model = 'cpu' THEN 'cpu: ' || coalesce(k.host_cpu, 'unrecorded')
+                          ELSE l.device_model END)
+           FILTER (WHERE l.device_model IS NOT NULL) AS hardware
+FROM kv_launches l JOIN kv_runs k USING (run_id) WHERE l.block_id IS NOT NULL GROUP BY l.run_id""",
+    ),
+    # Each run's series: a replay (run.started.replay_of) joins the series of the run it replayed when
+    # both registered the same plan and validated the same config (the same requests against the
+    # same configuration); any other run is a series of its own. ``unit`` numbers the series' block
+    # pairs (run by run in the order they started, then pair), so that the pairs of a run and its
+    # replays can be counted as one sample of block pairs (reports/_derive.py ttft_series_table,
+    # `ledger report --pool-replays`). A replay pools with its original only on the same hardware:
+    # the device models its blocks' replicas ran on (a CPU engine's by the host's CPU), since a
+    # sample of pairs from two kinds of GPU estimates neither.
+    (
+        "kv_series",
+        """
+WITH RECURSIVE r AS (
+    SELECT k.run_id, k.seq, k.replay_of, k.validated_config AS config, p.plan, h.hardware
+    FROM kv_runs k LEFT JOIN (SELECT run_id, min(plan_sha256) AS plan FROM kv_plans GROUP BY run_id) p
+    USING (run_id) LEFT JOIN kv_run_hardware h USING (run_id)),
+up(run_id, series, depth) AS (
+    SELECT run_id, run_id, 0 FROM r
+    UNION ALL
+    SELECT u.run_id, o.run_id, u.depth + 1
+    FROM up u JOIN r c ON c.run_id = u.series JOIN r o ON o.run_id = c.replay_of
+    WHERE c.plan IS NOT NULL AND c.plan = o.plan AND c.config IS NOT DISTINCT FROM o.config
+      AND c.hardware IS NOT DISTINCT FROM o.hardware AND u.depth < 64),
+series AS (SELECT run_id, arg_max(series, depth) AS series FROM up GROUP BY run_id),
+pairs AS (SELECT DISTINCT b.run_id, b.pair FROM kv_blocks b WHERE b.pair IS NOT NULL)
+SELECT s.run_id, s.series, p.pair,
+       CAST(dense_rank() OVER (PARTITION BY s.series ORDER BY r.seq, p.pair) - 1 AS BIGINT) AS unit
+FROM series s JOIN r USING (run_id) LEFT JOIN pairs p USING (run_id)""",
     ),
     # Every hits.observed (single-request and window-level) with its block's arm (parsed once).
     (

@@ -50,8 +50,8 @@ def _open_source(led: Ledger, run_ids: tuple[str, ...], verify: bool = False) ->
 @click.option(
     "--pool-replays",
     is_flag=True,
-    help="Add Table 3 over each run and its replays (same plan, same config) pooled: their block "
-    "pairs counted as one sample.",
+    help="Add Table 3 over each run and its replays (same plan, config and hardware) pooled: their "
+    "block pairs counted as one sample; a replay left out is named with what differs.",
 )
 @events_per_group_option
 @db_option
@@ -79,7 +79,9 @@ def report_command(
     A run replayed with `ledger replay` sent the same requests again; with
     --pool-replays, Table 3 is also given over the run and its replays together,
     so that three replays of a two-pair screening reach the six block pairs an
-    interval needs:
+    interval needs. Only a replay on the same hardware (the device models its
+    replicas reported) joins: one on another GPU is named beside the table,
+    with both, and left out:
 
         ledger report --pool-replays --markdown
     """

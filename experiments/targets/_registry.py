@@ -50,6 +50,7 @@ def make_target(name: str, params: Mapping[str, Any]) -> Target:
                 fault=params.get("sim_fault"),
                 hash_seed=params.get("hash_seed", 0),
                 capacity_blocks=int(params.get("sim_capacity_blocks", 65_536)),
+                device_name=str(params.get("sim_device", "sim")),
             )
         except ValueError as exc:
             raise ParamError(str(exc)) from exc
@@ -81,3 +82,6 @@ def check_target_params(name: str, params: Mapping[str, Any]) -> None:
     capacity = params.get("sim_capacity_blocks", 65_536)
     if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
         raise ParamError(f"sim_capacity_blocks must be a positive integer, got {capacity!r}")
+    device = params.get("sim_device", "sim")
+    if not isinstance(device, str) or not device.strip():
+        raise ParamError(f"sim_device must be a non-empty string, got {device!r}")

@@ -56,6 +56,7 @@ class SimTarget:
         fault: str | None = None,
         hash_seed: int | None = 0,
         capacity_blocks: int = 65_536,
+        device_name: str = "sim",
     ) -> None:
         if replicas < 2:
             raise ValueError("the sim target needs at least two replicas (cross-replica steps)")
@@ -64,6 +65,8 @@ class SimTarget:
         self.hash_seed = hash_seed
         self.fault = FaultSet(fault).spec()  # validates and normalises; "none" when empty
         self.config = SimConfig(time_scale=self.time_scale, capacity_blocks=capacity_blocks)
+        self.device_name = device_name
+        """The device model the replicas report (the vllm target's GPU name), outside the config."""
         self._proc: subprocess.Popen[str] | None = None
         self._urls: list[str] = []
         self._tier_url = ""
@@ -187,8 +190,9 @@ class SimTarget:
     def _launch(self, arm: str, gpus: Sequence[int]) -> Launch:
         digest = self.config_sha256(arm)
         cmd = self._command(arm)
+        device = self.device_name
         replicas = tuple(
-            Replica(i, url, {"index": int(gpus[i % len(gpus)]) if gpus else i, "uuid": None, "name": "sim"})
+            Replica(i, url, {"index": int(gpus[i % len(gpus)]) if gpus else i, "uuid": None, "name": device})
             for i, url in enumerate(self._urls)
         )
         records = [
