@@ -110,9 +110,12 @@ def test_the_documented_table_is_the_pooled_report(record: Record) -> None:
     _, events, report = record
     shape_runs = _shape_runs(events)
     derived: dict[int, list[str]] = defaultdict(list)
+    launched = [e for e in events if e.kind == "deployment.launched" and e.run_id in shape_runs]
+    hardware = sorted({e.data["gpu"]["name"] for e in launched})  # both runs' replicas, one model
     for cell in report["tables"]["ttft_series"]:
         if cell["series"] == shape_runs[0]:
             assert cell["runs"] == shape_runs and cell["matched_units"] == 4
+            assert cell["hardware"] == hardware and hardware[0].startswith("NVIDIA H100")
             assert cell["inference"]["mode"] == "descriptive"  # four block pairs: fewer than six
             derived[cell["nominal_tokens"]].append(f"{cell['mean_change_pct']:+.1f} %")
     assert documented_table(POOLED_HEADER, SECTION) == dict(derived)

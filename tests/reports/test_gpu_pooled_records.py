@@ -120,8 +120,11 @@ def test_pooled_cells_count_every_runs_pairs_each_its_own_runs_change(record: Re
     assert len(pooled) == 15
     pairs = sum(len(_of(events, run, "block.started")) // 2 for run in runs)  # OFF–ON–ON–OFF: two a run
     assert pairs == 2 * len(runs)
+    # Pooled across hosts, never across kinds of GPU: every replica of every run ran on one model.
+    models = {e.data["gpu"]["name"] for r in runs for e in _of(events, r, "deployment.launched")}
+    assert len(models) == 1
     for cell in pooled:
-        assert cell["series"] == ORIGINAL and cell["runs"] == runs
+        assert cell["series"] == ORIGINAL and cell["runs"] == runs and cell["hardware"] == sorted(models)
         inference = cell["inference"]
         assert (
             cell["matched_units"] == pairs
