@@ -91,7 +91,22 @@ def compare(src: Source, run_a: str, run_b: str) -> dict[str, Any]:
             rows.append({**dict(zip(dims, key, strict=True)), "a": a, "b": b, "b_minus_a": _between(a, b)})
         tables[name] = rows
     head = {"seq": src.head.seq, "chain": src.head.chain} if src.head else None
-    return _clean({"kvledger_compare": 1, "head": head, "runs": {"a": run_a, "b": run_b}, "tables": tables})
+    hardware = {
+        str(run): list(devices or [])
+        for run, devices in src.tuples(
+            "SELECT run_id, hardware FROM kv_run_hardware WHERE run_id IN ($a, $b)", {"a": run_a, "b": run_b}
+        )
+    }
+    return _clean(
+        {
+            "kvledger_compare": 1,
+            "head": head,
+            "runs": {"a": run_a, "b": run_b},
+            # What each run's replicas ran on: a comparison of two kinds of hardware says so.
+            "hardware": {"a": hardware.get(run_a, []), "b": hardware.get(run_b, [])},
+            "tables": tables,
+        }
+    )
 
 
 def _change(side: dict[str, Any] | None) -> str:
@@ -160,13 +175,28 @@ def compare_sections(result: dict[str, Any]) -> list[Section]:
     return out
 
 
+def _on(result: dict[str, Any], side: str) -> str:
+    devices = result["hardware"][side]
+    return f" on {', '.join(devices)}" if devices else ""
+
+
 def compare_markdown(result: dict[str, Any]) -> str:
     head = result["head"] or {"seq": 0, "chain": None}
     lines = [
         "# kvledger compare",
         "",
         f"Derived from ledger head seq {head['seq']}, chain `{head['chain']}`: "
-        f"A = run `{result['runs']['a']}`, B = run `{result['runs']['b']}`.",
+        f"A = run `{result['runs']['a']}`{_on(result, 'a')}, "
+        f"B = run `{result['runs']['b']}`{_on(result, 'b')}.",
+        *(
+            [
+                "",
+                "The two runs ran on different hardware: their difference is the hardware's as much as "
+                "the configuration's.",
+            ]
+            if result["hardware"]["a"] != result["hardware"]["b"]
+            else []
+        ),
         "",
         *markdown_lines(compare_sections(result)),
     ]

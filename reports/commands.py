@@ -363,7 +363,9 @@ def compare_command(run_a: str, run_b: str, as_json: bool, db_url: str) -> None:
     Per cell (size, locality, routing, ...): each run's OFF and ON medians and
     its change (Hodges–Lehmann with an exact interval from 6 block pairs up,
     else the descriptive mean), and B − A over the block pairs both runs have.
-    Prints Markdown, or JSON with --json.
+    Each run is named with the hardware its replicas reported, and two runs on
+    different hardware are said to differ in it. Prints Markdown, or JSON with
+    --json.
 
     Example:
 

@@ -199,3 +199,17 @@ def test_a_replay_changes_only_the_targets_options(series: tuple[str, str, list[
         assert led.head() == before
     finally:
         led.close()
+
+
+def test_compare_names_each_runs_hardware_and_says_when_they_differ(
+    series: tuple[str, str, list[str], str], elsewhere: str
+) -> None:
+    url, original, replays, _ = series
+    result = ledger_cli("compare", original, elsewhere, "--db", url, "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["hardware"] == {"a": ["sim"], "b": [OTHER_DEVICE]}
+    markdown = ledger_cli("compare", original, elsewhere, "--db", url).output
+    assert f"A = run `{original}` on sim, B = run `{elsewhere}` on {OTHER_DEVICE}." in markdown
+    assert "ran on different hardware" in markdown
+    same = ledger_cli("compare", original, replays[0], "--db", url).output
+    assert "on sim, B = run" in same and "ran on different hardware" not in same
