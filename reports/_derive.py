@@ -369,17 +369,12 @@ def replays_not_pooled(src: Source, run: str | None) -> list[dict[str, Any]]:
     differs: the plan (or none registered), the validated config, or the hardware its blocks ran
     on. With ``run``, those that replay it or are it."""
     rows = src.rows(
-        """WITH r AS (
-            SELECT k.run_id, k.seq, k.replay_of, k.validated_config AS config, p.plan, h.hardware
-            FROM kv_runs k
-            LEFT JOIN (SELECT run_id, min(plan_sha256) AS plan FROM kv_plans GROUP BY run_id) p USING (run_id)
-            LEFT JOIN kv_run_hardware h USING (run_id))
-        SELECT c.run_id, c.replay_of, c.seq AS _seq,
+        """SELECT c.run_id, c.replay_of, c.seq AS _seq,
                c.plan IS NOT NULL AND c.plan = o.plan AS same_plan,
                c.config IS NOT DISTINCT FROM o.config AS same_config,
                c.hardware IS NOT DISTINCT FROM o.hardware AS same_hardware,
                c.hardware, o.hardware AS original_hardware
-        FROM r c JOIN r o ON o.run_id = c.replay_of
+        FROM kv_pooling_keys c JOIN kv_pooling_keys o ON o.run_id = c.replay_of
         WHERE c.run_id IN (SELECT run_id FROM kv_series WHERE pair IS NOT NULL)
           AND ($run IS NULL OR $run IN (c.run_id, c.replay_of))
         ORDER BY c.seq""",

@@ -263,6 +263,15 @@ SELECT l.run_id,
            FILTER (WHERE l.device_model IS NOT NULL) AS hardware
 FROM kv_launches l JOIN kv_runs k USING (run_id) WHERE l.block_id IS NOT NULL GROUP BY l.run_id""",
     ),
+    # What a replay must share with the run it replays to be pooled with it (kv_series), each run's:
+    # its registered plan, the config it validated, the hardware its blocks ran on.
+    (
+        "kv_pooling_keys",
+        """
+SELECT k.run_id, k.seq, k.replay_of, k.validated_config AS config, p.plan, h.hardware
+FROM kv_runs k LEFT JOIN (SELECT run_id, min(plan_sha256) AS plan FROM kv_plans GROUP BY run_id) p
+USING (run_id) LEFT JOIN kv_run_hardware h USING (run_id)""",
+    ),
     # Each run's series: a replay (run.started.replay_of) joins the series of the run it replayed when
     # both registered the same plan and validated the same config (the same requests against the
     # same configuration); any other run is a series of its own. ``unit`` numbers the series' block
@@ -274,10 +283,7 @@ FROM kv_launches l JOIN kv_runs k USING (run_id) WHERE l.block_id IS NOT NULL GR
     (
         "kv_series",
         """
-WITH RECURSIVE r AS (
-    SELECT k.run_id, k.seq, k.replay_of, k.validated_config AS config, p.plan, h.hardware
-    FROM kv_runs k LEFT JOIN (SELECT run_id, min(plan_sha256) AS plan FROM kv_plans GROUP BY run_id) p
-    USING (run_id) LEFT JOIN kv_run_hardware h USING (run_id)),
+WITH RECURSIVE r AS (SELECT * FROM kv_pooling_keys),
 up(run_id, series, depth) AS (
     SELECT run_id, run_id, 0 FROM r
     UNION ALL
