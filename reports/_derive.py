@@ -369,34 +369,20 @@ def replays_not_pooled(src: Source, run: str | None) -> list[dict[str, Any]]:
     differs: the plan (or none registered), the validated config, or the hardware its blocks ran
     on. With ``run``, those that replay it or are it."""
     rows = src.rows(
-        """SELECT c.run_id, c.replay_of, c.seq AS _seq,
-               c.plan IS NOT NULL AND c.plan = o.plan AS same_plan,
-               c.config IS NOT DISTINCT FROM o.config AS same_config,
-               c.hardware IS NOT DISTINCT FROM o.hardware AS same_hardware,
-               c.hardware, o.hardware AS original_hardware
-        FROM kv_pooling_keys c JOIN kv_pooling_keys o ON o.run_id = c.replay_of
-        WHERE c.run_id IN (SELECT run_id FROM kv_series WHERE pair IS NOT NULL)
-          AND ($run IS NULL OR $run IN (c.run_id, c.replay_of))
-        ORDER BY c.seq""",
+        """SELECT run_id, replay_of, seq AS _seq, same_plan, same_config, same_hardware, hardware,
+               original_hardware
+        FROM kv_replay_links
+        WHERE NOT (same_plan AND same_config AND same_hardware)
+          AND run_id IN (SELECT run_id FROM kv_series WHERE pair IS NOT NULL)
+          AND ($run IS NULL OR $run IN (run_id, replay_of))
+        ORDER BY seq""",
         {"run": run},
     )
-    left_out = []
     for row in rows:
-        differs = [
-            name
-            for name, same in (
-                ("plan", row.pop("same_plan")),
-                ("config", row.pop("same_config")),
-                ("hardware", row.pop("same_hardware")),
-            )
-            if not same
-        ]
-        if differs:
-            row["differs"] = differs
-            row["hardware"] = list(row["hardware"] or [])
-            row["original_hardware"] = list(row["original_hardware"] or [])
-            left_out.append(row)
-    return left_out
+        row["differs"] = [key for key in ("plan", "config", "hardware") if not row.pop(f"same_{key}")]
+        row["hardware"] = list(row["hardware"] or [])
+        row["original_hardware"] = list(row["original_hardware"] or [])
+    return rows
 
 
 def ttft_methods(src: Source, run: str | None) -> list[dict[str, Any]]:

@@ -255,13 +255,12 @@ FROM ({
     (
         "kv_run_hardware",
         """
-SELECT l.run_id,
-       list(DISTINCT CASE WHEN l.device_model = 'cpu' THEN 'cpu: ' || coalesce(k.host_cpu, 'unrecorded')
-                          ELSE l.device_model END
-            ORDER BY CASE WHEN l.device_model = 'cpu' THEN 'cpu: ' || coalesce(k.host_cpu, 'unrecorded')
-                          ELSE l.device_model END)
-           FILTER (WHERE l.device_model IS NOT NULL) AS hardware
-FROM kv_launches l JOIN kv_runs k USING (run_id) WHERE l.block_id IS NOT NULL GROUP BY l.run_id""",
+SELECT run_id, list(DISTINCT device ORDER BY device) FILTER (WHERE device IS NOT NULL) AS hardware
+FROM (SELECT l.run_id,
+             CASE WHEN l.device_model = 'cpu' THEN 'cpu: ' || coalesce(k.host_cpu, 'unrecorded')
+                  ELSE l.device_model END AS device
+      FROM kv_launches l JOIN kv_runs k USING (run_id) WHERE l.block_id IS NOT NULL)
+GROUP BY run_id""",
     ),
     # What a replay must share with the run it replays to be pooled with it (kv_series), each run's:
     # its registered plan, the config it validated, the hardware its blocks ran on.
@@ -271,6 +270,18 @@ FROM kv_launches l JOIN kv_runs k USING (run_id) WHERE l.block_id IS NOT NULL GR
 SELECT k.run_id, k.seq, k.replay_of, k.validated_config AS config, p.plan, h.hardware
 FROM kv_runs k LEFT JOIN (SELECT run_id, min(plan_sha256) AS plan FROM kv_plans GROUP BY run_id) p
 USING (run_id) LEFT JOIN kv_run_hardware h USING (run_id)""",
+    ),
+    # Each replay beside the run it replays: which of the pooling keys they share (kv_series pools
+    # them only where all three are; the report names a replay left out, and why).
+    (
+        "kv_replay_links",
+        """
+SELECT c.run_id, c.replay_of, c.seq,
+       coalesce(c.plan = o.plan, false) AS same_plan,
+       c.config IS NOT DISTINCT FROM o.config AS same_config,
+       c.hardware IS NOT DISTINCT FROM o.hardware AS same_hardware,
+       c.hardware, o.hardware AS original_hardware
+FROM kv_pooling_keys c JOIN kv_pooling_keys o ON o.run_id = c.replay_of""",
     ),
     # Each run's series: a replay (run.started.replay_of) joins the series of the run it replayed when
     # both registered the same plan and validated the same config (the same requests against the
@@ -283,14 +294,13 @@ USING (run_id) LEFT JOIN kv_run_hardware h USING (run_id)""",
     (
         "kv_series",
         """
-WITH RECURSIVE r AS (SELECT * FROM kv_pooling_keys),
+WITH RECURSIVE r AS (SELECT run_id, seq FROM kv_runs),
 up(run_id, series, depth) AS (
     SELECT run_id, run_id, 0 FROM r
     UNION ALL
-    SELECT u.run_id, o.run_id, u.depth + 1
-    FROM up u JOIN r c ON c.run_id = u.series JOIN r o ON o.run_id = c.replay_of
-    WHERE c.plan IS NOT NULL AND c.plan = o.plan AND c.config IS NOT DISTINCT FROM o.config
-      AND c.hardware IS NOT DISTINCT FROM o.hardware AND u.depth < 64),
+    SELECT u.run_id, l.replay_of, u.depth + 1
+    FROM up u JOIN kv_replay_links l ON l.run_id = u.series
+    WHERE l.same_plan AND l.same_config AND l.same_hardware AND u.depth < 64),
 series AS (SELECT run_id, arg_max(series, depth) AS series FROM up GROUP BY run_id),
 pairs AS (SELECT DISTINCT b.run_id, b.pair FROM kv_blocks b WHERE b.pair IS NOT NULL)
 SELECT s.run_id, s.series, p.pair,

@@ -140,7 +140,8 @@ def test_only_a_replay_of_the_same_plan_and_config_joins_its_originals_series() 
         con.execute("INSERT INTO kv_run_hardware VALUES (?, ?)", [run, hardware])
         con.execute("INSERT INTO kv_blocks VALUES (?, 0), (?, 0), (?, 1), (?, 1)", [run] * 4)
     views = dict(VIEWS)
-    con.execute(f"CREATE VIEW kv_pooling_keys AS {views['kv_pooling_keys']}")
+    for view in ("kv_pooling_keys", "kv_replay_links"):
+        con.execute(f"CREATE VIEW {view} AS {views[view]}")
     sql = views["kv_series"]
     rows = con.execute(f"SELECT run_id, series, pair, unit FROM ({sql}) ORDER BY run_id, pair").fetchall()
     series = {run: s for run, s, _, _ in rows}
