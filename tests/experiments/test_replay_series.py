@@ -106,10 +106,10 @@ def test_a_run_scope_pools_the_series_that_holds_it(series: tuple[str, str, list
     assert _report(url, "--pool-replays", "--run", independent)["tables"]["ttft_series"] == []
 
 
-def test_only_a_replay_of_the_same_plan_and_config_joins_its_originals_series() -> None:
+def test_only_a_replay_of_the_same_plan_config_and_hardware_joins_its_originals_series() -> None:
     """kv_series' rule over hand-made runs: a replay joins its original's series only with the same
-    plan digest and the same validated config; a replay of a replay joins the first run's series;
-    units number the series' pairs run by run."""
+    plan digest, the same validated config and the same hardware; a replay of a replay joins the
+    first run's series; units number the series' pairs run by run."""
     import duckdb
 
     from reports._views import VIEWS
