@@ -227,6 +227,7 @@ class RunContext:
         progress: Callable[[str, int], None] | None = None,
         planned: Mapping[str, Any] | None = None,
         plan: Mapping[str, Any] | None = None,
+        replayed_thresholds: Mapping[str, Any] | None = None,
     ) -> None:
         self.ledger = ledger
         self.sink = sink
@@ -256,6 +257,12 @@ class RunContext:
         self._planned: dict[str, Any] = dict(planned or {})
         self._plan: dict[str, Any] = dict(plan or {})
         self.registered_plan: dict[str, Any] | None = None
+        # A replay's checks: the thresholds its original registered (plan.registered), where they
+        # came from a file that may have changed since (the model card's limit), so that it
+        # registers the same plan and applies the same checks as the run it re-executes.
+        self.replayed_thresholds: dict[str, Any] | None = (
+            dict(replayed_thresholds) if replayed_thresholds is not None else None
+        )
 
     async def send(self, spec: RequestSpec, sink: EventSink) -> Outcome:
         """One streamed request, its TTFT dated by the run's ``ttft_method``."""
@@ -279,7 +286,15 @@ class RunContext:
     def meaningful_up_to_tokens(self) -> int | None:
         """The largest prompt whose answers mean something (a model card's limit); None: any.
         Every-line questions take the card's every-line limit: 0 (none served) where the card
-        cites no evaluation that asked them."""
+        cites no evaluation that asked them. A replay takes the limit its original registered."""
+        if self.replayed_thresholds is not None and "exact_values_up_to_tokens" in self.replayed_thresholds:
+            limit = self.replayed_thresholds["exact_values_up_to_tokens"]
+            return None if limit is None else int(limit)
+        return self.card_exact_values_limit
+
+    @property
+    def card_exact_values_limit(self) -> int | None:
+        """The exact-value checks' limit the served model's card gives now."""
         return exact_values_limit(
             self.target.meaningful_up_to_tokens, self.target.model_card, self.asked_lines
         )

@@ -26,6 +26,7 @@ TARGET_PARAMS: Final[dict[str, Any]] = {
     "hash_seed": 0,
     "sim_capacity_blocks": 65_536,
     "sim_device": "sim",
+    "sim_exact_values_up_to_tokens": None,
 }
 """Options of the sim target (not of the experiment), settable by ``--param`` for every experiment.
 
@@ -51,6 +52,12 @@ beyond the device cache (the report's regime), with LRU eviction.
 GPU's. Not part of the config digest, as a GPU's model is not: a replay given
 another one stands for the same run replayed on other hardware, which
 ``ledger report --pool-replays`` does not pool with its original.
+
+``sim_exact_values_up_to_tokens``: the largest prompt whose answers the sim
+stands for as served (a vllm target's model card limit; null: every size), so
+that exact-value checks above it do not apply. Not part of the config digest,
+as a card is not: a card's limit may grow with its evidence between a run and
+its replay, which registers the limit its original registered.
 """
 
 

@@ -119,7 +119,10 @@ def replay_command(run_id: str, target: str | None, no_progress: bool, db_url: s
 
     The replay is a new run (its run.started names replay_of); every request
     is compared with the original by its request key, and the command says
-    per request whether the payload SHA-256 matched. Exit 0 only if all did.
+    per request whether the payload SHA-256 matched, and whether the replay
+    registered the original's plan. Its exact-value checks hold to the limit
+    the original registered, though the model card may have grown since.
+    Exit 0 only if every payload and the plan matched.
 
     \b
     Example:

@@ -6,7 +6,8 @@ request bodies are the same bytes) and seed, into a new run whose
 ``run.started.replay_of`` names the original. Requests are compared by their
 ``request_key`` (block index and the experiment's own key), which is stable
 even where concurrent windows reorder the emission. The replay must also
-register the same plan (``plan.registered``'s ``plan_sha256``).
+register the same plan (``plan.registered``'s ``plan_sha256``): its exact-value checks hold to
+the limit its original registered, not to the model card as it is now.
 """
 
 from __future__ import annotations
@@ -61,6 +62,14 @@ def _plan_digest(ledger: Ledger, run_id: str) -> str | None:
     return None if plan is None else str(plan.data["plan_sha256"])
 
 
+def _plan_thresholds(ledger: Ledger, run_id: str) -> Mapping[str, Any] | None:
+    """The thresholds ``run_id`` registered (None: it registered no plan). A replay holds its
+    checks to them, not to the model card as it is now: a card's limit grows with its evidence,
+    and the replay re-executes the registered plan as it re-executes the recorded source."""
+    plan = next(iter(ledger.events(run_id=run_id, kind="plan.registered")), None)
+    return None if plan is None else dict(plan.data.get("thresholds") or {})
+
+
 def compare_runs(ledger: Ledger, original: str, replayed: str) -> Comparison:
     """Payload digests of two runs, matched by request key, and their registered plans."""
     a, b = _payloads(ledger, original), _payloads(ledger, replayed)
@@ -113,6 +122,7 @@ def replay(
         seed=data.get("seed"),
         progress=progress,
         replay_of=run_id,
+        replayed_thresholds=_plan_thresholds(ledger, run_id),
     )
     comparison = compare_runs(ledger, run_id, result.run_id)
     comparison.result = result

@@ -141,8 +141,10 @@ async def run_experiment(
     seed: int | None = None,
     progress: bool = False,
     replay_of: str | None = None,
+    replayed_thresholds: Mapping[str, Any] | None = None,
 ) -> RunResult:
-    """Run ``exp`` with resolved ``params`` against a fresh target; record everything."""
+    """Run ``exp`` with resolved ``params`` against a fresh target; record everything.
+    ``replayed_thresholds``: a replay's, the thresholds its original registered (RunContext)."""
     seed = seed if seed is not None else (exp.default_seed if exp.default_seed is not None else 0)
     target = make_target(target_name, params)
     run_id = new_id()
@@ -161,6 +163,7 @@ async def run_experiment(
         progress=bars,
         planned=exp.planned(params),
         plan=exp.plan(params),
+        replayed_thresholds=replayed_thresholds,
     )
     status: str = "aborted"
     error: str | None = "interrupted"
@@ -214,7 +217,12 @@ async def _prepare(ctx: RunContext, run_id: str) -> None:
         card = ctx.target.model_card or {}
         below = ", ".join(f"{n}: {a:.1%}" for n, a in card.get("unserved", {}).items())
         threshold = f"{card.get('threshold', 0.99):.0%}"
-        if ctx.asked_lines != "spot":
+        if ctx.meaningful_up_to_tokens != ctx.card_exact_values_limit:
+            why = (
+                f"gave it when the replayed run registered its plan (it gives "
+                f"{ctx.card_exact_values_limit or 'every size'} now); the replay holds to the same checks"
+            )
+        elif ctx.asked_lines != "spot":
             what = "every value line" if ctx.asked_lines == "every" else "dense value lines"
             why = (
                 f"cites {ctx.asked_lines}-line evaluations at {threshold} or more "

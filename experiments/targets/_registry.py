@@ -51,6 +51,7 @@ def make_target(name: str, params: Mapping[str, Any]) -> Target:
                 hash_seed=params.get("hash_seed", 0),
                 capacity_blocks=int(params.get("sim_capacity_blocks", 65_536)),
                 device_name=str(params.get("sim_device", "sim")),
+                meaningful_up_to_tokens=params.get("sim_exact_values_up_to_tokens"),
             )
         except ValueError as exc:
             raise ParamError(str(exc)) from exc
@@ -85,3 +86,6 @@ def check_target_params(name: str, params: Mapping[str, Any]) -> None:
     device = params.get("sim_device", "sim")
     if not isinstance(device, str) or not device.strip():
         raise ParamError(f"sim_device must be a non-empty string, got {device!r}")
+    limit = params.get("sim_exact_values_up_to_tokens")
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+        raise ParamError(f"sim_exact_values_up_to_tokens must be a positive integer or null, got {limit!r}")

@@ -9,7 +9,8 @@ same kind of GPU; the call's deadline interrupted the third block, so the run is
 blocks publishing; and the replay registered another plan, because the model card's dense limit had
 grown (its GPU evaluation, recorded in the same study after the screening) and the plan registers
 the limit of the exact-value checks: so ``ledger report --pool-replays`` leaves it out of the
-original's series and says the plan differs. Every claim is derived from the events.
+original's series and says the plan differs. (A replay now holds to the limit its original
+registered: tests/experiments/test_replay_thresholds.py.) Every claim is derived from the events.
 """
 
 from __future__ import annotations

@@ -57,6 +57,7 @@ class SimTarget:
         hash_seed: int | None = 0,
         capacity_blocks: int = 65_536,
         device_name: str = "sim",
+        meaningful_up_to_tokens: int | None = None,
     ) -> None:
         if replicas < 2:
             raise ValueError("the sim target needs at least two replicas (cross-replica steps)")
@@ -66,6 +67,8 @@ class SimTarget:
         self.fault = FaultSet(fault).spec()  # validates and normalises; "none" when empty
         self.config = SimConfig(time_scale=self.time_scale, capacity_blocks=capacity_blocks)
         self.device_name = device_name
+        self.meaningful_up_to_tokens = meaningful_up_to_tokens
+        """The largest prompt whose answers count as served (a card's limit); None: every size."""
         """The device model the replicas report (the vllm target's GPU name), outside the config."""
         self._proc: subprocess.Popen[str] | None = None
         self._urls: list[str] = []
