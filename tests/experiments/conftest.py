@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from experiments.replay import Comparison, replay
 from experiments.targets.sim import count_tokens, render_chat
 from ledger import Event, open_ledger
 
@@ -63,3 +64,15 @@ LEDGER = [sys.executable, "-c", "from ledger._cli import main; main()"]
 async def local_tokens(messages: list[dict[str, str]]) -> int:
     """Prompt tokens of chat messages as the sim target counts them (a FixtureFactory's tokenize)."""
     return count_tokens(render_chat(messages, add_generation_prompt=True, enable_thinking=False))
+
+
+def replayed_with(url: str, run_id: str, **target_options: object) -> Comparison:
+    """``run_id`` replayed with other target options (the sim's device, its card's limit), every
+    payload and the plan matching the original's."""
+    led = open_ledger(url)
+    try:
+        comparison = replay(led, run_id, target_options=target_options)
+    finally:
+        led.close()
+    assert comparison.all_matched and comparison.plan_matched
+    return comparison

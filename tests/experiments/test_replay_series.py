@@ -18,7 +18,7 @@ from experiments.replay import replay
 from ledger import ReplayError, open_ledger
 
 from .._cli import ledger_cli, param_args
-from .conftest import SMALL, run_ids
+from .conftest import SMALL, replayed_with, run_ids
 
 SHAPE = {**SMALL, "sizes": [1000, 2000], "workloads": ["micro"], "chains": 1, "warmups": 1}
 
@@ -53,13 +53,7 @@ def elsewhere(series: tuple[str, str, list[str], str]) -> str:
     """The original replayed once more, its replicas reporting another device: the same requests
     and config on other hardware."""
     url, original, *_ = series
-    led = open_ledger(url)
-    try:
-        comparison = replay(led, original, target_options={"sim_device": OTHER_DEVICE})
-    finally:
-        led.close()
-    assert comparison.all_matched and comparison.plan_matched
-    return comparison.replay_run
+    return replayed_with(url, original, sim_device=OTHER_DEVICE).replay_run
 
 
 def test_a_run_and_its_replays_are_one_sample_of_block_pairs(series: tuple[str, str, list[str], str]) -> None:

@@ -16,11 +16,8 @@ from typing import Any
 
 import pytest
 
-from experiments.replay import replay
-from ledger import open_ledger
-
 from .._cli import ledger_cli, param_args
-from .conftest import SMALL, events, run_ids
+from .conftest import SMALL, events, replayed_with, run_ids
 
 SHAPE = {**SMALL, "sizes": [1000, 2000], "workloads": ["micro"], "chains": 1, "warmups": 1}
 #: Between the two sizes' prompts: the 2,000-token ones are past it, the 1,000-token ones within.
@@ -52,12 +49,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str, str, str]:
     run = ("run", "screening", "--db", url, "--no-progress", *param_args(SHAPE))
     assert ledger_cli(*run, *param_args({"sim_exact_values_up_to_tokens": LIMIT})).exit_code == 0
     (original,) = run_ids(url)
-    led = open_ledger(url)
-    try:
-        comparison = replay(led, original, target_options={"sim_exact_values_up_to_tokens": GROWN})
-    finally:
-        led.close()
-    assert comparison.all_matched and comparison.plan_matched
+    comparison = replayed_with(url, original, sim_exact_values_up_to_tokens=GROWN)
     assert ledger_cli(*run, *param_args({"sim_exact_values_up_to_tokens": GROWN})).exit_code == 0
     (fresh,) = [r for r in run_ids(url) if r not in (original, comparison.replay_run)]
     return url, original, comparison.replay_run, fresh
