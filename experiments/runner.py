@@ -218,9 +218,10 @@ async def _prepare(ctx: RunContext, run_id: str) -> None:
         below = ", ".join(f"{n}: {a:.1%}" for n, a in card.get("unserved", {}).items())
         threshold = f"{card.get('threshold', 0.99):.0%}"
         if ctx.meaningful_up_to_tokens != ctx.card_exact_values_limit:
+            now = ctx.card_exact_values_limit
             why = (
                 f"gave it when the replayed run registered its plan (it gives "
-                f"{ctx.card_exact_values_limit or 'every size'} now); the replay holds to the same checks"
+                f"{'every size' if now is None else now} now); the replay holds to the same checks"
             )
         elif ctx.asked_lines != "spot":
             what = "every value line" if ctx.asked_lines == "every" else "dense value lines"

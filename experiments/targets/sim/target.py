@@ -67,9 +67,9 @@ class SimTarget:
         self.fault = FaultSet(fault).spec()  # validates and normalises; "none" when empty
         self.config = SimConfig(time_scale=self.time_scale, capacity_blocks=capacity_blocks)
         self.device_name = device_name
+        """The device model the replicas report (the vllm target's GPU name), outside the config."""
         self.meaningful_up_to_tokens = meaningful_up_to_tokens
         """The largest prompt whose answers count as served (a card's limit); None: every size."""
-        """The device model the replicas report (the vllm target's GPU name), outside the config."""
         self._proc: subprocess.Popen[str] | None = None
         self._urls: list[str] = []
         self._tier_url = ""
