@@ -57,17 +57,23 @@ def _payloads(ledger: Ledger, run_id: str) -> dict[str, str]:
     }
 
 
-def _plan_digest(ledger: Ledger, run_id: str) -> str | None:
+def _registered_plan(ledger: Ledger, run_id: str) -> Mapping[str, Any] | None:
+    """``run_id``'s ``plan.registered`` data (None: it registered no plan)."""
     plan = next(iter(ledger.events(run_id=run_id, kind="plan.registered")), None)
-    return None if plan is None else str(plan.data["plan_sha256"])
+    return None if plan is None else plan.data
+
+
+def _plan_digest(ledger: Ledger, run_id: str) -> str | None:
+    plan = _registered_plan(ledger, run_id)
+    return None if plan is None else str(plan["plan_sha256"])
 
 
 def _plan_thresholds(ledger: Ledger, run_id: str) -> Mapping[str, Any] | None:
     """The thresholds ``run_id`` registered (None: it registered no plan). A replay holds its
     checks to them, not to the model card as it is now: a card's limit grows with its evidence,
     and the replay re-executes the registered plan as it re-executes the recorded source."""
-    plan = next(iter(ledger.events(run_id=run_id, kind="plan.registered")), None)
-    return None if plan is None else dict(plan.data.get("thresholds") or {})
+    plan = _registered_plan(ledger, run_id)
+    return None if plan is None else dict(plan.get("thresholds") or {})
 
 
 def compare_runs(ledger: Ledger, original: str, replayed: str) -> Comparison:
