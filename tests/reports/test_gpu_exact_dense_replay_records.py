@@ -28,29 +28,28 @@ from .conftest import import_export, ledger_rows, payload_digests, replica_gpus
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 STUDY = DATA / "gpu-exact-dense-replay"
-Record = tuple[str, list[Event], dict[str, Any]]
+Record = tuple[str, list[Event], dict[str, Any], int]  # ... and the imported study's head seq
 
 
 @pytest.fixture(scope="module")
 def record(tmp_path_factory: pytest.TempPathFactory) -> Record:
     url = f"sqlite:///{tmp_path_factory.mktemp('gpu-exact-dense-replay') / 'ledger.db'}"
-    import_export(DATA / "gpu-exact-dense" / "ledger.jsonl.xz", url)
+    imported = import_export(DATA / "gpu-exact-dense" / "ledger.jsonl.xz", url)
     events = import_export(STUDY / "ledger-after.jsonl.xz", url)
     result = ledger_cli("report", "--db", url, "--json", "--pool-replays")
     assert result.exit_code == 0, result.output
-    return url, events, json.loads(result.output)
+    return url, events, json.loads(result.output), imported[-1].seq
 
 
-def _replay(events: list[Event]) -> tuple[str, str]:
-    """The replay (the one run started after the imported head) and the run it replays."""
-    imported = json.loads((STUDY / "summary.json").read_text())
-    (head,) = [int(s["tail"][0].rsplit(" ", 1)[1]) for s in imported["steps"] if s["name"] == "pre-import"]
+def _replay(record: Record) -> tuple[str, str]:
+    """The replay (the one run started after the imported study's head) and the run it replays."""
+    _, events, _, head = record
     (replay,) = [e for e in events if e.kind == "run.started" and e.seq > head and e.data.get("replay_of")]
     return str(replay.run_id), str(replay.data["replay_of"])
 
 
 def test_the_ledger_is_the_dense_study_and_the_hosts_events_after_it(record: Record) -> None:
-    url, events, _ = record
+    url, events, *_ = record
     verified = json.loads((STUDY / "verify.json").read_text())
     result = ledger_cli("verify", "--db", url)
     assert result.exit_code == 0, result.output
@@ -58,8 +57,8 @@ def test_the_ledger_is_the_dense_study_and_the_hosts_events_after_it(record: Rec
 
 
 def test_every_request_the_replay_sent_had_the_originals_payload_on_another_h100(record: Record) -> None:
-    _, events, _ = record
-    replay, original = _replay(events)
+    _, events, *_ = record
+    replay, original = _replay(record)
     sent, planned = payload_digests(events, replay), payload_digests(events, original)
     assert sent and set(sent) < set(planned)  # cut off: fewer than the original sent
     assert all(planned[key] == digest for key, digest in sent.items())
@@ -71,8 +70,8 @@ def test_every_request_the_replay_sent_had_the_originals_payload_on_another_h100
 
 
 def test_the_deadline_cut_the_replay_off_and_the_audit_blocks_publishing(record: Record) -> None:
-    url, events, _ = record
-    replay, _ = _replay(events)
+    url, events, *_ = record
+    replay, _ = _replay(record)
     (done,) = [e.data for e in events if e.kind == "run.finished" and e.run_id == replay]
     assert done["status"] == "aborted" and "interrupted" in done["error"]
     blocks = [e.data for e in events if e.kind == "block.finished" and e.run_id == replay]
@@ -86,8 +85,8 @@ def test_the_deadline_cut_the_replay_off_and_the_audit_blocks_publishing(record:
 
 
 def test_what_the_replay_answered_was_exact(record: Record) -> None:
-    url, events, _ = record
-    replay, _ = _replay(events)
+    url = record[0]
+    replay, _ = _replay(record)
     rows = ledger_rows(
         url,
         f"""SELECT a.passed, q.step, b.arm FROM assertion_evaluated a JOIN request_sent q USING (request_id)
@@ -99,8 +98,8 @@ def test_what_the_replay_answered_was_exact(record: Record) -> None:
 
 
 def test_the_replay_registered_another_limit_of_exact_checks_and_is_not_pooled(record: Record) -> None:
-    _, events, report = record
-    replay, original = _replay(events)
+    _, events, report, _ = record
+    replay, original = _replay(record)
     plans = {e.run_id: dict(e.data) for e in events if e.kind == "plan.registered"}
     ours, theirs = plans[replay], plans[original]
     assert ours["plan_sha256"] != theirs["plan_sha256"]
